@@ -1,0 +1,163 @@
+"""Input checks shared by the public ops. Every failure is a ValueError or TypeError whose
+message names the argument, the value received and what was expected."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def tensor(name: str, x, ndim: int | None = None) -> Tensor:
+    """``x`` must be a floating-point tensor (of rank ``ndim`` if given)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be float16, bfloat16, float32 or float64, got dtype {x.dtype}"
+        )
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    return x
+
+
+def same_device(ref: Tensor, **named: Tensor | None) -> None:
+    for name, x in named.items():
+        if x is not None and x.device != ref.device:
+            raise ValueError(
+                f"{name} is on device {x.device} but q is on {ref.device}; "
+                "all inputs must be on one device"
+            )
+
+
+def qkv(q, k, v, names: Sequence[str] = ("q", "k", "v")) -> tuple[int, int, int, int, int]:
+    """Check the ``[B, T, H, K]`` / ``[B, T, H, V]`` trio; returns ``B, T, H, K, V``."""
+    nq, nk, nv = names
+    q, k, v = tensor(nq, q, 4), tensor(nk, k, 4), tensor(nv, v, 4)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"{nq}, {nk}, {nv} must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    same_device(q, **{nk: k, nv: v})
+    if k.shape != q.shape:
+        raise ValueError(
+            f"{nk} must have the shape of {nq} [B, T, H, K] = {tuple(q.shape)}, "
+            f"got {tuple(k.shape)}"
+        )
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"{nv} must be [B, T, H, V] with B, T, H = {tuple(q.shape[:3])} as in {nq}, "
+            f"got {tuple(v.shape)}"
+        )
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if min(B, T, H, K, V) < 1:
+        raise ValueError(f"every dimension must be ≥ 1, got B={B}, T={T}, H={H}, K={K}, V={V}")
+    return B, T, H, K, V
+
+
+def gate(
+    name: str,
+    x,
+    shape: tuple[int, ...],
+    ref: Tensor,
+    *,
+    layout: str,
+    nonpositive: bool = False,
+) -> Tensor:
+    """A gate tensor: exact ``shape``, on ``ref``'s device, finite, and ≤ 0 for log decays."""
+    x = tensor(name, x)
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {layout} = {tuple(shape)}, got {tuple(x.shape)}")
+    same_device(ref, **{name: x})
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero()[0].tolist()
+        raise ValueError(
+            f"{name} must be finite; {int((~finite).sum())} of {x.numel()} values are not "
+            f"(first at index {bad}: {x[tuple(bad)].item()})"
+        )
+    if nonpositive and bool((x > 0).any()):
+        raise ValueError(
+            f"{name} is a log decay and must be ≤ 0 (decay ≤ 1), but its maximum is "
+            f"{x.max().item():.6g}"
+        )
+    return x
+
+
+def state(name: str, x, shape: tuple[int, ...], ref: Tensor, layout: str) -> Tensor:
+    x = tensor(name, x)
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {layout} = {tuple(shape)}, got {tuple(x.shape)}")
+    same_device(ref, **{name: x})
+    return x
+
+
+def state_tuple(name: str, x, n: int, what: str) -> tuple:
+    if not isinstance(x, (tuple, list)) or len(x) != n:
+        got = type(x).__name__ + (f" of length {len(x)}" if isinstance(x, (tuple, list)) else "")
+        raise TypeError(f"{name} must be a tuple {what}, got {got}")
+    return tuple(x)
+
+
+def cu_seqlens(cu, B: int, T: int, ref: Tensor) -> list[int]:
+    """Offsets of a packed batch: 1-D integers, starting at 0, non-decreasing, ending at T,
+    with B == 1. Returns them as a Python list (one host read)."""
+    if isinstance(cu, Tensor):
+        if cu.dtype.is_floating_point or cu.dtype.is_complex or cu.dtype == torch.bool:
+            raise TypeError(f"cu_seqlens must hold integers (int32/int64), got dtype {cu.dtype}")
+        if cu.dim() != 1:
+            raise ValueError(f"cu_seqlens must be 1-D, got shape {tuple(cu.shape)}")
+        offsets = cu.tolist()
+    elif isinstance(cu, (list, tuple)) and all(isinstance(c, int) for c in cu):
+        offsets = list(cu)
+    else:
+        raise TypeError(
+            f"cu_seqlens must be a 1-D integer tensor or a list of ints, got {type(cu).__name__}"
+        )
+    if B != 1:
+        raise ValueError(
+            f"with cu_seqlens the sequences are packed along T and the batch size must be 1, "
+            f"got B={B}"
+        )
+    if len(offsets) < 2:
+        raise ValueError(f"cu_seqlens needs at least 2 entries (0 and T), got {offsets}")
+    if offsets[0] != 0 or offsets[-1] != T:
+        raise ValueError(
+            f"cu_seqlens must start at 0 and end at T={T}, got first={offsets[0]}, "
+            f"last={offsets[-1]}"
+        )
+    for i in range(len(offsets) - 1):
+        if offsets[i + 1] < offsets[i]:
+            raise ValueError(
+                f"cu_seqlens must be non-decreasing, got {offsets[i]} then {offsets[i + 1]} "
+                f"at positions {i}, {i + 1}"
+            )
+    return offsets
+
+
+def scale(value, K: int) -> float:
+    if value is None:
+        return K**-0.5
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"scale must be finite, got {value}")
+    return float(value)
+
+
+def eps(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(value).__name__}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"eps must be finite and ≥ 0, got {value}")
+    return float(value)
+
+
+def choice(name: str, value, choices: Sequence) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")

@@ -1,0 +1,211 @@
+"""Pure-PyTorch chunkwise engine (DESIGN.md §2-3), matmul-based, differentiable by autograd.
+
+Two levels, as in TFLA: a sequential scan over chunks materializes the chunk-boundary states
+(each chunk's own contribution is one batched matmul for all chunks at once), then the outputs
+of all chunks are computed in parallel from the intra-chunk matrix and the boundary states.
+
+Numerics: gate cumsums are taken *within* a chunk, in the compute dtype (fp32/fp64), and every
+exponent is either a causal difference of cumulative log decays (≤ 0) or is shifted by a
+running maximum (mLSTM-exp). Masked entries are set to −inf *before* ``exp`` so that neither the
+forward nor autograd ever sees an overflow.
+
+Vector decays (GLA, RWKV6) use GLA's secondary chunking (seed 001 §0x2.3): inside a chunk of L,
+sub-chunks of ``c`` steps; pairs of distinct sub-chunks are matmuls after rescaling against the
+boundary just before the query sub-chunk (both factors ≤ 1), and the diagonal sub-chunk is
+evaluated exactly in log space with an explicit ``[c, c, K]`` weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+NINF = float("-inf")
+
+
+def _to_chunks(x: Tensor, N: int, L: int, pad_value: float = 0.0) -> Tensor:
+    """[B, T, H, *] -> [B, H, N, L, *], padding T up to N·L with ``pad_value``."""
+    B, T, H = x.shape[:3]
+    x = x.transpose(1, 2)  # [B, H, T, *]
+    pad = N * L - T
+    if pad:
+        widths = [0, 0] * (x.dim() - 3) + [0, pad]
+        x = F.pad(x, widths, value=pad_value)
+    return x.reshape(B, H, N, L, *x.shape[3:])
+
+
+def _from_chunks(x: Tensor, T: int) -> Tensor:
+    """[B, H, N, L, *] -> [B, T, H, *]."""
+    B, H, N, L = x.shape[:4]
+    return x.reshape(B, H, N * L, *x.shape[4:])[:, :, :T].transpose(1, 2)
+
+
+def _subchunk(L: int) -> int:
+    """Largest divisor of L not above 16: the diagonal block size for vector gates."""
+    return next(c for c in range(min(16, L), 0, -1) if L % c == 0)
+
+
+def chunk(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float,
+    chunk_size: int = 64,
+    g: Tensor | None = None,
+    gv: Tensor | None = None,
+    gi: Tensor | None = None,
+    u: Tensor | None = None,
+    stabilize: bool = False,
+    S0: Tensor | None = None,
+    m0: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+    """Chunkwise form of the generic recurrence; arguments and returns as in
+    :func:`linrnn.reference.recurrent`, plus ``chunk_size`` (any L ≥ 1; T need not divide)."""
+    B, T, H = q.shape[:3]
+    vector = g is not None and g.dim() == 4
+    if vector and stabilize:
+        raise NotImplementedError("the max-state stabilizer is defined for scalar decays only")
+    L = chunk_size
+    N = -(-T // L)
+    dt, dev = q.dtype, q.device
+    if g is None:
+        g = torch.zeros(B, T, H, dtype=dt, device=dev)
+    # Padding is neutral: k = 0 adds nothing, log decay 0 keeps the state, and for the
+    # stabilized form ĩ = −∞ keeps the max state unchanged.
+    qc, kc, vc = _to_chunks(q * scale, N, L), _to_chunks(k, N, L), _to_chunks(v, N, L)
+    gc = _to_chunks(g, N, L)
+    gic = None if gi is None else _to_chunks(gi, N, L, NINF if stabilize else 0.0)
+    b = gc.cumsum(3)  # [B, H, N, L(, K)] within-chunk cumulative log decay
+    if vector:
+        o, S = _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L)
+        return _from_chunks(o, T), None, S, None
+    o, m_rows, S, m_T = _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L)
+    return _from_chunks(o, T), (None if m_rows is None else _from_chunks(m_rows, T)), S, m_T
+
+
+def _scan(decay: Tensor, U: Tensor, S0: Tensor | None) -> tuple[Tensor, Tensor]:
+    """S_{n+1} = decay_n ⊙ S_n + U_n over chunks. Returns the states *entering* each chunk
+    ``[B, H, N, K, V]`` and the final state."""
+    N = U.shape[2]
+    S = torch.zeros_like(U[:, :, 0]) if S0 is None else S0
+    states = []
+    for n in range(N):
+        states.append(S)
+        S = decay[:, :, n] * S + U[:, :, n]
+    return torch.stack(states, dim=2), S
+
+
+def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L):
+    """Scalar (or no) decay per head and step; optional log input gate and stabilizer."""
+    B, H = qc.shape[:2]
+    b_end = b[..., -1]  # [B, H, N]
+    log_k = b_end[..., None] - b  # [B, H, N, L]: key weight to the chunk end
+    if gic is not None:
+        log_k = log_k + gic
+    idx = torch.arange(L, device=qc.device)
+    causal = idx[:, None] >= idx[None, :]  # [L, L]
+    log_D = b[..., :, None] - b[..., None, :]  # [B, H, N, L, L]
+    if gic is not None:
+        log_D = log_D + gic[..., None, :]
+    log_D = torch.where(causal, log_D, NINF)
+
+    if stabilize:
+        # Chunk-local maxima, then the max-state scan over chunks (cheap: [B, H] per step).
+        m_loc = log_k.amax(-1)  # [B, H, N]
+        m = torch.full((B, H), NINF, dtype=qc.dtype, device=qc.device) if m0 is None else m0
+        m_in = []
+        for n in range(N):
+            m_in.append(m)
+            m = torch.maximum(b_end[:, :, n] + m, m_loc[:, :, n])
+        m_T = m
+        m_in = torch.stack(m_in, dim=2)  # [B, H, N]: stabilizer entering each chunk
+        m_out = torch.cat([m_in[:, :, 1:], m_T[:, :, None]], dim=2)
+        U = (kc * torch.exp(log_k - m_loc[..., None])[..., None]).transpose(-1, -2) @ vc
+        U = torch.exp(m_loc - m_out)[..., None, None] * U
+        decay = torch.exp(b_end + m_in - m_out)[..., None, None]
+        states, S = _scan(decay, U, S0)
+        log_inter = b + m_in[..., None]  # [B, H, N, L]
+        m_rows = torch.maximum(log_D.amax(-1), log_inter)  # [B, H, N, L] = recurrent m_t
+        D = torch.exp(log_D - m_rows[..., None])
+        w_inter = torch.exp(log_inter - m_rows)
+    else:
+        U = (kc * torch.exp(log_k)[..., None]).transpose(-1, -2) @ vc  # [B, H, N, K, V]
+        states, S = _scan(torch.exp(b_end)[..., None, None], U, S0)
+        m_rows = m_T = None
+        D = torch.exp(log_D)
+        w_inter = torch.exp(b)
+    A = (qc @ kc.transpose(-1, -2)) * D  # [B, H, N, L, L]
+    o = A @ vc + (qc * w_inter[..., None]) @ states
+    return o, m_rows, S, m_T
+
+
+def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L):
+    """Decay per key dimension (GLA, RWKV6), optional decay over V (gv), optional exclusive
+    form with bonus u (RWKV6), optional log input gate."""
+    exclusive = u is not None
+    b_end = b[..., -1, :]  # [B, H, N, K]
+    log_k = b_end[..., None, :] - b  # [B, H, N, L, K]
+    if gic is not None:
+        log_k = log_k + gic[..., None]
+    kw = kc * torch.exp(log_k)
+    decay = torch.exp(b_end)[..., :, None]  # [B, H, N, K, 1]
+    cv = None
+    if gv is not None:
+        cv = _to_chunks(gv, N, L).cumsum(3)  # [B, H, N, L, V]
+        cv_end = cv[..., -1, :]
+        U = kw.transpose(-1, -2) @ (vc * torch.exp(cv_end[..., None, :] - cv))
+        decay = decay * torch.exp(cv_end)[..., None, :]
+    else:
+        U = kw.transpose(-1, -2) @ vc
+    states, S = _scan(decay, U, S0)
+
+    bq = b - gc if exclusive else b  # query-side cumulative decay
+    o = (qc * torch.exp(bq)) @ states  # inter-chunk part
+    if cv is not None:
+        o = o * torch.exp(cv)
+
+    # Intra-chunk part with secondary chunking: L = ns sub-chunks of c steps.
+    c = _subchunk(L)
+    ns = L // c
+    sub = lambda x: x.reshape(*x.shape[:3], ns, c, *x.shape[4:])  # noqa: E731
+    qs, ks, bqs, bks = sub(qc), sub(kc), sub(bq), sub(b)  # [B, H, N, ns, c, K]
+    if gic is not None:
+        ks = ks * torch.exp(sub(gic))[..., None]  # ι_s ≤ 1 here (non-stabilized)
+    # Reference point for query sub-chunk i: cumulative decay just before it (0 for i = 0).
+    ref = torch.cat([torch.zeros_like(bks[..., :1, -1, :]), bks[..., :-1, -1, :]], dim=-2)
+    j_lt_i = torch.ones(ns, ns, dtype=torch.bool, device=qc.device).tril(-1)  # [i, j]
+    q_ref = qs * torch.exp(bqs - ref[..., :, None, :])  # [.., ns(i), c, K], exponent ≤ 0
+    log_kref = ref[..., :, None, None, :] - bks[..., None, :, :, :]  # [.., ns(i), ns(j), c, K]
+    pair_mask = j_lt_i[:, :, None, None]  # [i, j, 1, 1]
+    k_ref = ks[..., None, :, :, :] * torch.exp(torch.where(pair_mask, log_kref, NINF))
+    A_off = torch.einsum("...irk,...ijsk->...irjs", q_ref, k_ref)  # [.., ns, c, ns, c]
+
+    idx = torch.arange(c, device=qc.device)
+    diag_mask = idx[:, None] > idx[None, :] if exclusive else idx[:, None] >= idx[None, :]
+    log_diag = bqs[..., :, None, :] - bks[..., None, :, :]  # [.., ns, c(r), c(s), K]
+    w_diag = torch.exp(torch.where(diag_mask[..., None], log_diag, NINF))
+    A_diag = (qs[..., :, None, :] * ks[..., None, :, :] * w_diag).sum(-1)  # [.., ns, c, c]
+    if exclusive:
+        bonus = (qs * u[None, :, None, None, None, :] * ks).sum(-1)  # [.., ns, c]
+        A_diag = A_diag + torch.diag_embed(bonus)
+
+    if cv is None:
+        eye = torch.eye(ns, dtype=qc.dtype, device=qc.device)[:, None, :, None]  # [i, 1, j, 1]
+        A = A_off + eye * A_diag[..., :, :, None, :]
+        o = o + A.reshape(*A.shape[:3], L, L) @ vc
+        return o, S
+    # With a decay over V the weight depends on the value column: rescale v per sub-chunk pair.
+    cvs = sub(cv)  # [.., ns, c, V]
+    ref_v = torch.cat([torch.zeros_like(cvs[..., :1, -1, :]), cvs[..., :-1, -1, :]], dim=-2)
+    log_vref = ref_v[..., :, None, None, :] - cvs[..., None, :, :, :]  # [.., ns(i), ns(j), c, V]
+    vs = sub(vc)
+    v_ref = vs[..., None, :, :, :] * torch.exp(torch.where(pair_mask, log_vref, NINF))
+    o_off = torch.einsum("...irjs,...ijsv->...irv", A_off, v_ref)
+    o_off = o_off * torch.exp(cvs - ref_v[..., :, None, :])
+    log_vdiag = cvs[..., :, None, :] - cvs[..., None, :, :]  # [.., ns, c, c, V]
+    wv_diag = torch.exp(torch.where(diag_mask[..., None], log_vdiag, NINF))
+    o_diag = (A_diag[..., None] * vs[..., None, :, :] * wv_diag).sum(-2)
+    o = o + (o_off + o_diag).reshape(*o.shape)
+    return o, S

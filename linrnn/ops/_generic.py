@@ -1,0 +1,226 @@
+"""The one generic recurrence behind every family: mode/backend dispatch, packed sequences,
+the normalizer, dtypes. Family front ends validate their arguments, map them onto
+
+    g  (log decay: [B,T,H] scalar or [B,T,H,K] vector)   gv (log decay over V, [B,T,H,V])
+    gi (log input gate, [B,T,H])                          u  (bonus [H,K] → exclusive form)
+    stabilize (mLSTM max state)   track_n (carry n_t = α n + ι k)   normalizer (None/sum/mlstm)
+
+and call :func:`run`. The normalizer state n is carried as one extra value column of ones, so
+every implementation only ever sees the plain matrix recurrence.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from linrnn import _validation as check
+from linrnn.engine import torch_chunk
+from linrnn.reference import parallel, recurrent
+
+MODES = ("reference", "recurrent", "parallel", "chunk", "fused_chunk")
+BACKENDS = (None, "torch", "triton")
+DEFAULT_CHUNK_SIZE = 64
+
+# Triton implementations register here as ``_TRITON[mode] = fn`` (same signature as the torch
+# ones). Nothing is registered yet: the Triton engine is a later issue.
+_TRITON: dict[str, Callable] = {}
+
+
+def _chunk_size(value) -> int:
+    if value is None:
+        return DEFAULT_CHUNK_SIZE
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"chunk_size must be a positive int or None, got {value!r}")
+    if value < 1:
+        raise ValueError(f"chunk_size must be ≥ 1, got {value}")
+    return value
+
+
+def select(family: str, mode, backend, device: torch.device, chunk_size) -> Callable:
+    """Resolve ``(mode, backend)`` to an implementation of the generic recurrence."""
+    check.choice("mode", mode, (None, *MODES))
+    check.choice("backend", backend, BACKENDS)
+    mode = mode or "chunk"
+    if backend is None:
+        backend = "triton" if device.type == "cuda" and mode in _TRITON else "torch"
+    if backend == "triton":
+        if mode in ("reference", "parallel"):
+            raise ValueError(f"mode={mode!r} is a PyTorch reference; use backend='torch' or None")
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                "backend='triton' on CPU tensors needs the Triton interpreter: set "
+                "TRITON_INTERPRET=1 before importing triton, or use backend='torch'"
+            )
+        if mode not in _TRITON:
+            raise NotImplementedError(
+                f"{family}: the Triton kernel for mode={mode!r} is not implemented yet; "
+                "use backend='torch' (modes 'chunk', 'recurrent', 'parallel', 'reference')"
+            )
+        return _TRITON[mode]
+    if mode in ("reference", "recurrent"):
+        return recurrent
+    if mode == "parallel":
+        return parallel
+    if mode == "chunk":
+        L = _chunk_size(chunk_size)
+
+        def _chunk(*args, **kwargs):
+            return torch_chunk.chunk(*args, chunk_size=L, **kwargs)
+
+        return _chunk
+    raise NotImplementedError(
+        f"{family}: mode={mode!r} exists only as a Triton kernel; with backend='torch' use "
+        "'chunk' (fast), 'recurrent', 'parallel' or 'reference'"
+    )
+
+
+def run(
+    family: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float,
+    g: Tensor | None = None,
+    gv: Tensor | None = None,
+    gi: Tensor | None = None,
+    u: Tensor | None = None,
+    stabilize: bool = False,
+    track_n: bool = False,
+    normalizer: str | None = None,
+    eps: float = 0.0,
+    S0: Tensor | None = None,
+    n0: Tensor | None = None,
+    m0: Tensor | None = None,
+    cu_seqlens: list[int] | None = None,
+    mode=None,
+    backend=None,
+    chunk_size=None,
+) -> tuple[Tensor, tuple[Tensor, Tensor | None, Tensor | None]]:
+    """Run the generic recurrence; returns ``(o, (S_T, n_T, m_T))`` with o in q's dtype and the
+    states in fp32 (fp64 for fp64 inputs). ``n_T`` is None unless ``track_n``, ``m_T`` unless
+    ``stabilize``. Inputs are assumed validated."""
+    impl = select(family, mode, backend, q.device, chunk_size)
+    cdt = compute_dtype(q)
+    cast = lambda x: None if x is None else x.to(cdt)  # noqa: E731
+    qc, kc, vc, g, gv, gi, u, S0, n0, m0 = map(cast, (q, k, v, g, gv, gi, u, S0, n0, m0))
+    V = vc.shape[-1]
+    if track_n:
+        vc = torch.cat([vc, torch.ones_like(vc[..., :1])], dim=-1)
+        if S0 is not None:
+            n0 = torch.zeros_like(S0[..., 0]) if n0 is None else n0
+            S0 = torch.cat([S0, n0[..., None]], dim=-1)
+    gates = dict(g=g, gv=gv, gi=gi, u=u, stabilize=stabilize)
+
+    if cu_seqlens is None:
+        o, m_seq, S, m_T = impl(qc, kc, vc, scale=scale, S0=S0, m0=m0, **gates)
+    else:
+        o, m_seq, S, m_T = _packed(impl, qc, kc, vc, scale, gates, S0, m0, cu_seqlens)
+
+    if normalizer is None:
+        out = o[..., :V]
+    else:
+        num, den = o[..., :V], o[..., V:]
+        if normalizer == "sum":
+            out = num / (den + eps)
+        else:  # mlstm: max(|q·n|, exp(−m)), the floor is exp(−0) = 1 without the stabilizer
+            mag = den.abs()
+            if stabilize:
+                mag = torch.maximum(mag, torch.exp(-m_seq)[..., None])
+            else:
+                mag = mag.clamp_min(1)
+            out = num / (mag + eps)
+    n_T = S[..., V] if track_n else None
+    return out.to(q.dtype), (S[..., :V], n_T, m_T)
+
+
+def _packed(impl, q, k, v, scale, gates, S0, m0, offsets):
+    """Packed variable-length batch (B == 1): each sequence runs on its own, from its own
+    initial state, and the outputs are concatenated back along T."""
+    H, K, V = q.shape[2], q.shape[3], v.shape[3]
+    outs, m_seqs, states, m_Ts = [], [], [], []
+    for i in range(len(offsets) - 1):
+        s, e = offsets[i], offsets[i + 1]
+        S0_i = None if S0 is None else S0[i : i + 1]
+        m0_i = None if m0 is None else m0[i : i + 1]
+        if e == s:  # empty sequence: the state passes through unchanged
+            outs.append(v[:, :0])
+            if gates["stabilize"]:
+                m_seqs.append(q.new_zeros(1, 0, H))
+                m_Ts.append(m0_i if m0_i is not None else q.new_full((1, H), float("-inf")))
+            states.append(S0_i if S0_i is not None else q.new_zeros(1, H, K, V))
+            continue
+        seq_gates = {
+            key: val[:, s:e] if key in ("g", "gv", "gi") and val is not None else val
+            for key, val in gates.items()
+        }
+        o, m_seq, S, m_T = impl(
+            q[:, s:e], k[:, s:e], v[:, s:e], scale=scale, S0=S0_i, m0=m0_i, **seq_gates
+        )
+        outs.append(o)
+        states.append(S)
+        if gates["stabilize"]:
+            m_seqs.append(m_seq)
+            m_Ts.append(m_T)
+    o = torch.cat(outs, dim=1)
+    S = torch.cat(states, dim=0)
+    if gates["stabilize"]:
+        return o, torch.cat(m_seqs, dim=1), S, torch.cat(m_Ts, dim=0)
+    return o, None, S, None
+
+
+class Dims:
+    """Sizes of one call: B, T, H, K, V, and N = the number of sequences (states)."""
+
+    def __init__(self, B: int, T: int, H: int, K: int, V: int, N: int):
+        self.B, self.T, self.H, self.K, self.V, self.N = B, T, H, K, V, N
+
+
+def prepare(q, k, v, *, scale, cu_seqlens, mode, backend, names=("q", "k", "v")):
+    """Checks common to every op. Returns ``(dims, offsets, scale)``."""
+    check.choice("mode", mode, (None, *MODES))
+    check.choice("backend", backend, BACKENDS)
+    B, T, H, K, V = check.qkv(q, k, v, names)
+    offsets = None if cu_seqlens is None else check.cu_seqlens(cu_seqlens, B, T, q)
+    N = B if offsets is None else len(offsets) - 1
+    return Dims(B, T, H, K, V, N), offsets, check.scale(scale, K)
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """fp64 for fp64 inputs (exact checks), else fp32: states and gate math never run in 16 bits."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+COMMON_ARGS = """\
+scale: multiplier of the query, default ``K ** -0.5``.
+        initial_state: state to start from (shapes above, N = B, or the number of sequences
+            with ``cu_seqlens``), any float dtype; None starts from zero.
+        output_final_state: also return the state after the last step (fp32; fp64 for fp64
+            inputs). Passing it back as ``initial_state`` continues the sequence exactly.
+        cu_seqlens: ``[N + 1]`` integer offsets of N sequences packed along T (B must be 1);
+            each sequence starts from its own initial state and returns its own final state.
+        mode: ``"chunk"`` (default; chunkwise-parallel, matmul-based), ``"recurrent"`` (one
+            step at a time), ``"parallel"`` (quadratic log-space reference), ``"reference"``
+            (the step-by-step reference loop), ``"fused_chunk"`` (Triton only).
+        chunk_size: chunk length L for ``mode="chunk"`` (default 64, any L ≥ 1).
+        backend: ``"torch"``, ``"triton"`` or None (Triton on CUDA tensors where a kernel
+            exists, PyTorch otherwise).
+
+    Returns:
+        ``(o, final_state)``: o has v's shape ``[B, T, H, V]`` and q's dtype; final_state is
+        None unless ``output_final_state``.
+
+    Raises:
+        TypeError / ValueError naming the offending argument for wrong types, shapes, devices,
+        non-finite gates, bad ``cu_seqlens`` or unknown modes; NotImplementedError for a
+        Triton mode that has no kernel yet."""
+
+
+def document(fn):
+    """Insert the arguments every op shares into ``fn``'s docstring (at ``{common}``)."""
+    fn.__doc__ = fn.__doc__.replace("{common}", COMMON_ARGS)
+    return fn

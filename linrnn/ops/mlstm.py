@@ -1,0 +1,100 @@
+"""mLSTM (xLSTM / TFLA): scalar forget and input gates from pre-activations, with the
+exponential input gate stabilized by a max state, or a sigmoid input gate."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from linrnn import _validation as check
+from linrnn.ops._generic import compute_dtype, document, prepare, run
+
+
+@document
+def mlstm(
+    q,
+    k,
+    v,
+    i,
+    f,
+    *,
+    input_gate: str = "exp",
+    normalize: bool | None = None,
+    eps: float = 1e-6,
+    scale=None,
+    initial_state=None,
+    output_final_state: bool = False,
+    cu_seqlens=None,
+    mode=None,
+    chunk_size=None,
+    backend=None,
+):
+    """mLSTM cell.
+
+    ``input_gate="exp"`` (stabilized, DESIGN.md §1)::
+
+        m_t = max(log σ(f̃_t) + m_{t-1}, ĩ_t)
+        C_t = exp(log σ(f̃_t) + m_{t-1} − m_t) C_{t-1} + exp(ĩ_t − m_t) k_t v_tᵀ
+        n_t = (the same gates) n_{t-1} + (…) k_t
+        h_t = scale·C_tᵀ q_t / (max(|scale·n_tᵀ q_t|, exp(−m_t)) + eps)
+
+    ``input_gate="sigmoid"``: ``C_t = σ(f̃_t) C_{t-1} + σ(ĩ_t) k_t v_tᵀ``,
+    ``h_t = scale·C_tᵀ q_t``, or with ``normalize`` ``h_t / (max(|scale·n_tᵀ q_t|, 1) + eps)``.
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; one float dtype (fp16/bf16/fp32/fp64).
+        i, f: ``[B, T, H]`` input and forget gate *pre-activations* ĩ, f̃, finite; fp32 math.
+        input_gate: ``"exp"`` or ``"sigmoid"``.
+        normalize: exp: always True (False is an error); sigmoid: default False.
+        eps: added to the normalizer's denominator.
+        {common}
+
+    State: always the tuple ``(C [N, H, K, V], n [N, H, K], m [N, H])``, stabilized as in the
+    recurrence above (true state = ``C·exp(m)``). With no initial state ``m_0 = −∞``. For the
+    sigmoid gate m is returned as zeros, and an initial state's m is folded into C and n.
+
+    Example:
+        >>> i, f = torch.randn(2, 128, 4), torch.randn(2, 128, 4) + 3
+        >>> h, (C, n, m) = linrnn.mlstm(q, k, v, i, f, output_final_state=True)
+    """
+    d, offsets, scale = prepare(
+        q, k, v, scale=scale, cu_seqlens=cu_seqlens, mode=mode, backend=backend
+    )
+    check.choice("input_gate", input_gate, ("exp", "sigmoid"))
+    exp_gate = input_gate == "exp"
+    if normalize is None:
+        normalize = exp_gate
+    elif not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool or None, got {type(normalize).__name__}")
+    if exp_gate and not normalize:
+        raise ValueError(
+            "input_gate='exp' always normalizes (its output is defined only up to exp(m_t)); "
+            "got normalize=False"
+        )
+    eps = check.eps(eps)
+    i = check.gate("i", i, (d.B, d.T, d.H), q, layout="[B, T, H]")
+    f = check.gate("f", f, (d.B, d.T, d.H), q, layout="[B, T, H]")
+    C0 = n0 = m0 = None
+    if initial_state is not None:
+        C0, n0, m0 = check.state_tuple("initial_state", initial_state, 3, "(C, n, m)")
+        C0 = check.state("initial_state[0] (C)", C0, (d.N, d.H, d.K, d.V), q, "[N, H, K, V]")
+        n0 = check.state("initial_state[1] (n)", n0, (d.N, d.H, d.K), q, "[N, H, K]")
+        m0 = check.state("initial_state[2] (m)", m0, (d.N, d.H), q, "[N, H]")
+        if bool(torch.isnan(m0).any() | (m0 == float("inf")).any()):
+            raise ValueError("initial_state[2] (m) must be finite or −∞ (no state), got NaN/+∞")
+    cdt = compute_dtype(q)
+    log_f = F.logsigmoid(f.to(cdt))
+    gi = i.to(cdt) if exp_gate else F.logsigmoid(i.to(cdt))
+    if m0 is not None and not exp_gate:  # the sigmoid form carries the true (unscaled) state
+        scale_0 = torch.exp(m0.to(cdt))
+        C0, n0, m0 = C0.to(cdt) * scale_0[..., None, None], n0.to(cdt) * scale_0[..., None], None
+    o, (C, n, m) = run(
+        "mlstm", q, k, v, scale=scale, g=log_f, gi=gi, stabilize=exp_gate, track_n=True,
+        normalizer="mlstm" if normalize else None, eps=eps, S0=C0, n0=n0, m0=m0,
+        cu_seqlens=offsets, mode=mode, backend=backend, chunk_size=chunk_size,
+    )  # fmt: skip
+    if not output_final_state:
+        return o, None
+    if m is None:
+        m = C.new_zeros(C.shape[:2])
+    return o, (C, n, m)
