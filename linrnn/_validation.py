@@ -4,6 +4,7 @@ message names the argument, the value received and what was expected."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -25,11 +26,14 @@ def tensor(name: str, x, ndim: int | None = None) -> Tensor:
     return x
 
 
-def same_device(ref: Tensor, **named: Tensor | None) -> None:
+def same_device(ref: Tensor, ref_name: str | None = None, **named: Tensor | None) -> None:
+    """Every tensor in ``named`` must be on ``ref``'s device. ``ref_name`` names ``ref`` in the
+    message (q, or r for RWKV6); gate and state checks do not know it and leave it out."""
+    where = f"{ref_name} is" if ref_name else "the other inputs are"
     for name, x in named.items():
         if x is not None and x.device != ref.device:
             raise ValueError(
-                f"{name} is on device {x.device} but q is on {ref.device}; "
+                f"{name} is on device {x.device} but {where} on {ref.device}; "
                 "all inputs must be on one device"
             )
 
@@ -42,7 +46,7 @@ def qkv(q, k, v, names: Sequence[str] = ("q", "k", "v")) -> tuple[int, int, int,
         raise TypeError(
             f"{nq}, {nk}, {nv} must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
         )
-    same_device(q, **{nk: k, nv: v})
+    same_device(q, nq, **{nk: k, nv: v})
     if k.shape != q.shape:
         raise ValueError(
             f"{nk} must have the shape of {nq} [B, T, H, K] = {tuple(q.shape)}, "
@@ -56,7 +60,10 @@ def qkv(q, k, v, names: Sequence[str] = ("q", "k", "v")) -> tuple[int, int, int,
     B, T, H, K = q.shape
     V = v.shape[-1]
     if min(B, T, H, K, V) < 1:
-        raise ValueError(f"every dimension must be ≥ 1, got B={B}, T={T}, H={H}, K={K}, V={V}")
+        raise ValueError(
+            f"{nq}, {nk}, {nv} must have every dimension ≥ 1, got B={B}, T={T}, H={H}, K={K}, "
+            f"V={V} ({nq} {tuple(q.shape)}, {nv} {tuple(v.shape)})"
+        )
     return B, T, H, K, V
 
 
@@ -112,9 +119,20 @@ def cu_seqlens(cu, B: int, T: int, ref: Tensor) -> list[int]:
             raise TypeError(f"cu_seqlens must hold integers (int32/int64), got dtype {cu.dtype}")
         if cu.dim() != 1:
             raise ValueError(f"cu_seqlens must be 1-D, got shape {tuple(cu.shape)}")
+        if cu.device.type == "meta":
+            raise ValueError(
+                "cu_seqlens is on device meta and holds no values; pass the offsets on the CPU "
+                f"or on {ref.device}"
+            )
         offsets = cu.tolist()
-    elif isinstance(cu, (list, tuple)) and all(isinstance(c, int) for c in cu):
-        offsets = list(cu)
+    elif isinstance(cu, (list, tuple)):
+        bad = [c for c in cu if isinstance(c, bool) or not isinstance(c, numbers.Integral)]
+        if bad:
+            raise TypeError(
+                f"cu_seqlens must be a 1-D integer tensor or a list of ints, got a "
+                f"{type(cu).__name__} holding {type(bad[0]).__name__} {bad[0]!r}: {list(cu)}"
+            )
+        offsets = [int(c) for c in cu]
     else:
         raise TypeError(
             f"cu_seqlens must be a 1-D integer tensor or a list of ints, got {type(cu).__name__}"
@@ -143,7 +161,7 @@ def cu_seqlens(cu, B: int, T: int, ref: Tensor) -> list[int]:
 def scale(value, K: int) -> float:
     if value is None:
         return K**-0.5
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy floats pass
         raise TypeError(f"scale must be a float or None, got {type(value).__name__}")
     if not math.isfinite(value):
         raise ValueError(f"scale must be finite, got {value}")
@@ -151,11 +169,19 @@ def scale(value, K: int) -> float:
 
 
 def eps(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"eps must be a float, got {type(value).__name__}")
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"eps must be finite and ≥ 0, got {value}")
     return float(value)
+
+
+def flag(name: str, value) -> bool:
+    """A boolean switch (``output_final_state``, ``normalize``): a truthy string or a tensor is
+    refused rather than read as True (a multi-element tensor would raise a RuntimeError)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
 
 
 def choice(name: str, value, choices: Sequence) -> None:

@@ -93,7 +93,7 @@ def _scan(decay: Tensor, U: Tensor, S0: Tensor | None) -> tuple[Tensor, Tensor]:
     states = []
     for n in range(N):
         states.append(S)
-        S = decay[:, :, n] * S + U[:, :, n]
+        S = torch.addcmul(U[:, :, n], decay[:, :, n], S)
     return torch.stack(states, dim=2), S
 
 
@@ -108,8 +108,8 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L):
     causal = idx[:, None] >= idx[None, :]  # [L, L]
     log_D = b[..., :, None] - b[..., None, :]  # [B, H, N, L, L]
     if gic is not None:
-        log_D = log_D + gic[..., None, :]
-    log_D = torch.where(causal, log_D, NINF)
+        log_D.add_(gic[..., None, :])
+    log_D.masked_fill_(~causal, NINF)  # before any exp: the upper triangle may be > 0
 
     if stabilize:
         # Chunk-local maxima, then the max-state scan over chunks (cheap: [B, H] per step).
@@ -137,7 +137,7 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L):
         D = torch.exp(log_D)
         w_inter = torch.exp(b)
     A = (qc @ kc.transpose(-1, -2)) * D  # [B, H, N, L, L]
-    o = A @ vc + (qc * w_inter[..., None]) @ states
+    o = ((qc * w_inter[..., None]) @ states).add_(A @ vc)
     return o, m_rows, S, m_T
 
 
@@ -173,39 +173,77 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L):
     qs, ks, bqs, bks = sub(qc), sub(kc), sub(bq), sub(b)  # [B, H, N, ns, c, K]
     if gic is not None:
         ks = ks * torch.exp(sub(gic))[..., None]  # ι_s ≤ 1 here (non-stabilized)
-    # Reference point for query sub-chunk i: cumulative decay just before it (0 for i = 0).
-    ref = torch.cat([torch.zeros_like(bks[..., :1, -1, :]), bks[..., :-1, -1, :]], dim=-2)
-    j_lt_i = torch.ones(ns, ns, dtype=torch.bool, device=qc.device).tril(-1)  # [i, j]
-    q_ref = qs * torch.exp(bqs - ref[..., :, None, :])  # [.., ns(i), c, K], exponent ≤ 0
-    log_kref = ref[..., :, None, None, :] - bks[..., None, :, :, :]  # [.., ns(i), ns(j), c, K]
-    pair_mask = j_lt_i[:, :, None, None]  # [i, j, 1, 1]
-    k_ref = ks[..., None, :, :, :] * torch.exp(torch.where(pair_mask, log_kref, NINF))
-    A_off = torch.einsum("...irk,...ijsk->...irjs", q_ref, k_ref)  # [.., ns, c, ns, c]
-
-    idx = torch.arange(c, device=qc.device)
-    diag_mask = idx[:, None] > idx[None, :] if exclusive else idx[:, None] >= idx[None, :]
-    log_diag = bqs[..., :, None, :] - bks[..., None, :, :]  # [.., ns, c(r), c(s), K]
-    w_diag = torch.exp(torch.where(diag_mask[..., None], log_diag, NINF))
-    A_diag = (qs[..., :, None, :] * ks[..., None, :, :] * w_diag).sum(-1)  # [.., ns, c, c]
-    if exclusive:
-        bonus = (qs * u[None, :, None, None, None, :] * ks).sum(-1)  # [.., ns, c]
-        A_diag = A_diag + torch.diag_embed(bonus)
-
+    A_off, A_diag = _intra_vector(qs, ks, bqs, bks, exclusive, u)
     if cv is None:
         eye = torch.eye(ns, dtype=qc.dtype, device=qc.device)[:, None, :, None]  # [i, 1, j, 1]
         A = A_off + eye * A_diag[..., :, :, None, :]
         o = o + A.reshape(*A.shape[:3], L, L) @ vc
         return o, S
-    # With a decay over V the weight depends on the value column: rescale v per sub-chunk pair.
-    cvs = sub(cv)  # [.., ns, c, V]
+    # With a decay over V the weight depends on the value column: rescale v per sub-chunk pair
+    # (against the same reference points as the keys) and treat the diagonal in log space.
+    cvs, vs = sub(cv), sub(vc)  # [.., ns, c, V]
     ref_v = torch.cat([torch.zeros_like(cvs[..., :1, -1, :]), cvs[..., :-1, -1, :]], dim=-2)
     log_vref = ref_v[..., :, None, None, :] - cvs[..., None, :, :, :]  # [.., ns(i), ns(j), c, V]
-    vs = sub(vc)
+    pair_mask = _pairs_before(ns, qc.device)[:, :, None, None]  # [i, j, 1, 1]
     v_ref = vs[..., None, :, :, :] * torch.exp(torch.where(pair_mask, log_vref, NINF))
     o_off = torch.einsum("...irjs,...ijsv->...irv", A_off, v_ref)
     o_off = o_off * torch.exp(cvs - ref_v[..., :, None, :])
     log_vdiag = cvs[..., :, None, :] - cvs[..., None, :, :]  # [.., ns, c, c, V]
-    wv_diag = torch.exp(torch.where(diag_mask[..., None], log_vdiag, NINF))
+    causal = _causal(c, exclusive, qc.device)
+    wv_diag = torch.exp(torch.where(causal[..., None], log_vdiag, NINF))
     o_diag = (A_diag[..., None] * vs[..., None, :, :] * wv_diag).sum(-2)
     o = o + (o_off + o_diag).reshape(*o.shape)
     return o, S
+
+
+# Largest exponent allowed when the diagonal sub-chunk is factorized as
+# exp(b_r − p) · exp(p − b_s): exp(60) ≈ 1e26 leaves fp32 ample headroom for the products.
+_FACTOR_LIMIT = 60.0
+
+
+def _causal(c: int, exclusive: bool, device) -> Tensor:
+    idx = torch.arange(c, device=device)
+    return idx[:, None] > idx[None, :] if exclusive else idx[:, None] >= idx[None, :]
+
+
+def _pairs_before(ns: int, device) -> Tensor:
+    """[i, j] mask of sub-chunk pairs with j < i."""
+    return torch.ones(ns, ns, dtype=torch.bool, device=device).tril(-1)
+
+
+def _intra_vector(qs, ks, bqs, bks, exclusive, u):
+    """Intra-chunk weights ``A[r, s] = Σ_k q_rk k_sk exp(bq_rk − b_sk)`` for a vector decay,
+    split into sub-chunk pairs ``A_off [.., ns, c, ns, c]`` (zero unless j < i) and the diagonal
+    blocks ``A_diag [.., ns, c, c]`` (bonus included).
+
+    Pairs (j < i) factor through the sub-chunk boundaries, every factor ≤ 1:
+    ``exp(bq_r − p_i) · exp(p_i − e_j) · exp(e_j − b_s)`` with ``p_i`` the cumulative decay
+    before sub-chunk i and ``e_j`` the one at the end of sub-chunk j. The diagonal block is a
+    matmul after ``exp(bq_r − p_i) · exp(p_i − b_s)`` when the second exponent (the decay within
+    one sub-chunk) is at most ``_FACTOR_LIMIT``; otherwise it is evaluated exactly in log space
+    with an explicit ``[c, c, K]`` weight (strong decays, e.g. −30 per step).
+    """
+    ns, c = qs.shape[-3], qs.shape[-2]
+    ends = bks[..., :, -1, :]  # [.., ns, K]
+    p = torch.cat([torch.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], dim=-2)  # [.., ns, K]
+    q_hat = qs * torch.exp(bqs - p[..., :, None, :])  # [.., ns, c, K]
+    k_hat = ks * torch.exp(ends[..., :, None, :] - bks)  # [.., ns, c, K]
+    log_pair = p[..., :, None, :] - ends[..., None, :, :]  # [.., ns(i), ns(j), K]
+    pair_mask = _pairs_before(ns, qs.device)[..., None]
+    w_pair = torch.exp(torch.where(pair_mask, log_pair, NINF))
+    qw = q_hat[..., :, None, :, :] * w_pair[..., :, :, None, :]  # [.., ns(i), ns(j), c, K]
+    A_off = (qw @ k_hat[..., None, :, :, :].transpose(-1, -2)).transpose(-3, -2)
+
+    causal = _causal(c, exclusive, qs.device)
+    log_grow = p[..., :, None, :] - bks  # [.., ns, c, K], ≥ 0: within one sub-chunk
+    if float(log_grow.detach().amax()) <= _FACTOR_LIMIT:
+        A_diag = q_hat @ (ks * torch.exp(log_grow)).transpose(-1, -2)
+        A_diag = torch.where(causal, A_diag, 0.0)
+    else:
+        log_diag = bqs[..., :, None, :] - bks[..., None, :, :]  # [.., ns, c(r), c(s), K]
+        w_diag = torch.exp(torch.where(causal[..., None], log_diag, NINF))
+        A_diag = (qs[..., :, None, :] * ks[..., None, :, :] * w_diag).sum(-1)  # [.., ns, c, c]
+    if exclusive:
+        bonus = (qs * u[None, :, None, None, None, :] * ks).sum(-1)  # [.., ns, c]
+        A_diag = A_diag + torch.diag_embed(bonus)
+    return A_off, A_diag

@@ -11,6 +11,7 @@ every implementation only ever sees the plain matrix recurrence.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable
 
@@ -33,11 +34,11 @@ _TRITON: dict[str, Callable] = {}
 def _chunk_size(value) -> int:
     if value is None:
         return DEFAULT_CHUNK_SIZE
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"chunk_size must be a positive int or None, got {value!r}")
     if value < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {value}")
-    return value
+    return int(value)
 
 
 def select(family: str, mode, backend, device: torch.device, chunk_size) -> Callable:
@@ -180,10 +181,15 @@ class Dims:
         self.B, self.T, self.H, self.K, self.V, self.N = B, T, H, K, V, N
 
 
-def prepare(q, k, v, *, scale, cu_seqlens, mode, backend, names=("q", "k", "v")):
+def prepare(
+    q, k, v, *, scale, cu_seqlens, mode, backend, chunk_size, output_final_state,
+    names=("q", "k", "v"),
+):  # fmt: skip
     """Checks common to every op. Returns ``(dims, offsets, scale)``."""
     check.choice("mode", mode, (None, *MODES))
     check.choice("backend", backend, BACKENDS)
+    check.flag("output_final_state", output_final_state)
+    _chunk_size(chunk_size)
     B, T, H, K, V = check.qkv(q, k, v, names)
     offsets = None if cu_seqlens is None else check.cu_seqlens(cu_seqlens, B, T, q)
     N = B if offsets is None else len(offsets) - 1

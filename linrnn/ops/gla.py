@@ -39,7 +39,15 @@ def gla(
         >>> o, _ = linrnn.gla(q, k, v, gk)
     """
     d, offsets, scale = prepare(
-        q, k, v, scale=scale, cu_seqlens=cu_seqlens, mode=mode, backend=backend
+        q,
+        k,
+        v,
+        scale=scale,
+        cu_seqlens=cu_seqlens,
+        mode=mode,
+        backend=backend,
+        chunk_size=chunk_size,
+        output_final_state=output_final_state,
     )
     gk = check.gate("gk", gk, (d.B, d.T, d.H, d.K), q, layout="[B, T, H, K]", nonpositive=True)
     if gv is not None:

@@ -41,8 +41,17 @@ def linear_attn(
         >>> o, S = linrnn.linear_attn(q, k, v, output_final_state=True)
     """
     d, offsets, scale = prepare(
-        q, k, v, scale=scale, cu_seqlens=cu_seqlens, mode=mode, backend=backend
+        q,
+        k,
+        v,
+        scale=scale,
+        cu_seqlens=cu_seqlens,
+        mode=mode,
+        backend=backend,
+        chunk_size=chunk_size,
+        output_final_state=output_final_state,
     )
+    normalize = check.flag("normalize", normalize)
     eps = check.eps(eps)
     S0 = n0 = None
     if initial_state is not None:

@@ -58,7 +58,15 @@ def mlstm(
         >>> h, (C, n, m) = linrnn.mlstm(q, k, v, i, f, output_final_state=True)
     """
     d, offsets, scale = prepare(
-        q, k, v, scale=scale, cu_seqlens=cu_seqlens, mode=mode, backend=backend
+        q,
+        k,
+        v,
+        scale=scale,
+        cu_seqlens=cu_seqlens,
+        mode=mode,
+        backend=backend,
+        chunk_size=chunk_size,
+        output_final_state=output_final_state,
     )
     check.choice("input_gate", input_gate, ("exp", "sigmoid"))
     exp_gate = input_gate == "exp"
@@ -80,8 +88,13 @@ def mlstm(
         C0 = check.state("initial_state[0] (C)", C0, (d.N, d.H, d.K, d.V), q, "[N, H, K, V]")
         n0 = check.state("initial_state[1] (n)", n0, (d.N, d.H, d.K), q, "[N, H, K]")
         m0 = check.state("initial_state[2] (m)", m0, (d.N, d.H), q, "[N, H]")
-        if bool(torch.isnan(m0).any() | (m0 == float("inf")).any()):
-            raise ValueError("initial_state[2] (m) must be finite or −∞ (no state), got NaN/+∞")
+        bad = torch.isnan(m0) | (m0 == float("inf"))
+        if bool(bad.any()):
+            idx = bad.nonzero()[0].tolist()
+            raise ValueError(
+                f"initial_state[2] (m) must be finite or −∞ (no state); {int(bad.sum())} of "
+                f"{m0.numel()} values are not (first at index {idx}: {m0[tuple(idx)].item()})"
+            )
     cdt = compute_dtype(q)
     log_f = F.logsigmoid(f.to(cdt))
     gi = i.to(cdt) if exp_gate else F.logsigmoid(i.to(cdt))

@@ -37,7 +37,15 @@ def retention(
         >>> o, _ = linrnn.retention(q, k, v, log_decay)
     """
     d, offsets, scale = prepare(
-        q, k, v, scale=scale, cu_seqlens=cu_seqlens, mode=mode, backend=backend
+        q,
+        k,
+        v,
+        scale=scale,
+        cu_seqlens=cu_seqlens,
+        mode=mode,
+        backend=backend,
+        chunk_size=chunk_size,
+        output_final_state=output_final_state,
     )
     log_decay = check.gate("log_decay", log_decay, (d.H,), q, layout="[H]", nonpositive=True)
     S0 = None

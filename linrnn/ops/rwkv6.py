@@ -41,6 +41,7 @@ def rwkv6(
     """
     d, offsets, scale = prepare(
         r, k, v, scale=scale, cu_seqlens=cu_seqlens, mode=mode, backend=backend,
+        chunk_size=chunk_size, output_final_state=output_final_state,
         names=("r", "k", "v"),
     )  # fmt: skip
     w = check.gate("w", w, (d.B, d.T, d.H, d.K), r, layout="[B, T, H, K]", nonpositive=True)

@@ -39,7 +39,15 @@ def simple_gla(
         >>> o, S = linrnn.simple_gla(q, k, v, g, output_final_state=True)
     """
     d, offsets, scale = prepare(
-        q, k, v, scale=scale, cu_seqlens=cu_seqlens, mode=mode, backend=backend
+        q,
+        k,
+        v,
+        scale=scale,
+        cu_seqlens=cu_seqlens,
+        mode=mode,
+        backend=backend,
+        chunk_size=chunk_size,
+        output_final_state=output_final_state,
     )
     g = check.gate("g", g, (d.B, d.T, d.H), q, layout="[B, T, H]", nonpositive=True)
     S0 = None

@@ -3,7 +3,9 @@
 ``o = ((Q Kᵀ) ⊙ D) V + (Q ⊙ exp(b)) S_0`` with ``log D_ts = b_t − b_s + gi_s`` for s ≤ t
 (s < t in the exclusive form), ``b`` the cumulative log decay. Every exponent is a causal
 difference of cumulative log decays (≤ 0), or is shifted by the row maximum when stabilized.
-Memory is O(T²·K): a reference, not a kernel.
+Memory is O(T²·K): a reference, not a kernel. The log-space weights are always formed in
+float64 (cumulative sums over the whole sequence lose absolute precision in fp32 — ulp(700) is
+6e-5 — which the chunked kernels avoid by summing within a chunk) and cast after ``exp``.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ def parallel(
     """Quadratic log-space form of the generic recurrence; arguments as in ``recurrent``."""
     B, T, H = q.shape[:3]
     dt, dev = q.dtype, q.device
+    lg = torch.float64  # dtype of every log-space quantity
+    exp = lambda x: torch.exp(x).to(dt)  # noqa: E731
     exclusive = u is not None
     ninf = float("-inf")
     # Log decays with an explicit K axis (size 1 for scalar or absent decay).
-    gk = torch.zeros(B, T, H, 1, dtype=dt, device=dev) if g is None else g
+    gk = torch.zeros(B, T, H, 1, dtype=lg, device=dev) if g is None else g.to(lg)
     if gk.dim() == 3:
         gk = gk[..., None]
     b = gk.cumsum(1)  # [B, T, H, K|1]
@@ -43,6 +47,7 @@ def parallel(
 
     log_w = bq[:, :, None] - b[:, None, :]  # [B, T, S, H, K|1]
     if gi is not None:
+        gi = gi.to(lg)
         log_w = log_w + gi[:, None, :, :, None]
     log_w = torch.where(causal, log_w, ninf)
     log_inter = bq  # [B, T, H, K|1]: weight of the initial state seen from step t
@@ -52,7 +57,7 @@ def parallel(
     log_end0 = b[:, -1]  # [B, H, K|1]: weight of the initial state seen from the end
     m_seq = m_T = None
     if stabilize:
-        m0 = torch.full((B, H), ninf, dtype=dt, device=dev) if m0 is None else m0
+        m0 = torch.full((B, H), ninf, dtype=lg, device=dev) if m0 is None else m0.to(lg)
         log_inter = log_inter + m0[:, None, :, None]
         m_seq = torch.maximum(log_w.amax(dim=(2, 4)), log_inter.amax(-1))  # [B, T, H]
         log_w = log_w - m_seq[:, :, None, :, None]
@@ -63,24 +68,26 @@ def parallel(
         log_end0 = log_end0 - m_T[..., None]
 
     qs = q * scale
-    A = (qs[:, :, None] * k[:, None] * torch.exp(log_w)).sum(-1)  # [B, T, S, H]
-    kw = k * torch.exp(log_end)  # [B, T, H, K]
+    A = (qs[:, :, None] * k[:, None] * exp(log_w)).sum(-1)  # [B, T, S, H]
+    kw = k * exp(log_end)  # [B, T, H, K]
     if gv is None:
         o = torch.einsum("btsh,bshv->bthv", A, v)
         S = torch.einsum("bshk,bshv->bhkv", kw, v)
     else:
-        c = gv.cumsum(1)  # [B, T, H, V]
-        w_v = torch.exp(torch.where(causal, c[:, :, None] - c[:, None, :], ninf))
+        c = gv.to(lg).cumsum(1)  # [B, T, H, V]
+        w_v = exp(torch.where(causal, c[:, :, None] - c[:, None, :], ninf))
         o = torch.einsum("btsh,bshv,btshv->bthv", A, v, w_v)
-        S = torch.einsum("bshk,bshv->bhkv", kw, v * torch.exp(c[:, -1:] - c))
+        S = torch.einsum("bshk,bshv->bhkv", kw, v * exp(c[:, -1:] - c))
     if exclusive:
         o = o + (qs * u * k).sum(-1, keepdim=True) * v
     if S0 is not None:
-        o_inter = torch.einsum("bthk,bhkv->bthv", qs * torch.exp(log_inter), S0)
-        S_dec = torch.exp(log_end0)[..., None] * S0
+        o_inter = torch.einsum("bthk,bhkv->bthv", qs * exp(log_inter), S0)
+        S_dec = exp(log_end0)[..., None] * S0
         if gv is not None:
-            o_inter = o_inter * torch.exp(c)
-            S_dec = S_dec * torch.exp(c[:, -1])[:, :, None, :]
+            o_inter = o_inter * exp(c)
+            S_dec = S_dec * exp(c[:, -1])[:, :, None, :]
         o = o + o_inter
         S = S + S_dec
+    if stabilize:
+        m_seq, m_T = m_seq.to(dt), m_T.to(dt)
     return o, m_seq, S, m_T

@@ -1,0 +1,228 @@
+"""Shared test helpers: the one tolerance rule, and a registry of every family variant with
+input builders, so each test runs over all of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+import linrnn
+
+# RMS-relative error ‖a − b‖ / ‖b‖ allowed against the float64 reference, per input dtype.
+RTOL = {torch.float64: 1e-9, torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+# References whose RMS is below this are compared absolutely (e.g. a gradient that is
+# mathematically zero, such as d(gk) at T = 1 with no initial state, where 1e-16 is correct).
+TINY_RMS = 1e-3
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.double(), ref.double()
+    floor = TINY_RMS * max(ref.numel(), 1) ** 0.5
+    return ((got - ref).norm() / ref.norm().clamp_min(floor)).item()
+
+
+def assert_close(
+    name: str, got, ref, dtype: torch.dtype, factor: float = 1.0, same_dtype_ref=None
+) -> None:
+    """The one tolerance helper: shapes equal, no NaN, infinities exactly where the reference
+    has them, and RMS-relative error within ``RTOL[dtype] · factor`` — or, for 16/32-bit
+    inputs, within 2× the error of the step-by-step reference run in the same dtype
+    (``same_dtype_ref``: flash-attention's rule; rounding the output and its cotangent to
+    bf16 alone costs that much on ill-conditioned gradients). The message shows the error and
+    the worst element."""
+    assert got is not None and ref is not None, f"{name}: missing ({got is None=}, {ref is None=})"
+    assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    assert not torch.isnan(got).any(), f"{name}: {int(torch.isnan(got).sum())} NaN"
+    # ±inf only where the reference has the same (mLSTM's m = −∞ means "no state yet").
+    inf = ~torch.isfinite(ref)
+    assert torch.equal(~torch.isfinite(got), inf), f"{name}: non-finite where the ref is finite"
+    assert torch.equal(got[inf].double(), ref[inf].double()), f"{name}: infinities differ"
+    got, ref = got[~inf], ref[~inf]
+    tol = RTOL[dtype] * factor
+    if same_dtype_ref is not None:
+        tol = max(tol, 2.0 * rel_err(same_dtype_ref[~inf], ref))
+    err = rel_err(got, ref)
+    if not err <= tol:
+        diff = (got.double() - ref.double()).abs()
+        idx = int(diff.argmax())
+        raise AssertionError(
+            f"{name}: rms-rel error {err:.3e} > {tol:.1e} ({dtype}); worst at flat {idx}: "
+            f"got {got[idx].item():.6g}, ref {ref[idx].item():.6g}"
+        )
+
+
+@dataclass
+class Family:
+    """One op variant: how to build its inputs, call it, and shape its state."""
+
+    name: str
+    fn: object
+    tensors: tuple  # names of tensor positional/keyword inputs (all get gradients)
+    build: object  # (B, T, H, K, V, extreme) -> dict name -> fp64 tensor
+    kwargs: dict = field(default_factory=dict)
+    state: str = "S"  # "S", "Sn" (linear_attn normalize) or "Cnm" (mlstm)
+    positional: int = 0  # how many of `tensors` are positional
+
+    def call(self, inputs: dict, **kw):
+        args = [inputs[n] for n in self.tensors[: self.positional]]
+        named = {n: inputs[n] for n in self.tensors[self.positional :] if n in inputs}
+        return self.fn(*args, **named, **self.kwargs, **kw)
+
+    def make_state(self, N, H, K, V, dtype=torch.float64):
+        S = torch.randn(N, H, K, V, dtype=dtype)
+        if self.state == "S":
+            return S
+        n = torch.rand(N, H, K, dtype=dtype) + 0.5
+        if self.state == "Sn":
+            return (S, n)
+        return (S, n, torch.randn(N, H, dtype=dtype))
+
+
+def flat_state(state) -> list[torch.Tensor]:
+    if state is None:
+        return []
+    return list(state) if isinstance(state, tuple) else [state]
+
+
+def _qkv(B, T, H, K, V, positive=False):
+    q, k = torch.randn(B, T, H, K), torch.randn(B, T, H, K)
+    if positive:  # feature-mapped inputs (elu + 1) keep linear attention's normalizer > 0
+        q, k = F.elu(q) + 1, F.elu(k) + 1
+    return {"q": q.double(), "k": k.double(), "v": torch.randn(B, T, H, V).double()}
+
+
+def _log_decay(shape, extreme):
+    if extreme:  # strong decays: −30 per step on a random half, the rest mild
+        return torch.where(torch.rand(shape) < 0.5, -30.0, -0.05 * torch.rand(shape)).double()
+    return F.logsigmoid(torch.randn(shape) + 2.0).double()
+
+
+def _build_la(B, T, H, K, V, extreme, positive=False):
+    return _qkv(B, T, H, K, V, positive)
+
+
+def _build_retention(B, T, H, K, V, extreme):
+    d = _qkv(B, T, H, K, V)
+    d["log_decay"] = (
+        torch.tensor([-30.0] + [-0.01] * (H - 1))
+        if extreme
+        else torch.log(1 - 2.0 ** (-2.0 - torch.arange(H, dtype=torch.float64)))
+    ).double()[:H]
+    return d
+
+
+def _build_sgla(B, T, H, K, V, extreme):
+    return {**_qkv(B, T, H, K, V), "g": _log_decay((B, T, H), extreme)}
+
+
+def _build_gla(B, T, H, K, V, extreme, with_gv=False):
+    d = {**_qkv(B, T, H, K, V), "gk": _log_decay((B, T, H, K), extreme)}
+    if with_gv:
+        d["gv"] = _log_decay((B, T, H, V), extreme)
+    return d
+
+
+def _build_rwkv6(B, T, H, K, V, extreme):
+    d = _qkv(B, T, H, K, V)
+    return {
+        "r": d["q"],
+        "k": d["k"],
+        "v": d["v"],
+        "w": _log_decay((B, T, H, K), extreme),
+        "u": torch.randn(H, K).double(),
+    }
+
+
+def _build_mlstm(B, T, H, K, V, extreme):
+    d = _qkv(B, T, H, K, V)
+    if extreme:  # input pre-activations at ±20, forget gates saturated either way
+        d["i"] = (20.0 * torch.randint(0, 2, (B, T, H)) * 2 - 20.0).double()
+        d["f"] = (torch.randn(B, T, H) * 10).double()
+    else:
+        d["i"] = torch.randn(B, T, H).double() * 2
+        d["f"] = (torch.randn(B, T, H) + 3).double()
+    return d
+
+
+QKV = ("q", "k", "v")
+FAMILIES = {
+    f.name: f
+    for f in [
+        Family("linear_attn", linrnn.linear_attn, QKV, _build_la, positional=3),
+        Family(
+            "linear_attn_norm",
+            linrnn.linear_attn,
+            QKV,
+            lambda *a: _build_la(*a, positive=True),
+            kwargs={"normalize": True},
+            state="Sn",
+            positional=3,
+        ),
+        Family("retention", linrnn.retention, (*QKV, "log_decay"), _build_retention, positional=4),
+        Family("simple_gla", linrnn.simple_gla, (*QKV, "g"), _build_sgla, positional=4),
+        Family("gla", linrnn.gla, (*QKV, "gk"), _build_gla, positional=4),
+        Family(
+            "gla_gv",
+            linrnn.gla,
+            (*QKV, "gk", "gv"),
+            lambda *a: _build_gla(*a, with_gv=True),
+            positional=4,
+        ),
+        Family("rwkv6", linrnn.rwkv6, ("r", "k", "v", "w", "u"), _build_rwkv6, positional=5),
+        Family(
+            "mlstm_exp",
+            linrnn.mlstm,
+            (*QKV, "i", "f"),
+            _build_mlstm,
+            kwargs={"input_gate": "exp"},
+            state="Cnm",
+            positional=5,
+        ),
+        Family(
+            "mlstm_sig",
+            linrnn.mlstm,
+            (*QKV, "i", "f"),
+            _build_mlstm,
+            kwargs={"input_gate": "sigmoid"},
+            state="Cnm",
+            positional=5,
+        ),
+        Family(
+            "mlstm_sig_norm",
+            linrnn.mlstm,
+            (*QKV, "i", "f"),
+            _build_mlstm,
+            kwargs={"input_gate": "sigmoid", "normalize": True},
+            state="Cnm",
+            positional=5,
+        ),
+    ]
+}
+
+
+def run_with_grads(fam: Family, inputs: dict, initial_state=None, dtype=torch.float64, **kw):
+    """Call ``fam`` on ``inputs`` cast to ``dtype`` (gates too, as a user would pass them),
+    with gradients on every input and on the initial state. The loss uses fixed random
+    cotangents for o and for every final-state tensor.
+
+    Returns ``(o, [final state tensors], {name: grad})``."""
+    leaves = {n: t.detach().to(dtype).requires_grad_() for n, t in inputs.items()}
+    init = None
+    if initial_state is not None:
+        init_list = [s.detach().clone().requires_grad_() for s in flat_state(initial_state)]
+        init = tuple(init_list) if isinstance(initial_state, tuple) else init_list[0]
+        for j, s in enumerate(init_list):
+            leaves[f"h0[{j}]"] = s
+    o, st = fam.call(leaves, initial_state=init, output_final_state=True, **kw)
+    states = flat_state(st)
+    gen = torch.Generator().manual_seed(1234)
+    loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64)).sum()
+    for s in states:
+        loss = loss + (s.double() * torch.randn(s.shape, generator=gen, dtype=torch.float64)).sum()
+    loss.backward()
+    grads = {n: t.grad for n, t in leaves.items() if t.grad is not None}
+    return o.detach(), [s.detach() for s in states], grads
