@@ -78,6 +78,13 @@ def chunk(
     gc = _to_chunks(g, N, L)
     gic = None if gi is None else _to_chunks(gi, N, L, NINF if stabilize else 0.0)
     b = gc.cumsum(3)  # [B, H, N, L(, K)] within-chunk cumulative log decay
+    if not vector and float(b.detach().amin()) < -_PRECISE_BELOW:
+        # Strong scalar decays: differences of large cumulative sums lose absolute precision in
+        # fp32 (ulp(480) = 3e-5), so form the scalar log-space weights in fp64 (cheap: the
+        # gates are [B, H, N, L]) and cast after exp.
+        b = gc.double().cumsum(3)
+        gic = None if gic is None else gic.double()
+        m0 = None if m0 is None else m0.double()
     if vector:
         o, S = _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L)
         return _from_chunks(o, T), None, S, None
@@ -97,9 +104,17 @@ def _scan(decay: Tensor, U: Tensor, S0: Tensor | None) -> tuple[Tensor, Tensor]:
     return torch.stack(states, dim=2), S
 
 
+# Below this within-chunk cumulative log decay, scalar log-space weights are formed in fp64.
+_PRECISE_BELOW = 16.0
+
+
 def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L):
-    """Scalar (or no) decay per head and step; optional log input gate and stabilizer."""
+    """Scalar (or no) decay per head and step; optional log input gate and stabilizer. The
+    log-space tensors (b, gic, m) may be fp64 while q, k, v are fp32: weights are cast after
+    ``exp``."""
     B, H = qc.shape[:2]
+    dt = qc.dtype
+    exp = lambda x: torch.exp(x).to(dt)  # noqa: E731
     b_end = b[..., -1]  # [B, H, N]
     log_k = b_end[..., None] - b  # [B, H, N, L]: key weight to the chunk end
     if gic is not None:
@@ -114,7 +129,7 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L):
     if stabilize:
         # Chunk-local maxima, then the max-state scan over chunks (cheap: [B, H] per step).
         m_loc = log_k.amax(-1)  # [B, H, N]
-        m = torch.full((B, H), NINF, dtype=qc.dtype, device=qc.device) if m0 is None else m0
+        m = torch.full((B, H), NINF, dtype=b.dtype, device=qc.device) if m0 is None else m0
         m_in = []
         for n in range(N):
             m_in.append(m)
@@ -122,22 +137,24 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L):
         m_T = m
         m_in = torch.stack(m_in, dim=2)  # [B, H, N]: stabilizer entering each chunk
         m_out = torch.cat([m_in[:, :, 1:], m_T[:, :, None]], dim=2)
-        U = (kc * torch.exp(log_k - m_loc[..., None])[..., None]).transpose(-1, -2) @ vc
-        U = torch.exp(m_loc - m_out)[..., None, None] * U
-        decay = torch.exp(b_end + m_in - m_out)[..., None, None]
+        U = (kc * exp(log_k - m_loc[..., None])[..., None]).transpose(-1, -2) @ vc
+        U = exp(m_loc - m_out)[..., None, None] * U
+        decay = exp(b_end + m_in - m_out)[..., None, None]
         states, S = _scan(decay, U, S0)
         log_inter = b + m_in[..., None]  # [B, H, N, L]
         m_rows = torch.maximum(log_D.amax(-1), log_inter)  # [B, H, N, L] = recurrent m_t
-        D = torch.exp(log_D - m_rows[..., None])
-        w_inter = torch.exp(log_inter - m_rows)
+        D = exp(log_D - m_rows[..., None])
+        w_inter = exp(log_inter - m_rows)
     else:
-        U = (kc * torch.exp(log_k)[..., None]).transpose(-1, -2) @ vc  # [B, H, N, K, V]
-        states, S = _scan(torch.exp(b_end)[..., None, None], U, S0)
+        U = (kc * exp(log_k)[..., None]).transpose(-1, -2) @ vc  # [B, H, N, K, V]
+        states, S = _scan(exp(b_end)[..., None, None], U, S0)
         m_rows = m_T = None
-        D = torch.exp(log_D)
-        w_inter = torch.exp(b)
+        D = exp(log_D)
+        w_inter = exp(b)
     A = (qc @ kc.transpose(-1, -2)) * D  # [B, H, N, L, L]
     o = ((qc * w_inter[..., None]) @ states).add_(A @ vc)
+    if stabilize:
+        m_rows, m_T = m_rows.to(dt), m_T.to(dt)
     return o, m_rows, S, m_T
 
 
@@ -173,27 +190,28 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L):
     qs, ks, bqs, bks = sub(qc), sub(kc), sub(bq), sub(b)  # [B, H, N, ns, c, K]
     if gic is not None:
         ks = ks * torch.exp(sub(gic))[..., None]  # ι_s ≤ 1 here (non-stabilized)
-    A_off, A_diag = _intra_vector(qs, ks, bqs, bks, exclusive, u)
+    pi, pj = torch.tril_indices(ns, ns, -1, device=qc.device)  # sub-chunk pairs j < i
+    A_pair, A_diag = _intra_vector(qs, ks, bqs, bks, pi, pj, exclusive, u)
+    vs = sub(vc)  # [.., ns, c, V]
     if cv is None:
-        eye = torch.eye(ns, dtype=qc.dtype, device=qc.device)[:, None, :, None]  # [i, 1, j, 1]
-        A = A_off + eye * A_diag[..., :, :, None, :]
-        o = o + A.reshape(*A.shape[:3], L, L) @ vc
-        return o, S
+        o_intra = A_diag @ vs
+        if len(pi):
+            o_intra = o_intra.index_add(-3, pi, A_pair @ vs[..., pj, :, :])
+        return o + o_intra.reshape(*o.shape), S
     # With a decay over V the weight depends on the value column: rescale v per sub-chunk pair
-    # (against the same reference points as the keys) and treat the diagonal in log space.
-    cvs, vs = sub(cv), sub(vc)  # [.., ns, c, V]
-    ref_v = torch.cat([torch.zeros_like(cvs[..., :1, -1, :]), cvs[..., :-1, -1, :]], dim=-2)
-    log_vref = ref_v[..., :, None, None, :] - cvs[..., None, :, :, :]  # [.., ns(i), ns(j), c, V]
-    pair_mask = _pairs_before(ns, qc.device)[:, :, None, None]  # [i, j, 1, 1]
-    v_ref = vs[..., None, :, :, :] * torch.exp(torch.where(pair_mask, log_vref, NINF))
-    o_off = torch.einsum("...irjs,...ijsv->...irv", A_off, v_ref)
-    o_off = o_off * torch.exp(cvs - ref_v[..., :, None, :])
-    log_vdiag = cvs[..., :, None, :] - cvs[..., None, :, :]  # [.., ns, c, c, V]
+    # against the same boundaries as the keys, and treat the diagonal block in log space.
+    cvs = sub(cv)  # [.., ns, c, V]
+    ends_v = cvs[..., :, -1, :]  # [.., ns, V]
+    p_v = torch.cat([torch.zeros_like(ends_v[..., :1, :]), ends_v[..., :-1, :]], dim=-2)
     causal = _causal(c, exclusive, qc.device)
+    log_vdiag = cvs[..., :, None, :] - cvs[..., None, :, :]  # [.., ns, c, c, V]
     wv_diag = torch.exp(torch.where(causal[..., None], log_vdiag, NINF))
-    o_diag = (A_diag[..., None] * vs[..., None, :, :] * wv_diag).sum(-2)
-    o = o + (o_off + o_diag).reshape(*o.shape)
-    return o, S
+    o_intra = (A_diag[..., None] * vs[..., None, :, :] * wv_diag).sum(-2)  # [.., ns, c, V]
+    if len(pi):
+        v_pair = vs[..., pj, :, :] * torch.exp(p_v[..., pi, None, :] - cvs[..., pj, :, :])
+        o_pair = (A_pair @ v_pair) * torch.exp(cvs[..., pi, :, :] - p_v[..., pi, None, :])
+        o_intra = o_intra.index_add(-3, pi, o_pair)
+    return o + o_intra.reshape(*o.shape), S
 
 
 # Largest exponent allowed when the diagonal sub-chunk is factorized as
@@ -206,33 +224,29 @@ def _causal(c: int, exclusive: bool, device) -> Tensor:
     return idx[:, None] > idx[None, :] if exclusive else idx[:, None] >= idx[None, :]
 
 
-def _pairs_before(ns: int, device) -> Tensor:
-    """[i, j] mask of sub-chunk pairs with j < i."""
-    return torch.ones(ns, ns, dtype=torch.bool, device=device).tril(-1)
-
-
-def _intra_vector(qs, ks, bqs, bks, exclusive, u):
-    """Intra-chunk weights ``A[r, s] = Σ_k q_rk k_sk exp(bq_rk − b_sk)`` for a vector decay,
-    split into sub-chunk pairs ``A_off [.., ns, c, ns, c]`` (zero unless j < i) and the diagonal
+def _intra_vector(qs, ks, bqs, bks, pi, pj, exclusive, u):
+    """Intra-chunk weights ``A[r, s] = Σ_k q_rk k_sk exp(bq_rk − b_sk)`` for a vector decay:
+    ``A_pair [.., P, c, c]`` for the sub-chunk pairs ``(pi, pj)`` with j < i, and the diagonal
     blocks ``A_diag [.., ns, c, c]`` (bonus included).
 
-    Pairs (j < i) factor through the sub-chunk boundaries, every factor ≤ 1:
+    Pairs factor through the sub-chunk boundaries, every factor ≤ 1:
     ``exp(bq_r − p_i) · exp(p_i − e_j) · exp(e_j − b_s)`` with ``p_i`` the cumulative decay
     before sub-chunk i and ``e_j`` the one at the end of sub-chunk j. The diagonal block is a
     matmul after ``exp(bq_r − p_i) · exp(p_i − b_s)`` when the second exponent (the decay within
     one sub-chunk) is at most ``_FACTOR_LIMIT``; otherwise it is evaluated exactly in log space
     with an explicit ``[c, c, K]`` weight (strong decays, e.g. −30 per step).
     """
-    ns, c = qs.shape[-3], qs.shape[-2]
+    c = qs.shape[-2]
     ends = bks[..., :, -1, :]  # [.., ns, K]
     p = torch.cat([torch.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], dim=-2)  # [.., ns, K]
     q_hat = qs * torch.exp(bqs - p[..., :, None, :])  # [.., ns, c, K]
-    k_hat = ks * torch.exp(ends[..., :, None, :] - bks)  # [.., ns, c, K]
-    log_pair = p[..., :, None, :] - ends[..., None, :, :]  # [.., ns(i), ns(j), K]
-    pair_mask = _pairs_before(ns, qs.device)[..., None]
-    w_pair = torch.exp(torch.where(pair_mask, log_pair, NINF))
-    qw = q_hat[..., :, None, :, :] * w_pair[..., :, :, None, :]  # [.., ns(i), ns(j), c, K]
-    A_off = (qw @ k_hat[..., None, :, :, :].transpose(-1, -2)).transpose(-3, -2)
+    A_pair = None
+    if len(pi):
+        k_hat = ks * torch.exp(ends[..., :, None, :] - bks)  # [.., ns, c, K]
+        w_pair = torch.exp(p[..., pi, :] - ends[..., pj, :])  # [.., P, K]
+        A_pair = (q_hat[..., pi, :, :] * w_pair[..., None, :]) @ k_hat[..., pj, :, :].transpose(
+            -1, -2
+        )  # [.., P, c, c]
 
     causal = _causal(c, exclusive, qs.device)
     log_grow = p[..., :, None, :] - bks  # [.., ns, c, K], ≥ 0: within one sub-chunk
@@ -246,4 +260,4 @@ def _intra_vector(qs, ks, bqs, bks, exclusive, u):
     if exclusive:
         bonus = (qs * u[None, :, None, None, None, :] * ks).sum(-1)  # [.., ns, c]
         A_diag = A_diag + torch.diag_embed(bonus)
-    return A_off, A_diag
+    return A_pair, A_diag

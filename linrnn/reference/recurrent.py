@@ -39,11 +39,15 @@ def recurrent(
     if stabilize:
         m = torch.full((B, H), float("-inf"), dtype=dt, device=q.device) if m0 is None else m0
     outs, ms = [], []
+    # Slice time once: indexing x[:, t] inside the loop makes autograd build a full-size zero
+    # tensor per step in backward (T² work).
+    steps = lambda x: [None] * T if x is None else x.unbind(1)  # noqa: E731
+    qs, ks, vs, gs, gvs, gis = map(steps, (q, k, v, g, gv, gi))
     for t in range(T):
-        q_t, k_t, v_t = q[:, t] * scale, k[:, t], v[:, t]  # [B, H, K], [B, H, K], [B, H, V]
+        q_t, k_t, v_t = qs[t] * scale, ks[t], vs[t]  # [B, H, K], [B, H, K], [B, H, V]
         kv = k_t[..., :, None] * v_t[..., None, :]  # [B, H, K, V]
         if stabilize:
-            lf, li = g[:, t], gi[:, t]  # [B, H]
+            lf, li = gs[t], gis[t]  # [B, H]
             m_new = torch.maximum(lf + m, li)
             f_t = torch.exp(lf + m - m_new)[..., None, None]
             i_t = torch.exp(li - m_new)[..., None, None]
@@ -56,12 +60,12 @@ def recurrent(
             outs.append((q_t[..., :, None] * (S + u[..., :, None] * kv)).sum(-2))
         a = 1.0
         if g is not None:
-            a_t = torch.exp(g[:, t])  # [B, H] or [B, H, K]
+            a_t = torch.exp(gs[t])  # [B, H] or [B, H, K]
             a = a_t[..., None, None] if g.dim() == 3 else a_t[..., None]
         if gv is not None:
-            a = a * torch.exp(gv[:, t])[..., None, :]
+            a = a * torch.exp(gvs[t])[..., None, :]
         if gi is not None:
-            kv = torch.exp(gi[:, t])[..., None, None] * kv
+            kv = torch.exp(gis[t])[..., None, None] * kv
         S = a * S + kv
         if u is None:
             outs.append((q_t[..., :, None] * S).sum(-2))

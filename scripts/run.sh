@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Main job: install the runtime requirements and linrnn, then run the self-check
+# (every family and mode against the fp64 reference; exits 1 on any failure).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+python3 -m pip install -r requirements.txt
+python3 -m pip install -e . --no-deps
+python3 -m linrnn "$@"
