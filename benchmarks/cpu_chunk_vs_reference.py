@@ -6,7 +6,8 @@
     python benchmarks/cpu_chunk_vs_reference.py --families gla mlstm --repeats 3
 
 Inputs are the self-check's seeded recipe (:data:`linrnn.selfcheck.VARIANTS`: log decays are
-``logsigmoid(randn)``, rwkv6's u is ``randn``, mLSTM's i, f are ``randn`` and ``randn + 3``).
+``logsigmoid(randn) / 16`` as in GLA's layers, ``--decay-normalizer 1`` for strong decays;
+rwkv6's u is ``randn``; mLSTM's i, f are ``randn`` and ``randn + 3``).
 Times are wall-clock (``time.perf_counter``) medians; one warm-up call is excluded. The chunk
 engine is timed at its default chunk size and at each of ``--chunk-sizes``. The reference's
 forward+backward warm-up runs at T=128 (its one-time costs do not depend on T, and a
@@ -35,7 +36,14 @@ from pathlib import Path
 import torch
 
 from linrnn.ops._generic import DEFAULT_CHUNK_SIZE
-from linrnn.selfcheck import VARIANTS, make_inputs, map_tensors, rel_err, run
+from linrnn.selfcheck import (
+    DECAY_NORMALIZER,
+    VARIANTS,
+    make_inputs,
+    map_tensors,
+    rel_err,
+    run,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(B=1, T=4096, H=4, K=64, V=64)
@@ -87,18 +95,18 @@ def median_ms(fn, repeats: int, warmup=None) -> float:
     return 1e3 * statistics.median(times)
 
 
-def leaf_inputs(variant, shape, seed):
+def leaf_inputs(variant, shape, seed, normalizer):
     """Inputs as leaf tensors that require grad, plus a fixed output gradient ``do``."""
-    args, kwargs = make_inputs(variant, **shape, seed=seed)
+    args, kwargs = make_inputs(variant, **shape, seed=seed, normalizer=normalizer)
     args, kwargs = map_tensors(args, kwargs, lambda x: x.detach().requires_grad_())
     gen = torch.Generator().manual_seed(seed + 1)
     do = torch.randn(*args[2].shape, generator=gen)
     return args, kwargs, do
 
 
-def timers(variant, shape, seed, **call):
+def timers(variant, shape, seed, normalizer, **call):
     """``(fwd, fwd_bwd)`` closures for one variant, shape and call configuration."""
-    args, kwargs, do = leaf_inputs(variant, shape, seed)
+    args, kwargs, do = leaf_inputs(variant, shape, seed, normalizer)
 
     def fwd():
         with torch.no_grad():
@@ -113,11 +121,11 @@ def timers(variant, shape, seed, **call):
     return fwd, fwd_bwd
 
 
-def bench_variant(variant, shape, chunk_sizes, repeats, ref_repeats, seed) -> dict:
+def bench_variant(variant, shape, chunk_sizes, repeats, ref_repeats, seed, normalizer) -> dict:
     ref = dict(mode="reference")
-    fwd, fwd_bwd = timers(variant, shape, seed, **ref)
+    fwd, fwd_bwd = timers(variant, shape, seed, normalizer, **ref)
     small = dict(shape, T=min(shape["T"], REF_WARMUP_T))
-    _, warm_fwd_bwd = timers(variant, small, seed, **ref)
+    _, warm_fwd_bwd = timers(variant, small, seed, normalizer, **ref)
     o_ref = fwd()  # the chunk outputs are checked against it; also the forward's warm-up
     res = {
         "variant": variant.name,
@@ -128,7 +136,7 @@ def bench_variant(variant, shape, chunk_sizes, repeats, ref_repeats, seed) -> di
         "chunk": {},
     }
     for L in chunk_sizes:
-        fwd, fwd_bwd = timers(variant, shape, seed, mode="chunk", chunk_size=L)
+        fwd, fwd_bwd = timers(variant, shape, seed, normalizer, mode="chunk", chunk_size=L)
         res["chunk"][str(L)] = {
             "fwd_ms": median_ms(fwd, repeats),
             "fwdbwd_ms": median_ms(fwd_bwd, repeats),
@@ -191,6 +199,12 @@ def parse_args(argv):
     p.add_argument("-T", type=int, help=f"sequence length (default {FULL['T']})")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--decay-normalizer",
+        type=float,
+        default=DECAY_NORMALIZER,
+        help="log decays are logsigmoid(randn) / this (default %(default)s, GLA's τ; 1 = strong)",
+    )
     p.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     args = p.parse_args(argv)
     unknown = set(args.families or ()) - set(names)
@@ -231,7 +245,11 @@ def main(argv=None) -> int:
     results = []
     for v in variants:
         t0 = time.perf_counter()
-        results.append(bench_variant(v, shape, chunk_sizes, repeats, ref_repeats, args.seed))
+        results.append(
+            bench_variant(
+                v, shape, chunk_sizes, repeats, ref_repeats, args.seed, args.decay_normalizer
+            )
+        )
         print(f"  {v.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     print(format_table(results))
     if args.markdown:
@@ -248,6 +266,7 @@ def main(argv=None) -> int:
             "ref_repeats": ref_repeats,
             "ref_warmup_T": min(shape["T"], REF_WARMUP_T),
             "seed": args.seed,
+            "decay_normalizer": args.decay_normalizer,
             "quick": args.quick,
         },
         "results": results,

@@ -42,36 +42,45 @@ class Variant:
     positive_qk: bool = False  # feature-mapped q, k (for the sum normalizer)
 
 
-def _log_decay(gen, *shape) -> Tensor:
-    return F.logsigmoid(torch.randn(*shape, generator=gen))  # ≤ 0
+# Data-dependent log decays are logsigmoid(x) / DECAY_NORMALIZER, as GLA's layers make them
+# (normalizer τ = 16; about −0.05 per step). A normalizer of 1 gives strong decays (−0.8 per
+# step, e^−51 over 64 steps), which the chunk engine handles on its exact log-space path.
+DECAY_NORMALIZER = 16.0
 
 
-# Gate makers: (gen, B, T, H, K, V) -> (positional gates after q, k, v; tensor keyword args).
-def _no_gates(gen, B, T, H, K, V):
+def _log_decay(gen, *shape, normalizer=DECAY_NORMALIZER) -> Tensor:
+    return F.logsigmoid(torch.randn(*shape, generator=gen)) / normalizer  # ≤ 0
+
+
+# Gate makers: (gen, B, T, H, K, V, normalizer) -> (positional gates after q, k, v; tensor
+# keyword args).
+def _no_gates(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
     return (), {}
 
 
-def _retention(gen, B, T, H, K, V):
+def _retention(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
     return (torch.log(1 - 2.0 ** (-5 - torch.arange(H, dtype=torch.float32))),), {}
 
 
-def _simple_gla(gen, B, T, H, K, V):
-    return (_log_decay(gen, B, T, H),), {}
+def _simple_gla(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
+    return (_log_decay(gen, B, T, H, normalizer=normalizer),), {}
 
 
-def _gla(gen, B, T, H, K, V):
-    return (_log_decay(gen, B, T, H, K),), {}
+def _gla(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
+    return (_log_decay(gen, B, T, H, K, normalizer=normalizer),), {}
 
 
-def _gla_gv(gen, B, T, H, K, V):
-    return (_log_decay(gen, B, T, H, K),), {"gv": _log_decay(gen, B, T, H, V)}
+def _gla_gv(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
+    gk = _log_decay(gen, B, T, H, K, normalizer=normalizer)
+    return (gk,), {"gv": _log_decay(gen, B, T, H, V, normalizer=normalizer)}
 
 
-def _rwkv6(gen, B, T, H, K, V):
-    return (_log_decay(gen, B, T, H, K), torch.randn(H, K, generator=gen)), {}
+def _rwkv6(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
+    w = _log_decay(gen, B, T, H, K, normalizer=normalizer)
+    return (w, torch.randn(H, K, generator=gen)), {}
 
 
-def _mlstm(gen, B, T, H, K, V):
+def _mlstm(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
     i = torch.randn(B, T, H, generator=gen)
     f = torch.randn(B, T, H, generator=gen) + 3
     return (i, f), {}
@@ -91,14 +100,15 @@ VARIANTS: tuple[Variant, ...] = (
 )  # fmt: skip
 
 
-def make_inputs(variant: Variant, B, T, H, K, V, *, seed: int = 0):
-    """Seeded fp32 inputs for ``variant``: ``(args, kwargs)`` with q, k, v first in args."""
+def make_inputs(variant: Variant, B, T, H, K, V, *, seed: int = 0, normalizer=DECAY_NORMALIZER):
+    """Seeded fp32 inputs for ``variant``: ``(args, kwargs)`` with q, k, v first in args;
+    data-dependent log decays are ``logsigmoid(randn) / normalizer``."""
     gen = torch.Generator().manual_seed(seed)
     q, k = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, K, generator=gen)
     v = torch.randn(B, T, H, V, generator=gen)
     if variant.positive_qk:
         q, k = F.elu(q) + 1, F.elu(k) + 1
-    gates, tensor_kwargs = variant.make(gen, B, T, H, K, V)
+    gates, tensor_kwargs = variant.make(gen, B, T, H, K, V, normalizer)
     return (q, k, v, *gates), tensor_kwargs
 
 

@@ -151,3 +151,21 @@ def test_single_step_and_odd_dims(family, mode):
     for B, T, H, K, V in [(1, 1, 1, 60, 100), (3, 1, 2, 5, 3), (1, 19, 1, 60, 100)]:
         inputs = fam.build(B, T, H, K, V, False)
         _compare(fam, inputs, None, torch.float64, mode=mode, chunk_size=16)
+
+
+@pytest.mark.parametrize("per_step", [0.05, 2.0, 30.0], ids=["mild", "strong", "extreme"])
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "gla_gv", "rwkv6", "mlstm_sig"])
+def test_chunk_decay_regimes(family, per_step):
+    """Each intra-chunk path of the engine at L=64: the decay folded into the matmul operands
+    (chunk decay ≤ e^-60: mild), sub-chunk factorization (strong: 128 per chunk, 32 per
+    sub-chunk), and exact log space (extreme). fp32 against the fp64 reference."""
+    fam = FAMILIES[family]
+    B, T, H, K, V = 1, 150, 2, 8, 6
+    inputs = fam.build(B, T, H, K, V, False)
+    for name in ("g", "gk", "gv", "w"):
+        if name in inputs:
+            inputs[name] = -2 * per_step * torch.rand_like(inputs[name])
+    if family == "mlstm_sig":  # log σ(f̃) ≈ −per_step
+        inputs["f"] = torch.full_like(inputs["f"], -per_step) + 0.1 * torch.randn_like(inputs["f"])
+    _compare(fam, inputs, fam.make_state(B, H, K, V, torch.float32), torch.float32, factor=2.0,
+             mode="chunk", chunk_size=64)  # fmt: skip

@@ -27,7 +27,7 @@ NINF = float("-inf")
 def _to_chunks(x: Tensor, N: int, L: int, pad_value: float = 0.0) -> Tensor:
     """[B, T, H, *] -> [B, H, N, L, *], padding T up to N·L with ``pad_value``."""
     B, T, H = x.shape[:3]
-    x = x.transpose(1, 2)  # [B, H, T, *]
+    x = x.transpose(1, 2).contiguous()  # [B, H, T, *]; contiguous once, not in every matmul
     pad = N * L - T
     if pad:
         widths = [0, 0] * (x.dim() - 3) + [0, pad]
@@ -107,55 +107,73 @@ def _scan(decay: Tensor, U: Tensor, S0: Tensor | None) -> tuple[Tensor, Tensor]:
 # Below this within-chunk cumulative log decay, scalar log-space weights are formed in fp64.
 _PRECISE_BELOW = 16.0
 
+# Largest exponent allowed in a factorized intra-chunk weight exp(x) · exp(y) (x > 0 ≥ x + y):
+# exp(60) ≈ 1e26 leaves fp32 ample headroom for the products.
+_FACTOR_LIMIT = 60.0
+
 
 def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L):
     """Scalar (or no) decay per head and step; optional log input gate and stabilizer. The
     log-space tensors (b, gic, m) may be fp64 while q, k, v are fp32: weights are cast after
-    ``exp``."""
-    B, H = qc.shape[:2]
+    ``exp``.
+
+    With ``a_s = log ι_s − b_s`` every intra-chunk weight is ``exp(b_r − m_r + a_s)`` (m = 0
+    unless stabilized), so it factors into a query and a key scale around the chunk maximum
+    ``A = max_s a_s``: ``exp(b_r − m_r + A) · exp(a_s − A)``. The key factor is ≤ 1; the query
+    factor is bounded by the spread of ``a`` within the chunk. When that bound is at most
+    ``_FACTOR_LIMIT`` the decay folds into the two matmul operands (no L×L weight matrix);
+    otherwise the weights are formed exactly in log space."""
     dt = qc.dtype
     exp = lambda x: torch.exp(x).to(dt)  # noqa: E731
     b_end = b[..., -1]  # [B, H, N]
-    log_k = b_end[..., None] - b  # [B, H, N, L]: key weight to the chunk end
-    if gic is not None:
-        log_k = log_k + gic
+    a = -b if gic is None else gic - b  # [B, H, N, L]
+    a_max = a.amax(-1)  # [B, H, N]
     idx = torch.arange(L, device=qc.device)
     causal = idx[:, None] >= idx[None, :]  # [L, L]
-    log_D = b[..., :, None] - b[..., None, :]  # [B, H, N, L, L]
-    if gic is not None:
-        log_D.add_(gic[..., None, :])
-    log_D.masked_fill_(~causal, NINF)  # before any exp: the upper triangle may be > 0
-
+    # Key weights to the chunk end, exp(b_L − b_s + log ι_s − max) ≤ 1, and the chunk's
+    # contribution to the state, U = Σ_s w_s k_s v_sᵀ, scaled by exp(max) afterwards.
+    k_w = kc * exp(a - a_max[..., None])[..., None]  # [B, H, N, L, K]
+    U = k_w.transpose(-1, -2) @ vc  # [B, H, N, K, V]
+    m_loc = b_end + a_max  # [B, H, N]: log of the largest key weight to the chunk end
     if stabilize:
-        # Chunk-local maxima, then the max-state scan over chunks (cheap: [B, H] per step).
-        m_loc = log_k.amax(-1)  # [B, H, N]
-        m = torch.full((B, H), NINF, dtype=b.dtype, device=qc.device) if m0 is None else m0
-        m_in = []
-        for n in range(N):
-            m_in.append(m)
-            m = torch.maximum(b_end[:, :, n] + m, m_loc[:, :, n])
-        m_T = m
-        m_in = torch.stack(m_in, dim=2)  # [B, H, N]: stabilizer entering each chunk
+        m_in, m_T = _max_scan(b_end, m_loc, m0)
         m_out = torch.cat([m_in[:, :, 1:], m_T[:, :, None]], dim=2)
-        U = (kc * exp(log_k - m_loc[..., None])[..., None]).transpose(-1, -2) @ vc
-        U = exp(m_loc - m_out)[..., None, None] * U
-        decay = exp(b_end + m_in - m_out)[..., None, None]
-        states, S = _scan(decay, U, S0)
-        log_inter = b + m_in[..., None]  # [B, H, N, L]
-        m_rows = torch.maximum(log_D.amax(-1), log_inter)  # [B, H, N, L] = recurrent m_t
-        D = exp(log_D - m_rows[..., None])
-        w_inter = exp(log_inter - m_rows)
+        states, S = _scan(
+            exp(b_end + m_in - m_out)[..., None, None], exp(m_loc - m_out)[..., None, None] * U, S0
+        )
+        row = torch.maximum(a.cummax(-1).values, m_in[..., None])  # m_r − b_r
+        log_q = -row  # query factor exp(b_r − m_r), before the chunk maximum
+        w_inter = exp(m_in[..., None] - row)  # exp(b_r + m_in − m_r) ≤ 1
+        m_rows = b + row  # [B, H, N, L] = the recurrent m_t
     else:
-        U = (kc * exp(log_k)[..., None]).transpose(-1, -2) @ vc  # [B, H, N, K, V]
-        states, S = _scan(exp(b_end)[..., None, None], U, S0)
-        m_rows = m_T = None
-        D = exp(log_D)
+        states, S = _scan(exp(b_end)[..., None, None], exp(m_loc)[..., None, None] * U, S0)
+        log_q = b
         w_inter = exp(b)
-    A = (qc @ kc.transpose(-1, -2)) * D  # [B, H, N, L, L]
+        m_rows = m_T = None
+
+    log_q_fac = log_q + a_max[..., None]  # [B, H, N, L]
+    if float(log_q_fac.detach().amax()) <= _FACTOR_LIMIT:
+        A = ((qc * exp(log_q_fac)[..., None]) @ k_w.transpose(-1, -2)) * _tril(L, False, qc)
+    else:  # exact log space: log D_rs = log_q_r + a_s, masked before exp
+        log_D = log_q[..., :, None] + a[..., None, :]  # [B, H, N, L, L]
+        log_D.masked_fill_(~causal, NINF)
+        A = (qc @ kc.transpose(-1, -2)) * exp(log_D)
     o = ((qc * w_inter[..., None]) @ states).add_(A @ vc)
     if stabilize:
         m_rows, m_T = m_rows.to(dt), m_T.to(dt)
     return o, m_rows, S, m_T
+
+
+def _max_scan(b_end, m_loc, m0):
+    """mLSTM max state over chunks, m ← max(b_L + m, m_loc) (cheap: [B, H] per step). Returns
+    the stabilizer entering each chunk ``[B, H, N]`` and the final one ``[B, H]``."""
+    B, H, N = b_end.shape
+    m = torch.full((B, H), NINF, dtype=b_end.dtype, device=b_end.device) if m0 is None else m0
+    m_in = []
+    for n in range(N):
+        m_in.append(m)
+        m = torch.maximum(b_end[:, :, n] + m, m_loc[:, :, n])
+    return torch.stack(m_in, dim=2), m
 
 
 def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L):
@@ -179,11 +197,26 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L):
     states, S = _scan(decay, U, S0)
 
     bq = b - gc if exclusive else b  # query-side cumulative decay
-    o = (qc * torch.exp(bq)) @ states  # inter-chunk part
+    q_dec = qc * torch.exp(bq)  # ≤ 1
+    o = q_dec @ states  # inter-chunk part
+
+    # Intra-chunk, fast path: when the whole chunk decays by at most exp(−_FACTOR_LIMIT) in
+    # every dimension, exp(bq_r − b_s) = exp(bq_r) · exp(−b_s) with both factors bounded, and
+    # the decay folds into the operands of one L×L matmul (GLA's first-level chunking).
+    if float(-b_end.detach().amin()) <= _FACTOR_LIMIT and (
+        cv is None or float(-cv[..., -1, :].detach().amin()) <= _FACTOR_LIMIT
+    ):
+        log_k = -b if gic is None else gic[..., None] - b
+        A = (q_dec @ (kc * torch.exp(log_k)).transpose(-1, -2)) * _tril(L, exclusive, qc)
+        if exclusive:
+            A = A + torch.diag_embed((qc * u[None, :, None, None, :] * kc).sum(-1))
+        if cv is None:
+            return o.add_(A @ vc), S
+        return (o + A @ (vc * torch.exp(-cv))) * torch.exp(cv), S
     if cv is not None:
         o = o * torch.exp(cv)
 
-    # Intra-chunk part with secondary chunking: L = ns sub-chunks of c steps.
+    # Otherwise secondary chunking: L = ns sub-chunks of c steps.
     c = _subchunk(L)
     ns = L // c
     sub = lambda x: x.reshape(*x.shape[:3], ns, c, *x.shape[4:])  # noqa: E731
@@ -214,9 +247,9 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L):
     return o + o_intra.reshape(*o.shape), S
 
 
-# Largest exponent allowed when the diagonal sub-chunk is factorized as
-# exp(b_r − p) · exp(p − b_s): exp(60) ≈ 1e26 leaves fp32 ample headroom for the products.
-_FACTOR_LIMIT = 60.0
+def _tril(L: int, strict: bool, like: Tensor) -> Tensor:
+    """Causal mask as a float [L, L] (multiplying is cheaper than masked_fill on CPU)."""
+    return torch.ones(L, L, dtype=like.dtype, device=like.device).tril(-1 if strict else 0)
 
 
 def _causal(c: int, exclusive: bool, device) -> Tensor:
