@@ -153,10 +153,14 @@ class Row:
         return self.error is None and self.out_err <= tol and self.state_err <= tol
 
 
-def check_variant(variant: Variant, shape: dict, seed: int, repeats: int) -> list[Row]:
-    """Rows for one variant: each mode in fp32 against the fp64 reference."""
+def check_variant(
+    variant: Variant, shape: dict, seed: int, repeats: int, device: str = "cpu"
+) -> list[Row]:
+    """Rows for one variant: each mode in fp32 on ``device`` against the fp64 CPU reference."""
     args, kwargs = make_inputs(variant, **shape, seed=seed)
     args64, kwargs64 = map_tensors(args, kwargs, lambda x: x.double())
+    args, kwargs = map_tensors(args, kwargs, lambda x: x.to(device))
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
     try:
         o_ref, s_ref = run(variant, args64, kwargs64, mode="reference", output_final_state=True)
     except Exception as exc:  # every row of this variant fails, the other variants still run
@@ -171,8 +175,12 @@ def check_variant(variant: Variant, shape: dict, seed: int, repeats: int) -> lis
             for _ in range(repeats):
                 t0 = time.perf_counter()
                 o, s = run(variant, args, kwargs, mode=mode, output_final_state=True)
+                sync()
                 times.append(time.perf_counter() - t0)
             row.ms = 1e3 * min(times)
+            if o.device.type != torch.device(device).type:
+                raise RuntimeError(f"output on {o.device}, inputs on {device}")
+            o, s = o.cpu(), [x.cpu() for x in _state_parts(s)]
             row.out_err, row.state_err = rel_err(o, o_ref), state_err(s, s_ref)
         except Exception as exc:  # report the failure in the table, keep checking the rest
             row.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -223,6 +231,9 @@ def positive_int(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     parser.add_argument(
+        "--device", default="cpu", help="device of the checked calls, e.g. cuda (default cpu)"
+    )
+    parser.add_argument(
         "--tol", type=float, default=DEFAULT_TOL, help=f"error tolerance (default {DEFAULT_TOL})"
     )
     parser.add_argument(
@@ -243,12 +254,17 @@ def main(args: argparse.Namespace) -> int:
     shape = {dim: getattr(args, dim) for dim in DEFAULT_SHAPE}
     print(machine_line())
     print(
-        "self-check: fp32 mode vs fp64 mode='reference', error = ‖a−b‖/‖b‖, "
+        f"self-check on {args.device}: fp32 mode vs fp64 mode='reference' on CPU, "
+        "error = ‖a−b‖/‖b‖, "
         f"tolerance {args.tol:g}, shape "
         + ", ".join(f"{d}={n}" for d, n in shape.items())
         + f"; ms = best of {args.repeats} calls"
     )
-    rows = [row for v in VARIANTS for row in check_variant(v, shape, args.seed, args.repeats)]
+    rows = [
+        row
+        for v in VARIANTS
+        for row in check_variant(v, shape, args.seed, args.repeats, args.device)
+    ]
     print(format_table(rows, args.tol))
     failed = [r for r in rows if not r.passed(args.tol)]
     for r in failed:
