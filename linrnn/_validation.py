@@ -81,17 +81,22 @@ def gate(
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {layout} = {tuple(shape)}, got {tuple(x.shape)}")
     same_device(ref, **{name: x})
-    finite = torch.isfinite(x)
-    if not bool(finite.all()):
+    if x.numel() == 0:
+        return x
+    lo, hi = torch.aminmax(x.detach())  # one pass; NaN propagates into both
+    if math.isfinite(lo.item()) and math.isfinite(hi.item()):
+        finite = None
+    else:
+        finite = torch.isfinite(x)
+    if finite is not None:
         bad = (~finite).nonzero()[0].tolist()
         raise ValueError(
             f"{name} must be finite; {int((~finite).sum())} of {x.numel()} values are not "
             f"(first at index {bad}: {x[tuple(bad)].item()})"
         )
-    if nonpositive and bool((x > 0).any()):
+    if nonpositive and hi.item() > 0:
         raise ValueError(
-            f"{name} is a log decay and must be ≤ 0 (decay ≤ 1), but its maximum is "
-            f"{x.max().item():.6g}"
+            f"{name} is a log decay and must be ≤ 0 (decay ≤ 1), but its maximum is {hi.item():.6g}"
         )
     return x
 
