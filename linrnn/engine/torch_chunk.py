@@ -4,15 +4,20 @@ Two levels, as in TFLA: a sequential scan over chunks materializes the chunk-bou
 (each chunk's own contribution is one batched matmul for all chunks at once), then the outputs
 of all chunks are computed in parallel from the intra-chunk matrix and the boundary states.
 
-Numerics: gate cumsums are taken *within* a chunk, in the compute dtype (fp32/fp64), and every
-exponent is either a causal difference of cumulative log decays (≤ 0) or is shifted by a
-running maximum (mLSTM-exp). Masked entries are set to −inf *before* ``exp`` so that neither the
-forward nor autograd ever sees an overflow.
+Numerics: gate cumsums are taken *within* a chunk (in fp64 for strong scalar decays), and every
+exponent is a causal difference of cumulative log decays (≤ 0), is shifted by a running
+maximum (mLSTM-exp), or is a factor whose size is checked against ``_FACTOR_LIMIT`` first.
+Masked entries are set to −inf (or multiplied by 0 when finite) before ``exp``, so neither the
+forward nor autograd sees an overflow.
 
-Vector decays (GLA, RWKV6) use GLA's secondary chunking (seed 001 §0x2.3): inside a chunk of L,
-sub-chunks of ``c`` steps; pairs of distinct sub-chunks are matmuls after rescaling against the
-boundary just before the query sub-chunk (both factors ≤ 1), and the diagonal sub-chunk is
-evaluated exactly in log space with an explicit ``[c, c, K]`` weight.
+The intra-chunk weights ``exp(bq_r − b_s)`` take the cheapest safe path:
+
+1. the chunk decays by at most ``exp(−_FACTOR_LIMIT)``: the decay folds into the two operands of
+   one L×L matmul (``exp(bq_r) · exp(−b_s)``), for scalar and vector gates alike;
+2. vector gates beyond that: GLA's secondary chunking (seed 001 §0x2.3): sub-chunk pairs factor
+   through the sub-chunk boundaries (every factor ≤ 1), diagonal blocks are matmuls when one
+   sub-chunk's decay is bounded and exact ``[c, c, K]`` log-space weights otherwise;
+3. scalar gates beyond that: the exact ``[L, L]`` log-space weight matrix.
 """
 
 from __future__ import annotations
