@@ -22,6 +22,8 @@ The intra-chunk weights ``exp(bq_r − b_s)`` take the cheapest safe path:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -79,7 +81,8 @@ def chunk(
         g = torch.zeros(B, T, H, dtype=dt, device=dev)
     # Padding is neutral: k = 0 adds nothing, log decay 0 keeps the state, and for the
     # stabilized form ĩ = −∞ keeps the max state unchanged.
-    qc, kc, vc = _to_chunks(q * scale, N, L), _to_chunks(k, N, L), _to_chunks(v, N, L)
+    # q is scaled inside the engine, folded into its decay factors.
+    qc, kc, vc = _to_chunks(q, N, L), _to_chunks(k, N, L), _to_chunks(v, N, L)
     gc = _to_chunks(g, N, L)
     gic = None if gi is None else _to_chunks(gi, N, L, NINF if stabilize else 0.0)
     b = gc.cumsum(3)  # [B, H, N, L(, K)] within-chunk cumulative log decay
@@ -91,9 +94,9 @@ def chunk(
         gic = None if gic is None else gic.double()
         m0 = None if m0 is None else m0.double()
     if vector:
-        o, S = _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L)
+        o, S = _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale)
         return _from_chunks(o, T), None, S, None
-    o, m_rows, S, m_T = _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L)
+    o, m_rows, S, m_T = _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale)
     return _from_chunks(o, T), (None if m_rows is None else _from_chunks(m_rows, T)), S, m_T
 
 
@@ -117,10 +120,10 @@ _PRECISE_BELOW = 16.0
 _FACTOR_LIMIT = 60.0
 
 
-def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L):
-    """Scalar (or no) decay per head and step; optional log input gate and stabilizer. The
-    log-space tensors (b, gic, m) may be fp64 while q, k, v are fp32: weights are cast after
-    ``exp``.
+def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale):
+    """Scalar (or no) decay per head and step; optional log input gate and stabilizer; q is
+    not yet scaled. The log-space tensors (b, gic, m) may be fp64 while q, k, v are fp32:
+    weights are cast after ``exp``.
 
     With ``a_s = log ι_s − b_s`` every intra-chunk weight is ``exp(b_r − m_r + a_s)`` (m = 0
     unless stabilized), so it factors into a query and a key scale around the chunk maximum
@@ -133,8 +136,6 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L):
     b_end = b[..., -1]  # [B, H, N]
     a = -b if gic is None else gic - b  # [B, H, N, L]
     a_max = a.amax(-1)  # [B, H, N]
-    idx = torch.arange(L, device=qc.device)
-    causal = idx[:, None] >= idx[None, :]  # [L, L]
     # Key weights to the chunk end, exp(b_L − b_s + log ι_s − max) ≤ 1, and the chunk's
     # contribution to the state, U = Σ_s w_s k_s v_sᵀ, scaled by exp(max) afterwards.
     k_w = kc * exp(a - a_max[..., None])[..., None]  # [B, H, N, L, K]
@@ -148,22 +149,30 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L):
         )
         row = torch.maximum(a.cummax(-1).values, m_in[..., None])  # m_r − b_r
         log_q = -row  # query factor exp(b_r − m_r), before the chunk maximum
-        w_inter = exp(m_in[..., None] - row)  # exp(b_r + m_in − m_r) ≤ 1
+        log_inter = m_in[..., None] - row  # exp(b_r + m_in − m_r) ≤ 1
         m_rows = b + row  # [B, H, N, L] = the recurrent m_t
     else:
         states, S = _scan(exp(b_end)[..., None, None], exp(m_loc)[..., None, None] * U, S0)
-        log_q = b
-        w_inter = exp(b)
+        log_q = log_inter = b
         m_rows = m_T = None
+    q_inter = qc * (exp(log_inter) * scale)[..., None]  # [B, H, N, L, K]
+    o = q_inter @ states
 
     log_q_fac = log_q + a_max[..., None]  # [B, H, N, L]
     if float(log_q_fac.detach().amax()) <= _FACTOR_LIMIT:
-        A = ((qc * exp(log_q_fac)[..., None]) @ k_w.transpose(-1, -2)) * _tril(L, False, qc)
+        tril = _tril(L, False, qc)
+        if not stabilize:  # the A operand is q_inter · exp(A): apply exp(A) to A·v instead
+            A = (q_inter @ k_w.transpose(-1, -2)) * tril
+            o = torch.addcmul(o, exp(a_max)[..., None, None], A @ vc)
+        else:
+            A = ((qc * (exp(log_q_fac) * scale)[..., None]) @ k_w.transpose(-1, -2)) * tril
+            o = o.add_(A @ vc)
     else:  # exact log space: log D_rs = log_q_r + a_s, masked before exp
         log_D = log_q[..., :, None] + a[..., None, :]  # [B, H, N, L, L]
-        log_D.masked_fill_(~causal, NINF)
-        A = (qc @ kc.transpose(-1, -2)) * exp(log_D)
-    o = ((qc * w_inter[..., None]) @ states).add_(A @ vc)
+        idx = torch.arange(L, device=qc.device)
+        log_D.masked_fill_(idx[:, None] < idx[None, :], NINF)
+        A = (qc @ kc.transpose(-1, -2)).mul_(scale) * exp(log_D)
+        o = o.add_(A @ vc)
     if stabilize:
         m_rows, m_T = m_rows.to(dt), m_T.to(dt)
     return o, m_rows, S, m_T
@@ -181,45 +190,55 @@ def _max_scan(b_end, m_loc, m0):
     return torch.stack(m_in, dim=2), m
 
 
-def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L):
+def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
     """Decay per key dimension (GLA, RWKV6), optional decay over V (gv), optional exclusive
-    form with bonus u (RWKV6), optional log input gate."""
+    form with bonus u (RWKV6), optional log input gate; q is not yet scaled."""
     exclusive = u is not None
     b_end = b[..., -1, :]  # [B, H, N, K]
-    log_k = b_end[..., None, :] - b  # [B, H, N, L, K]
-    if gic is not None:
-        log_k = log_k + gic[..., None]
-    kw = kc * torch.exp(log_k)
-    decay = torch.exp(b_end)[..., :, None]  # [B, H, N, K, 1]
-    cv = None
-    if gv is not None:
-        cv = _to_chunks(gv, N, L).cumsum(3)  # [B, H, N, L, V]
-        cv_end = cv[..., -1, :]
-        U = kw.transpose(-1, -2) @ (vc * torch.exp(cv_end[..., None, :] - cv))
-        decay = decay * torch.exp(cv_end)[..., None, :]
-    else:
-        U = kw.transpose(-1, -2) @ vc
-    states, S = _scan(decay, U, S0)
-
     bq = b - gc if exclusive else b  # query-side cumulative decay
-    q_dec = qc * torch.exp(bq)  # ≤ 1
+    # exp(bq) · scale in one pass over [.., L, K] (exp(bq + log scale) for scale > 0).
+    q_dec = qc * (torch.exp(bq + math.log(scale)) if scale > 0 else torch.exp(bq) * scale)
+    cv = None if gv is None else _to_chunks(gv, N, L).cumsum(3)  # [B, H, N, L, V]
+    # Fast path: when the whole chunk decays by at most exp(−_FACTOR_LIMIT) in every
+    # dimension, exp(bq_r − b_s) = exp(bq_r) · exp(−b_s) with both factors bounded, and the
+    # decay folds into the operands of one L×L matmul (GLA's first-level chunking).
+    fast = float(-b_end.detach().amin()) <= _FACTOR_LIMIT and (
+        cv is None or float(-cv[..., -1, :].detach().amin()) <= _FACTOR_LIMIT
+    )
+    if fast:
+        log_k = -b if gic is None else gic[..., None] - b
+        k_hat = kc * torch.exp(log_k)  # ≤ exp(_FACTOR_LIMIT)
+        kw_T = k_hat.transpose(-1, -2)  # the key weight to the chunk end is exp(b_L) · k_hat
+        decay = torch.exp(b_end)[..., :, None]  # [B, H, N, K, 1]
+    else:
+        log_k = b_end[..., None, :] - b  # [B, H, N, L, K]
+        if gic is not None:
+            log_k = log_k + gic[..., None]
+        kw_T = (kc * torch.exp(log_k)).transpose(-1, -2)
+        decay = None
+    if cv is None:
+        U = kw_T @ vc
+    else:
+        cv_end = cv[..., -1, :]
+        U = kw_T @ (vc * torch.exp(cv_end[..., None, :] - cv))
+    if fast:
+        U = U * decay
+    if cv is None:
+        states, S = _scan(torch.exp(b_end)[..., :, None], U, S0)
+    else:
+        states, S = _scan(torch.exp(b_end)[..., :, None] * torch.exp(cv_end)[..., None, :], U, S0)
     o = q_dec @ states  # inter-chunk part
 
-    # Intra-chunk, fast path: when the whole chunk decays by at most exp(−_FACTOR_LIMIT) in
-    # every dimension, exp(bq_r − b_s) = exp(bq_r) · exp(−b_s) with both factors bounded, and
-    # the decay folds into the operands of one L×L matmul (GLA's first-level chunking).
-    if float(-b_end.detach().amin()) <= _FACTOR_LIMIT and (
-        cv is None or float(-cv[..., -1, :].detach().amin()) <= _FACTOR_LIMIT
-    ):
-        log_k = -b if gic is None else gic[..., None] - b
-        A = (q_dec @ (kc * torch.exp(log_k)).transpose(-1, -2)) * _tril(L, exclusive, qc)
+    if fast:
+        A = (q_dec @ kw_T) * _tril(L, exclusive, qc)
         if exclusive:
-            A = A + torch.diag_embed((qc * u[None, :, None, None, :] * kc).sum(-1))
+            A = A + torch.diag_embed((qc * (u * scale)[None, :, None, None, :] * kc).sum(-1))
         if cv is None:
             return o.add_(A @ vc), S
         return (o + A @ (vc * torch.exp(-cv))) * torch.exp(cv), S
     if cv is not None:
         o = o * torch.exp(cv)
+    qc = qc * scale
 
     # Otherwise secondary chunking: L = ns sub-chunks of c steps.
     c = _subchunk(L)
