@@ -103,12 +103,13 @@ def chunk(
 def _scan(decay: Tensor, U: Tensor, S0: Tensor | None) -> tuple[Tensor, Tensor]:
     """S_{n+1} = decay_n ⊙ S_n + U_n over chunks. Returns the states *entering* each chunk
     ``[B, H, N, K, V]`` and the final state."""
-    N = U.shape[2]
     S = torch.zeros_like(U[:, :, 0]) if S0 is None else S0
     states = []
-    for n in range(N):
+    # unbind once: indexing U[:, :, n] per step would make autograd build a full-size zero
+    # gradient per step in backward (O(N²) work).
+    for U_n, d_n in zip(U.unbind(2), decay.unbind(2)):
         states.append(S)
-        S = torch.addcmul(U[:, :, n], decay[:, :, n], S)
+        S = torch.addcmul(U_n, d_n, S)
     return torch.stack(states, dim=2), S
 
 
@@ -181,12 +182,12 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale):
 def _max_scan(b_end, m_loc, m0):
     """mLSTM max state over chunks, m ← max(b_L + m, m_loc) (cheap: [B, H] per step). Returns
     the stabilizer entering each chunk ``[B, H, N]`` and the final one ``[B, H]``."""
-    B, H, N = b_end.shape
+    B, H = b_end.shape[:2]
     m = torch.full((B, H), NINF, dtype=b_end.dtype, device=b_end.device) if m0 is None else m0
     m_in = []
-    for n in range(N):
+    for b_n, m_loc_n in zip(b_end.unbind(2), m_loc.unbind(2)):
         m_in.append(m)
-        m = torch.maximum(b_end[:, :, n] + m, m_loc[:, :, n])
+        m = torch.maximum(b_n + m, m_loc_n)
     return torch.stack(m_in, dim=2), m
 
 

@@ -143,25 +143,29 @@ def _packed(impl, q, k, v, scale, gates, S0, m0, offsets):
     """Packed variable-length batch (B == 1): each sequence runs on its own, from its own
     initial state, and the outputs are concatenated back along T."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
+    N = len(offsets) - 1
+    lengths = [offsets[i + 1] - offsets[i] for i in range(N)]
+    # torch.split, not x[:, s:e] per sequence: slicing in a loop makes autograd build a
+    # full-size zero gradient per sequence in backward (O(N·T) work).
+    split = lambda x: [None] * N if x is None else x.split(lengths, dim=1)  # noqa: E731
+    parts = {name: split(x) for name, x in dict(q=q, k=k, v=v, **gates).items()
+             if name in ("q", "k", "v", "g", "gv", "gi")}  # fmt: skip
+    S0s = [None] * N if S0 is None else S0.split(1)
+    m0s = [None] * N if m0 is None else m0.split(1)
     outs, m_seqs, states, m_Ts = [], [], [], []
-    for i in range(len(offsets) - 1):
-        s, e = offsets[i], offsets[i + 1]
-        S0_i = None if S0 is None else S0[i : i + 1]
-        m0_i = None if m0 is None else m0[i : i + 1]
-        if e == s:  # empty sequence: the state passes through unchanged
-            outs.append(v[:, :0])
+    for i in range(N):
+        if lengths[i] == 0:  # empty sequence: the state passes through unchanged
+            outs.append(parts["v"][i])
             if gates["stabilize"]:
                 m_seqs.append(q.new_zeros(1, 0, H))
-                m_Ts.append(m0_i if m0_i is not None else q.new_full((1, H), float("-inf")))
-            states.append(S0_i if S0_i is not None else q.new_zeros(1, H, K, V))
+                m_Ts.append(m0s[i] if m0 is not None else q.new_full((1, H), float("-inf")))
+            states.append(S0s[i] if S0 is not None else q.new_zeros(1, H, K, V))
             continue
-        seq_gates = {
-            key: val[:, s:e] if key in ("g", "gv", "gi") and val is not None else val
-            for key, val in gates.items()
-        }
+        seq = {name: p[i] for name, p in parts.items()}
         o, m_seq, S, m_T = impl(
-            q[:, s:e], k[:, s:e], v[:, s:e], scale=scale, S0=S0_i, m0=m0_i, **seq_gates
-        )
+            seq.pop("q"), seq.pop("k"), seq.pop("v"), scale=scale, S0=S0s[i], m0=m0s[i],
+            u=gates["u"], stabilize=gates["stabilize"], **seq,
+        )  # fmt: skip
         outs.append(o)
         states.append(S)
         if gates["stabilize"]:
