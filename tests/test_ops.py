@@ -169,3 +169,14 @@ def test_chunk_decay_regimes(family, per_step):
         inputs["f"] = torch.full_like(inputs["f"], -per_step) + 0.1 * torch.randn_like(inputs["f"])
     _compare(fam, inputs, fam.make_state(B, H, K, V, torch.float32), torch.float32, factor=2.0,
              mode="chunk", chunk_size=64)  # fmt: skip
+
+
+@pytest.mark.parametrize("scale", [-0.7, 0.0], ids=["negative", "zero"])
+@pytest.mark.parametrize("family", ["linear_attn_norm", "simple_gla", "gla", "rwkv6", "mlstm_exp"])
+def test_any_finite_scale(family, scale):
+    """The scale is folded into decay factors inside the engine (as exp(b + log scale) when it
+    is positive); negative and zero scales take the other branch and must agree too."""
+    fam = FAMILIES[family]
+    inputs = fam.build(1, 21, 2, 6, 5, False)
+    _compare(fam, inputs, fam.make_state(1, 2, 6, 5), torch.float64, mode="chunk", chunk_size=8,
+             ref_kw={"scale": scale}, scale=scale)  # fmt: skip

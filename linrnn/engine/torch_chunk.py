@@ -257,14 +257,19 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
             o_intra = o_intra.index_add(-3, pi, A_pair @ vs[..., pj, :, :])
         return o + o_intra.reshape(*o.shape), S
     # With a decay over V the weight depends on the value column: rescale v per sub-chunk pair
-    # against the same boundaries as the keys, and treat the diagonal block in log space.
+    # against the same boundaries as the keys. The diagonal block factors the same way as on
+    # the key side when one sub-chunk's V-decay is bounded, else it is exact in log space.
     cvs = sub(cv)  # [.., ns, c, V]
     ends_v = cvs[..., :, -1, :]  # [.., ns, V]
     p_v = torch.cat([torch.zeros_like(ends_v[..., :1, :]), ends_v[..., :-1, :]], dim=-2)
-    causal = _causal(c, exclusive, qc.device)
-    log_vdiag = cvs[..., :, None, :] - cvs[..., None, :, :]  # [.., ns, c, c, V]
-    wv_diag = torch.exp(torch.where(causal[..., None], log_vdiag, NINF))
-    o_intra = (A_diag[..., None] * vs[..., None, :, :] * wv_diag).sum(-2)  # [.., ns, c, V]
+    log_vgrow = p_v[..., :, None, :] - cvs  # [.., ns, c, V], ≥ 0: within one sub-chunk
+    if float(log_vgrow.detach().amax()) <= _FACTOR_LIMIT:
+        o_intra = (A_diag @ (vs * torch.exp(log_vgrow))) * torch.exp(-log_vgrow)
+    else:
+        causal = _causal(c, exclusive, qc.device)
+        log_vdiag = cvs[..., :, None, :] - cvs[..., None, :, :]  # [.., ns, c, c, V]
+        wv_diag = torch.exp(torch.where(causal[..., None], log_vdiag, NINF))
+        o_intra = (A_diag[..., None] * vs[..., None, :, :] * wv_diag).sum(-2)  # [.., ns, c, V]
     if len(pi):
         v_pair = vs[..., pj, :, :] * torch.exp(p_v[..., pi, None, :] - cvs[..., pj, :, :])
         o_pair = (A_pair @ v_pair) * torch.exp(cvs[..., pi, :, :] - p_v[..., pi, None, :])
