@@ -254,7 +254,7 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
     if cv is None:
         o_intra = A_diag @ vs
         if len(pi):
-            o_intra = o_intra.index_add(-3, pi, A_pair @ vs[..., pj, :, :])
+            o_intra = o_intra.index_add(-3, pi, A_pair @ vs.index_select(-3, pj))
         return o + o_intra.reshape(*o.shape), S
     # With a decay over V the weight depends on the value column: rescale v per sub-chunk pair
     # against the same boundaries as the keys. The diagonal block factors the same way as on
@@ -270,10 +270,14 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
         log_vdiag = cvs[..., :, None, :] - cvs[..., None, :, :]  # [.., ns, c, c, V]
         wv_diag = torch.exp(torch.where(causal[..., None], log_vdiag, NINF))
         o_intra = (A_diag[..., None] * vs[..., None, :, :] * wv_diag).sum(-2)  # [.., ns, c, V]
-    if len(pi):
-        v_pair = vs[..., pj, :, :] * torch.exp(p_v[..., pi, None, :] - cvs[..., pj, :, :])
-        o_pair = (A_pair @ v_pair) * torch.exp(cvs[..., pi, :, :] - p_v[..., pi, None, :])
-        o_intra = o_intra.index_add(-3, pi, o_pair)
+    if len(pi):  # exp(c_r − p_i) · exp(p_i − e_j) · exp(e_j − c_s), every factor ≤ 1
+        v_hat = vs * torch.exp(ends_v[..., :, None, :] - cvs)  # [.., ns, c, V]
+        w_pair = torch.exp(p_v.index_select(-2, pi) - ends_v.index_select(-2, pj))[
+            ..., None, :
+        ]  # [.., P, 1, V]
+        o_pair = (A_pair @ v_hat.index_select(-3, pj)) * w_pair
+        o_off = torch.zeros_like(o_intra).index_add(-3, pi, o_pair)
+        o_intra = o_intra + o_off * torch.exp(cvs - p_v[..., :, None, :])
     return o + o_intra.reshape(*o.shape), S
 
 
@@ -306,10 +310,10 @@ def _intra_vector(qs, ks, bqs, bks, pi, pj, exclusive, u):
     A_pair = None
     if len(pi):
         k_hat = ks * torch.exp(ends[..., :, None, :] - bks)  # [.., ns, c, K]
-        w_pair = torch.exp(p[..., pi, :] - ends[..., pj, :])  # [.., P, K]
-        A_pair = (q_hat[..., pi, :, :] * w_pair[..., None, :]) @ k_hat[..., pj, :, :].transpose(
-            -1, -2
-        )  # [.., P, c, c]
+        w_pair = torch.exp(p.index_select(-2, pi) - ends.index_select(-2, pj))  # [.., P, K]
+        A_pair = (q_hat.index_select(-3, pi) * w_pair[..., None, :]) @ k_hat.index_select(
+            -3, pj
+        ).transpose(-1, -2)  # [.., P, c, c]
 
     causal = _causal(c, exclusive, qs.device)
     log_grow = p[..., :, None, :] - bks  # [.., ns, c, K], ≥ 0: within one sub-chunk
