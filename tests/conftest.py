@@ -17,6 +17,11 @@ def pytest_report_header(config):
     return f"linrnn test seed: {SESSION_SEED} (rerun with LINRNN_TEST_SEED={SESSION_SEED})"
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # Also at the end, where -q output (and CI logs) keep it.
+    terminalreporter.write_line(f"linrnn test seed: {SESSION_SEED} (LINRNN_TEST_SEED to rerun)")
+
+
 @pytest.fixture(autouse=True)
 def _seed(request):
     """Seed torch per test from the session seed and the test id."""

@@ -178,18 +178,39 @@ def _packed(impl, q, k, v, scale, gates, S0, m0, offsets):
     return o, None, S, None
 
 
-class Dims:
-    """Sizes of one call: B, T, H, K, V, and N = the number of sequences (states)."""
+_STATE_DIMS = {"S": ("N", "H", "K", "V"), "n": ("N", "H", "K"), "m": ("N", "H")}
 
-    def __init__(self, B: int, T: int, H: int, K: int, V: int, N: int):
-        self.B, self.T, self.H, self.K, self.V, self.N = B, T, H, K, V, N
+
+class Call:
+    """One validated call: sizes ``B, T, H, K, V`` and ``N`` (the number of states: B, or the
+    number of packed sequences), the offsets, the scale and the dispatch options."""
+
+    def __init__(self, q, dims, offsets, scale, mode, backend, chunk_size):
+        self.q = q
+        self.B, self.T, self.H, self.K, self.V, self.N = dims
+        self.offsets, self.scale = offsets, scale
+        self.mode, self.backend, self.chunk_size = mode, backend, chunk_size
+
+    def state(self, name: str, x, kind: str = "S") -> Tensor:
+        """Check one part of an initial state: ``kind`` "S" [N, H, K, V], "n" [N, H, K] or
+        "m" [N, H]."""
+        dims = _STATE_DIMS[kind]
+        shape = tuple(getattr(self, d) for d in dims)
+        return check.state(name, x, shape, self.q, "[" + ", ".join(dims) + "]")
+
+    def run(self, family: str, q, k, v, **generic):
+        """:func:`run` with this call's scale, offsets and dispatch options."""
+        return run(
+            family, q, k, v, scale=self.scale, cu_seqlens=self.offsets, mode=self.mode,
+            backend=self.backend, chunk_size=self.chunk_size, **generic,
+        )  # fmt: skip
 
 
 def prepare(
-    q, k, v, *, scale, cu_seqlens, mode, backend, chunk_size, output_final_state,
+    q, k, v, scale, cu_seqlens, mode, backend, chunk_size, output_final_state,
     names=("q", "k", "v"),
-):  # fmt: skip
-    """Checks common to every op. Returns ``(dims, offsets, scale)``."""
+) -> Call:  # fmt: skip
+    """Checks common to every op (in the order of its signature's shared arguments)."""
     check.choice("mode", mode, (None, *MODES))
     check.choice("backend", backend, BACKENDS)
     check.flag("output_final_state", output_final_state)
@@ -197,7 +218,7 @@ def prepare(
     B, T, H, K, V = check.qkv(q, k, v, names)
     offsets = None if cu_seqlens is None else check.cu_seqlens(cu_seqlens, B, T, q)
     N = B if offsets is None else len(offsets) - 1
-    return Dims(B, T, H, K, V, N), offsets, check.scale(scale, K)
+    return Call(q, (B, T, H, K, V, N), offsets, check.scale(scale, K), mode, backend, chunk_size)
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from linrnn import _validation as check
-from linrnn.ops._generic import document, prepare, run
+from linrnn.ops._generic import document, prepare
 
 
 @document
@@ -38,25 +38,10 @@ def gla(
         >>> gk = torch.nn.functional.logsigmoid(torch.randn(2, 128, 4, 64)) / 16
         >>> o, _ = linrnn.gla(q, k, v, gk)
     """
-    d, offsets, scale = prepare(
-        q,
-        k,
-        v,
-        scale=scale,
-        cu_seqlens=cu_seqlens,
-        mode=mode,
-        backend=backend,
-        chunk_size=chunk_size,
-        output_final_state=output_final_state,
-    )
-    gk = check.gate("gk", gk, (d.B, d.T, d.H, d.K), q, layout="[B, T, H, K]", nonpositive=True)
+    c = prepare(q, k, v, scale, cu_seqlens, mode, backend, chunk_size, output_final_state)
+    gk = check.gate("gk", gk, (c.B, c.T, c.H, c.K), q, layout="[B, T, H, K]", nonpositive=True)
     if gv is not None:
-        gv = check.gate("gv", gv, (d.B, d.T, d.H, d.V), q, layout="[B, T, H, V]", nonpositive=True)
-    S0 = None
-    if initial_state is not None:
-        S0 = check.state("initial_state", initial_state, (d.N, d.H, d.K, d.V), q, "[N, H, K, V]")
-    o, (S, _, _) = run(
-        "gla", q, k, v, scale=scale, g=gk, gv=gv, S0=S0,
-        cu_seqlens=offsets, mode=mode, backend=backend, chunk_size=chunk_size,
-    )  # fmt: skip
+        gv = check.gate("gv", gv, (c.B, c.T, c.H, c.V), q, layout="[B, T, H, V]", nonpositive=True)
+    S0 = None if initial_state is None else c.state("initial_state", initial_state)
+    o, (S, _, _) = c.run("gla", q, k, v, g=gk, gv=gv, S0=S0)
     return o, (S if output_final_state else None)

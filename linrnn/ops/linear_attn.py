@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from linrnn import _validation as check
-from linrnn.ops._generic import document, prepare, run
+from linrnn.ops._generic import document, prepare
 
 
 @document
@@ -40,24 +40,14 @@ def linear_attn(
         >>> q = k = torch.randn(2, 128, 4, 64).relu(); v = torch.randn(2, 128, 4, 32)
         >>> o, S = linrnn.linear_attn(q, k, v, output_final_state=True)
     """
-    d, offsets, scale = prepare(
-        q,
-        k,
-        v,
-        scale=scale,
-        cu_seqlens=cu_seqlens,
-        mode=mode,
-        backend=backend,
-        chunk_size=chunk_size,
-        output_final_state=output_final_state,
-    )
+    c = prepare(q, k, v, scale, cu_seqlens, mode, backend, chunk_size, output_final_state)
     normalize = check.flag("normalize", normalize)
     eps = check.eps(eps)
     S0 = n0 = None
     if initial_state is not None:
         if normalize:
             S0, n0 = check.state_tuple("initial_state", initial_state, 2, "(S, n)")
-            n0 = check.state("initial_state[1] (n)", n0, (d.N, d.H, d.K), q, "[N, H, K]")
+            n0 = c.state("initial_state[1] (n)", n0, "n")
         elif isinstance(initial_state, (tuple, list)):
             raise TypeError(
                 "initial_state must be the tensor S [N, H, K, V] when normalize=False, got a "
@@ -65,11 +55,10 @@ def linear_attn(
             )
         else:
             S0 = initial_state
-        S0 = check.state("initial_state (S)", S0, (d.N, d.H, d.K, d.V), q, "[N, H, K, V]")
-    o, (S, n, _) = run(
-        "linear_attn", q, k, v, scale=scale, track_n=normalize,
+        S0 = c.state("initial_state (S)", S0)
+    o, (S, n, _) = c.run(
+        "linear_attn", q, k, v, track_n=normalize,
         normalizer="sum" if normalize else None, eps=eps, S0=S0, n0=n0,
-        cu_seqlens=offsets, mode=mode, backend=backend, chunk_size=chunk_size,
     )  # fmt: skip
     if not output_final_state:
         return o, None

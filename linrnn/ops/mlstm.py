@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from linrnn import _validation as check
-from linrnn.ops._generic import compute_dtype, document, prepare, run
+from linrnn.ops._generic import compute_dtype, document, prepare
 
 
 @document
@@ -57,17 +57,7 @@ def mlstm(
         >>> i, f = torch.randn(2, 128, 4), torch.randn(2, 128, 4) + 3
         >>> h, (C, n, m) = linrnn.mlstm(q, k, v, i, f, output_final_state=True)
     """
-    d, offsets, scale = prepare(
-        q,
-        k,
-        v,
-        scale=scale,
-        cu_seqlens=cu_seqlens,
-        mode=mode,
-        backend=backend,
-        chunk_size=chunk_size,
-        output_final_state=output_final_state,
-    )
+    c = prepare(q, k, v, scale, cu_seqlens, mode, backend, chunk_size, output_final_state)
     check.choice("input_gate", input_gate, ("exp", "sigmoid"))
     exp_gate = input_gate == "exp"
     if normalize is None:
@@ -80,14 +70,14 @@ def mlstm(
             "got normalize=False"
         )
     eps = check.eps(eps)
-    i = check.gate("i", i, (d.B, d.T, d.H), q, layout="[B, T, H]")
-    f = check.gate("f", f, (d.B, d.T, d.H), q, layout="[B, T, H]")
+    i = check.gate("i", i, (c.B, c.T, c.H), q, layout="[B, T, H]")
+    f = check.gate("f", f, (c.B, c.T, c.H), q, layout="[B, T, H]")
     C0 = n0 = m0 = None
     if initial_state is not None:
         C0, n0, m0 = check.state_tuple("initial_state", initial_state, 3, "(C, n, m)")
-        C0 = check.state("initial_state[0] (C)", C0, (d.N, d.H, d.K, d.V), q, "[N, H, K, V]")
-        n0 = check.state("initial_state[1] (n)", n0, (d.N, d.H, d.K), q, "[N, H, K]")
-        m0 = check.state("initial_state[2] (m)", m0, (d.N, d.H), q, "[N, H]")
+        C0 = c.state("initial_state[0] (C)", C0)
+        n0 = c.state("initial_state[1] (n)", n0, "n")
+        m0 = c.state("initial_state[2] (m)", m0, "m")
         bad = torch.isnan(m0) | (m0 == float("inf"))
         if bool(bad.any()):
             idx = bad.nonzero()[0].tolist()
@@ -101,10 +91,9 @@ def mlstm(
     if m0 is not None and not exp_gate:  # the sigmoid form carries the true (unscaled) state
         scale_0 = torch.exp(m0.to(cdt))
         C0, n0, m0 = C0.to(cdt) * scale_0[..., None, None], n0.to(cdt) * scale_0[..., None], None
-    o, (C, n, m) = run(
-        "mlstm", q, k, v, scale=scale, g=log_f, gi=gi, stabilize=exp_gate, track_n=True,
+    o, (C, n, m) = c.run(
+        "mlstm", q, k, v, g=log_f, gi=gi, stabilize=exp_gate, track_n=True,
         normalizer="mlstm" if normalize else None, eps=eps, S0=C0, n0=n0, m0=m0,
-        cu_seqlens=offsets, mode=mode, backend=backend, chunk_size=chunk_size,
     )  # fmt: skip
     if not output_final_state:
         return o, None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from linrnn import _validation as check
-from linrnn.ops._generic import document, prepare, run
+from linrnn.ops._generic import document, prepare
 
 
 @document
@@ -36,24 +36,9 @@ def retention(
         >>> log_decay = torch.log(1 - 2.0 ** (-5 - torch.arange(4.0)))
         >>> o, _ = linrnn.retention(q, k, v, log_decay)
     """
-    d, offsets, scale = prepare(
-        q,
-        k,
-        v,
-        scale=scale,
-        cu_seqlens=cu_seqlens,
-        mode=mode,
-        backend=backend,
-        chunk_size=chunk_size,
-        output_final_state=output_final_state,
-    )
-    log_decay = check.gate("log_decay", log_decay, (d.H,), q, layout="[H]", nonpositive=True)
-    S0 = None
-    if initial_state is not None:
-        S0 = check.state("initial_state", initial_state, (d.N, d.H, d.K, d.V), q, "[N, H, K, V]")
-    g = log_decay.view(1, 1, d.H).expand(d.B, d.T, d.H)
-    o, (S, _, _) = run(
-        "retention", q, k, v, scale=scale, g=g, S0=S0,
-        cu_seqlens=offsets, mode=mode, backend=backend, chunk_size=chunk_size,
-    )  # fmt: skip
+    c = prepare(q, k, v, scale, cu_seqlens, mode, backend, chunk_size, output_final_state)
+    log_decay = check.gate("log_decay", log_decay, (c.H,), q, layout="[H]", nonpositive=True)
+    S0 = None if initial_state is None else c.state("initial_state", initial_state)
+    g = log_decay.view(1, 1, c.H).expand(c.B, c.T, c.H)
+    o, (S, _, _) = c.run("retention", q, k, v, g=g, S0=S0)
     return o, (S if output_final_state else None)

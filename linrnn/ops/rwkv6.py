@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from linrnn import _validation as check
-from linrnn.ops._generic import document, prepare, run
+from linrnn.ops._generic import document, prepare
 
 
 @document
@@ -39,18 +39,11 @@ def rwkv6(
         >>> w = -torch.exp(torch.randn(2, 128, 4, 64)); u = torch.randn(4, 64)
         >>> o, _ = linrnn.rwkv6(r, k, v, w, u, scale=1.0)
     """
-    d, offsets, scale = prepare(
-        r, k, v, scale=scale, cu_seqlens=cu_seqlens, mode=mode, backend=backend,
-        chunk_size=chunk_size, output_final_state=output_final_state,
-        names=("r", "k", "v"),
-    )  # fmt: skip
-    w = check.gate("w", w, (d.B, d.T, d.H, d.K), r, layout="[B, T, H, K]", nonpositive=True)
-    u = check.gate("u", u, (d.H, d.K), r, layout="[H, K]")
-    S0 = None
-    if initial_state is not None:
-        S0 = check.state("initial_state", initial_state, (d.N, d.H, d.K, d.V), r, "[N, H, K, V]")
-    o, (S, _, _) = run(
-        "rwkv6", r, k, v, scale=scale, g=w, u=u, S0=S0,
-        cu_seqlens=offsets, mode=mode, backend=backend, chunk_size=chunk_size,
-    )  # fmt: skip
+    c = prepare(
+        r, k, v, scale, cu_seqlens, mode, backend, chunk_size, output_final_state, ("r", "k", "v")
+    )
+    w = check.gate("w", w, (c.B, c.T, c.H, c.K), r, layout="[B, T, H, K]", nonpositive=True)
+    u = check.gate("u", u, (c.H, c.K), r, layout="[H, K]")
+    S0 = None if initial_state is None else c.state("initial_state", initial_state)
+    o, (S, _, _) = c.run("rwkv6", r, k, v, g=w, u=u, S0=S0)
     return o, (S if output_final_state else None)

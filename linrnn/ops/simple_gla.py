@@ -4,7 +4,7 @@ gate, Mamba-2-style scalar gating)."""
 from __future__ import annotations
 
 from linrnn import _validation as check
-from linrnn.ops._generic import document, prepare, run
+from linrnn.ops._generic import document, prepare
 
 
 @document
@@ -38,23 +38,8 @@ def simple_gla(
         >>> g = torch.nn.functional.logsigmoid(torch.randn(2, 128, 4))
         >>> o, S = linrnn.simple_gla(q, k, v, g, output_final_state=True)
     """
-    d, offsets, scale = prepare(
-        q,
-        k,
-        v,
-        scale=scale,
-        cu_seqlens=cu_seqlens,
-        mode=mode,
-        backend=backend,
-        chunk_size=chunk_size,
-        output_final_state=output_final_state,
-    )
-    g = check.gate("g", g, (d.B, d.T, d.H), q, layout="[B, T, H]", nonpositive=True)
-    S0 = None
-    if initial_state is not None:
-        S0 = check.state("initial_state", initial_state, (d.N, d.H, d.K, d.V), q, "[N, H, K, V]")
-    o, (S, _, _) = run(
-        "simple_gla", q, k, v, scale=scale, g=g, S0=S0,
-        cu_seqlens=offsets, mode=mode, backend=backend, chunk_size=chunk_size,
-    )  # fmt: skip
+    c = prepare(q, k, v, scale, cu_seqlens, mode, backend, chunk_size, output_final_state)
+    g = check.gate("g", g, (c.B, c.T, c.H), q, layout="[B, T, H]", nonpositive=True)
+    S0 = None if initial_state is None else c.state("initial_state", initial_state)
+    o, (S, _, _) = c.run("simple_gla", q, k, v, g=g, S0=S0)
     return o, (S if output_final_state else None)
