@@ -233,7 +233,9 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
     if fast:
         A = (q_dec @ kw_T) * _tril(L, exclusive, qc)
         if exclusive:
-            A = A + torch.diag_embed((qc * (u * scale)[None, :, None, None, :] * kc).sum(-1))
+            # The bonus q_r·(u ⊙ k_r) on the diagonal, added in place (A is a fresh product).
+            bonus = torch.einsum("bhnlk,hk->bhnl", qc * kc, u * scale)
+            A.diagonal(dim1=-2, dim2=-1).add_(bonus)
         if cv is None:
             return o.add_(A @ vc), S
         return (o + A @ (vc * torch.exp(-cv))) * torch.exp(cv), S
