@@ -206,28 +206,24 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
     fast = float(-b_end.detach().amin()) <= _FACTOR_LIMIT and (
         cv is None or float(-cv[..., -1, :].detach().amin()) <= _FACTOR_LIMIT
     )
+    # The per-chunk state decay, over K (and V with gv): [B, H, N, K, 1 or V].
+    decay = torch.exp(b_end)[..., :, None]
+    if cv is not None:
+        cv_end = cv[..., -1, :]  # [B, H, N, V]
+        decay = decay * torch.exp(cv_end)[..., None, :]
     if fast:
         log_k = -b if gic is None else gic[..., None] - b
-        k_hat = kc * torch.exp(log_k)  # ≤ exp(_FACTOR_LIMIT)
-        kw_T = k_hat.transpose(-1, -2)  # the key weight to the chunk end is exp(b_L) · k_hat
-        decay = torch.exp(b_end)[..., :, None]  # [B, H, N, K, 1]
+        kw_T = (kc * torch.exp(log_k)).transpose(-1, -2)  # k·exp(−b_s) ≤ exp(_FACTOR_LIMIT)
+        # v·exp(−c_s), bounded the same way; the weight to the chunk end is then `decay`.
+        v_hat = vc if cv is None else vc * torch.exp(-cv)
+        U = (kw_T @ v_hat) * decay
     else:
         log_k = b_end[..., None, :] - b  # [B, H, N, L, K]
         if gic is not None:
             log_k = log_k + gic[..., None]
         kw_T = (kc * torch.exp(log_k)).transpose(-1, -2)
-        decay = None
-    if cv is None:
-        U = kw_T @ vc
-    else:
-        cv_end = cv[..., -1, :]
-        U = kw_T @ (vc * torch.exp(cv_end[..., None, :] - cv))
-    if fast:
-        U = U * decay
-    if cv is None:
-        states, S = _scan(torch.exp(b_end)[..., :, None], U, S0)
-    else:
-        states, S = _scan(torch.exp(b_end)[..., :, None] * torch.exp(cv_end)[..., None, :], U, S0)
+        U = kw_T @ (vc if cv is None else vc * torch.exp(cv_end[..., None, :] - cv))
+    states, S = _scan(decay, U, S0)
     o = q_dec @ states  # inter-chunk part
 
     if fast:
@@ -238,7 +234,7 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
             A.diagonal(dim1=-2, dim2=-1).add_(bonus)
         if cv is None:
             return o.add_(A @ vc), S
-        return (o + A @ (vc * torch.exp(-cv))) * torch.exp(cv), S
+        return o.add_(A @ v_hat) * torch.exp(cv), S
     if cv is not None:
         o = o * torch.exp(cv)
     qc = qc * scale
