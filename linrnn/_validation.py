@@ -83,20 +83,17 @@ def gate(
     same_device(ref, **{name: x})
     if x.numel() == 0:
         return x
-    lo, hi = torch.aminmax(x.detach())  # one pass; NaN propagates into both
-    if math.isfinite(lo.item()) and math.isfinite(hi.item()):
-        finite = None
-    else:
+    lo, hi = (t.item() for t in torch.aminmax(x.detach()))  # one pass; NaN reaches both
+    if not (math.isfinite(lo) and math.isfinite(hi)):
         finite = torch.isfinite(x)
-    if finite is not None:
         bad = (~finite).nonzero()[0].tolist()
         raise ValueError(
             f"{name} must be finite; {int((~finite).sum())} of {x.numel()} values are not "
             f"(first at index {bad}: {x[tuple(bad)].item()})"
         )
-    if nonpositive and hi.item() > 0:
+    if nonpositive and hi > 0:
         raise ValueError(
-            f"{name} is a log decay and must be ≤ 0 (decay ≤ 1), but its maximum is {hi.item():.6g}"
+            f"{name} is a log decay and must be ≤ 0 (decay ≤ 1), but its maximum is {hi:.6g}"
         )
     return x
 
