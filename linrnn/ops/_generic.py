@@ -26,9 +26,16 @@ MODES = ("reference", "recurrent", "parallel", "chunk", "fused_chunk")
 BACKENDS = (None, "torch", "triton")
 DEFAULT_CHUNK_SIZE = 64
 
-# Triton implementations register here as ``_TRITON[mode] = fn`` (same signature as the torch
-# ones). Nothing is registered yet: the Triton engine is a later issue.
+# Triton implementations, by mode. Their signature is the engine's (see triton_chunk.chunk):
+# they take the inputs in their own dtype and fuse the normalizer, so run() hands them the
+# family's switches instead of the generic matrix recurrence.
 _TRITON: dict[str, Callable] = {}
+try:
+    from linrnn.engine import triton_chunk
+except ImportError:  # no Triton: the PyTorch path serves every call
+    triton_chunk = None
+else:
+    _TRITON["chunk"] = triton_chunk.chunk
 
 
 def _chunk_size(value) -> int:
@@ -106,6 +113,12 @@ def run(
     states in fp32 (fp64 for fp64 inputs). ``n_T`` is None unless ``track_n``, ``m_T`` unless
     ``stabilize``. Inputs are assumed validated."""
     impl = select(family, mode, backend, q.device, chunk_size)
+    if impl in _TRITON.values():
+        return _run_triton(
+            impl, family, q, k, v, scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize,
+            track_n=track_n, normalizer=normalizer, eps=eps, S0=S0, n0=n0, m0=m0,
+            cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+        )  # fmt: skip
     cdt = compute_dtype(q)
     cast = lambda x: None if x is None else x.to(cdt)  # noqa: E731
     qc, kc, vc, g, gv, gi, u, S0, n0, m0 = map(cast, (q, k, v, g, gv, gi, u, S0, n0, m0))
@@ -137,6 +150,49 @@ def run(
             out = num / (mag + eps)
     n_T = S[..., V] if track_n else None
     return out.to(q.dtype), (S[..., :V], n_T, m_T)
+
+
+def _run_triton(fn, family, q, k, v, *, g, gv, gi, u, S0, n0, m0, cu_seqlens, **switches):
+    """A Triton engine call: inputs stay in their dtype, gates go in as fp32."""
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(
+            f"{family}: the Triton kernels take float16, bfloat16 or float32 inputs, got "
+            f"{q.dtype}; use backend='torch' for float64"
+        )
+    if (g is not None and g.dim() == 4) or gv is not None or u is not None:
+        raise NotImplementedError(
+            f"{family}: the Triton engine has no vector-gate (per-channel decay) kernels yet; "
+            "use backend='torch'"
+        )
+    f32 = lambda x: None if x is None else x.float()  # noqa: E731
+    g, gi = f32(g), f32(gi)
+    if cu_seqlens is None:
+        o, S, n, m = fn(q, k, v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, **switches)
+        return o, (S, n, m)
+    # Packed sequences: one call per sequence for now (native varlen kernels are issue 5).
+    lengths = [cu_seqlens[i + 1] - cu_seqlens[i] for i in range(len(cu_seqlens) - 1)]
+    split = lambda x: [None] * len(lengths) if x is None else x.split(lengths, dim=1)  # noqa: E731
+    per = lambda x: [None] * len(lengths) if x is None else x.split(1)  # noqa: E731
+    outs, finals = [], []
+    B, H, K, V = 1, q.shape[2], q.shape[3], v.shape[3]
+    for i, (qi, ki, vi, gj, gij, S0i, n0i, m0i) in enumerate(
+        zip(split(q), split(k), split(v), split(g), split(gi), per(S0), per(n0), per(m0))
+    ):
+        if lengths[i] == 0:  # the state passes through unchanged
+            outs.append(vi)
+            zero = q.new_zeros(B, H, K, dtype=torch.float32)
+            finals.append((
+                S0i if S0i is not None else q.new_zeros(B, H, K, V, dtype=torch.float32),
+                (n0i if n0i is not None else zero) if switches["track_n"] else None,
+                (m0i if m0i is not None else zero[..., 0] - torch.inf)
+                if switches["stabilize"] else None,
+            ))  # fmt: skip
+            continue
+        o, S, n, m = fn(qi, ki, vi, g=gj, gi=gij, S0=S0i, n0=n0i, m0=m0i, **switches)
+        outs.append(o)
+        finals.append((S, n, m))
+    cat = lambda j: None if finals[0][j] is None else torch.cat([f[j] for f in finals])  # noqa: E731
+    return torch.cat(outs, dim=1), (cat(0), cat(1), cat(2))
 
 
 def _packed(impl, q, k, v, scale, gates, S0, m0, offsets):

@@ -1,0 +1,487 @@
+"""Triton kernels of the chunkwise engine for scalar gates (DESIGN.md §3, TFLA two-level).
+
+Per sequence and head, inside chunk c (rows r, columns s, both chunk-local; ``b`` the chunk-local
+cumulative log decay, ``a`` the log input gate, ``m`` the mLSTM max state)::
+
+    D_rs  = exp(b_r − b_s + a_s − m_r)                                (s ≤ r, else 0)
+    o_r   = scale·[ exp(b_r + m_c − m_r) q_r C_c + Σ_s D_rs (q_r·k_s) v_s ]
+    C_c+1 = exp(b_L + m_c − m_c+1) C_c + Σ_s exp(b_L − b_s + a_s − m_c+1) k_s v_sᵀ
+
+Every exponent is ≤ 0: without the stabilizer b is non-increasing and a ≤ 0; with it, m_r and
+m_c+1 are the exact maxima of the terms they divide (computed here from the same fp32 values).
+The normalizer n rides along as a vector state beside C.
+
+Five kernels serve every family through compile-time switches:
+
+* ``states_fwd_kernel`` — the recurrent inter-chunk kernel: walks the chunks, stores C_c, n_c, m_c.
+* ``rows_kernel`` — the parallel kernel tiled over (query tile, output tile), looping over key
+  tiles of the chunk and over depth tiles. ``IS_DQ=False``: the forward output (the exact row
+  max m_r is found first by a cheap pass over the scalar gates, so the main loop needs no online
+  rescaling); ``IS_DQ=True``: dq, the same three products with (q, k, v, C) → (dh, v, k, Cᵀ).
+* ``states_bwd_kernel`` — the reverse recurrence of the state gradient dC_c (and dn_c).
+* ``cols_kernel`` — the transposed-causal kernel tiled over (key tile, output tile): dv with
+  (k, q, dh, dC) and dk with (v, dh, q, dCᵀ).
+* ``norm_bwd_kernel`` — per-row factors of the normalizer's backward.
+
+Layouts: q, k, v, o and their gradients ``[B, T, H, D]`` contiguous; gates and per-row values
+``[B·H, T]`` fp32; chunk states ``[B·H, NT(+1), K, V]``. Offsets are int64.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Normalizer kinds (the NORM switch).
+NORM_NONE, NORM_SUM, NORM_MAX1, NORM_MAXM = 0, 1, 2, 3
+
+
+@triton.jit
+def _tile(ptr, rows, cols, row_stride, m_rows, m_cols):
+    """Load ``ptr[rows, cols]`` as a [len(rows), len(cols)] block (row-major, int64 rows)."""
+    p = ptr + rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
+    return tl.load(p, mask=m_rows[:, None] & m_cols[None, :], other=0.0)
+
+
+@triton.jit
+def _tile_t(ptr, rows, cols, row_stride, m_rows, m_cols):
+    """Load ``ptr[rows, cols]`` transposed, as a [len(cols), len(rows)] block."""
+    p = ptr + rows.to(tl.int64)[None, :] * row_stride + cols[:, None]
+    return tl.load(p, mask=m_cols[:, None] & m_rows[None, :], other=0.0)
+
+
+@triton.jit
+def _vec(ptr, idx, mask):
+    return tl.load(ptr + idx, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _state_tile(ptr, o_d, o_o, s_d, s_o, m_d, m_o):
+    """A [len(o_d), len(o_o)] block of a state with element strides (s_d, s_o)."""
+    p = ptr + o_d[:, None] * s_d + o_o[None, :] * s_o
+    return tl.load(p, mask=m_d[:, None] & m_o[None, :], other=0.0)
+
+
+@triton.jit
+def _chunk_max(G_B, G_A, c0, c1, BS: tl.constexpr):
+    """max over the chunk's steps s of (a_s − b_s): the chunk's contribution to the max state."""
+    mx = tl.full([BS], float("-inf"), tl.float32)
+    for s0 in range(c0, c1, BS):
+        o_s = s0 + tl.arange(0, BS)
+        m_s = o_s < c1
+        z = _vec(G_A, o_s, m_s) - _vec(G_B, o_s, m_s)
+        mx = tl.maximum(mx, tl.where(m_s, z, float("-inf")))
+    return tl.max(mx, 0)
+
+
+@triton.jit
+def states_fwd_kernel(
+    K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A,
+    T, H, K, V, L, NT,
+    BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
+    TRACK_N: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid (K tiles, V tiles, B·H). Stores the state entering each chunk (ST [BH,NT,K,V],
+    NS [BH,NT,K], MC [BH,NT+1]) and the final state (ST_T, NS_T, MC[:, NT])."""
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    p_k = K_ + (i_b * T * H + i_h) * K
+    p_v = V_ + (i_b * T * H + i_h) * V
+    G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
+    p_st = ST + i_bh * NT * K * V
+    if HAS_S0:
+        b_C = _state_tile(S0 + i_bh * K * V, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)  # [BK, BV]
+    else:
+        b_C = tl.zeros([BK, BV], dtype=tl.float32)
+    if TRACK_N and HAS_S0:
+        b_n = _vec(N0 + i_bh * K, o_k, m_k)  # [BK]
+    else:
+        b_n = tl.zeros([BK], dtype=tl.float32)
+    if STAB and HAS_S0:
+        b_m = tl.load(M0 + i_bh).to(tl.float32)
+    else:  # m_0 = −∞ (no state yet), as a tensor so the loop carries one type
+        b_m = tl.max(tl.full([2], float("-inf"), tl.float32), 0)
+    head = (i_k == 0) & (i_v == 0)
+    for i_c in range(NT):
+        c0 = i_c * L
+        c1 = tl.minimum(c0 + L, T)
+        p_c = p_st + i_c * K * V
+        tl.store(
+            p_c + o_k[:, None] * V + o_v[None, :], b_C.to(ST.dtype.element_ty),
+            mask=m_k[:, None] & m_v[None, :],
+        )  # fmt: skip
+        if TRACK_N:
+            tl.store(NS + (i_bh * NT + i_c) * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
+        b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
+        if STAB:
+            tl.store(MC + i_bh * (NT + 1) + i_c, b_m, mask=head)
+            m_next = b_last + tl.maximum(b_m, _chunk_max(G_B, G_A, c0, c1, BS))
+            decay = tl.exp(b_last + b_m - m_next)
+        elif HAS_DECAY:
+            m_next = 0.0
+            decay = tl.exp(b_last)
+        else:
+            m_next = 0.0
+            decay = 1.0
+        b_C *= decay
+        b_n *= decay
+        for s0 in range(c0, c1, BS):
+            o_s = s0 + tl.arange(0, BS)
+            m_s = o_s < c1
+            b_kt = _tile_t(p_k, o_s, o_k, H * K, m_s, m_k)  # [BK, BS]
+            b_vs = _tile(p_v, o_s, o_v, H * V, m_s, m_v)  # [BS, BV]
+            w = -m_next + tl.zeros([BS], dtype=tl.float32)
+            if HAS_DECAY:
+                w += b_last - _vec(G_B, o_s, m_s)
+            if HAS_IGATE:
+                w += _vec(G_A, o_s, m_s)
+            w = tl.exp(tl.where(m_s, w, float("-inf")))  # [BS], ≤ 1
+            b_kw = b_kt.to(tl.float32) * w[None, :]
+            b_C += tl.dot(b_kw.to(b_vs.dtype), b_vs, input_precision=DOT_PREC)
+            if TRACK_N:
+                b_n += tl.sum(b_kw, 1)
+        b_m = m_next
+    tl.store(
+        ST_T + i_bh * K * V + o_k[:, None] * V + o_v[None, :], b_C.to(ST_T.dtype.element_ty),
+        mask=m_k[:, None] & m_v[None, :],
+    )  # fmt: skip
+    if TRACK_N:
+        tl.store(NS_T + i_bh * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
+    if STAB:
+        tl.store(MC + i_bh * (NT + 1) + NT, b_m, mask=head)
+
+
+@triton.jit
+def _log_weights(b_r, b_s, a_s, m_r, causal, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
+                 STAB: tl.constexpr):  # fmt: skip
+    """The [R, S] intra-chunk weights D_rs = exp(b_r − b_s + a_s − m_r) on the causal mask."""
+    if HAS_DECAY or HAS_IGATE or STAB:
+        lw = tl.zeros(causal.shape, dtype=tl.float32)
+        if HAS_DECAY:
+            lw += b_r[:, None] - b_s[None, :]
+        if HAS_IGATE:
+            lw += a_s[None, :]
+        if STAB:
+            lw -= m_r[:, None]
+        return tl.exp(tl.where(causal, lw, float("-inf")))
+    else:
+        return tl.where(causal, 1.0, 0.0)
+
+
+@triton.jit
+def rows_kernel(
+    X, Y, Z, OUT, ST, NS, MC, G_B, G_A, M_ROW, DEN, R_A, R_D, QD, PART,
+    T, H, D, O, L, NT, NQ, s_sd, s_so, scale, eps,
+    BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+    IS_DQ: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
+    STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks × query tiles, output tiles, B·H). Rows r of one query tile:
+
+        out_r = scale·[ e_r (A_r X_r S_c + dd_r n_c) + Σ_{s≤r} D_rs (A_r X_r·Y_s + dd_r) Z_s ]
+
+    forward: (X, Y, Z, S) = (q, k, v, C), A = 1, dd = 0, then the normalizer; dq: (dh, v, k,
+    Cᵀ) with A = 1/denominator and dd the normalizer's row gradient. e_r = exp(b_r+m_c−m_r).
+    The state's element strides (s_sd, s_so) pick C or Cᵀ."""
+    i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c, i_q = i_cq // NQ, i_cq % NQ
+    c0 = i_c * L
+    c1 = tl.minimum(c0 + L, T)
+    r0 = c0 + i_q * BQ
+    if r0 >= c1:
+        return
+    o_r = r0 + tl.arange(0, BQ)
+    m_r = o_r < c1
+    o_o = i_o * BO + tl.arange(0, BO)
+    m_o = o_o < O
+    p_x = X + (i_b * T * H + i_h) * D
+    p_y = Y + (i_b * T * H + i_h) * D
+    p_z = Z + (i_b * T * H + i_h) * O
+    G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
+    r_end = tl.minimum(r0 + BQ, c1)
+
+    b_br = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+    b_mr = tl.zeros([BQ], dtype=tl.float32)
+    if STAB:
+        m_c = tl.load(MC + i_bh * (NT + 1) + i_c)
+        if IS_DQ:
+            b_mr = _vec(M_ROW + i_bh * T, o_r, m_r)
+        else:  # the exact row max, from the scalar gates alone (no matmul)
+            b_mr = b_br + m_c
+            for s0 in range(c0, r_end, BS):
+                o_s = s0 + tl.arange(0, BS)
+                m_s = o_s < c1
+                z = b_br[:, None] + (_vec(G_A, o_s, m_s) - _vec(G_B, o_s, m_s))[None, :]
+                causal = (o_r[:, None] >= o_s[None, :]) & m_s[None, :]
+                b_mr = tl.maximum(b_mr, tl.max(tl.where(causal, z, float("-inf")), 1))
+            b_mr = tl.where(m_r, b_mr, 0.0)
+        e_r = tl.exp(b_br + m_c - b_mr)
+    else:
+        e_r = tl.exp(b_br)
+    if IS_DQ and NORM != 0:
+        b_A = _vec(R_A + i_bh * T, o_r, m_r)
+        b_dd = _vec(R_D + i_bh * T, o_r, m_r)
+
+    # Inter-chunk part: X_r against the state entering the chunk.
+    b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
+    b_den = tl.zeros([BQ], dtype=tl.float32)
+    p_st = ST + (i_bh * NT + i_c) * D * O
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
+        b_s = _state_tile(p_st, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+        b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
+        if (not IS_DQ) and NORM != 0:
+            b_n = _vec(NS + (i_bh * NT + i_c) * D, o_d, m_d)
+            b_den += tl.sum(b_x.to(tl.float32) * b_n[None, :], 1)
+    if IS_DQ and NORM != 0:
+        b_acc = b_acc * b_A[:, None] + b_dd[:, None] * _vec(NS + (i_bh * NT + i_c) * O, o_o, m_o)[None, :]
+    b_acc *= e_r[:, None]
+    b_den *= e_r
+
+    # Intra-chunk part: key tiles of this chunk up to the diagonal.
+    for s0 in range(c0, r_end, BS):
+        o_s = s0 + tl.arange(0, BS)
+        m_s = o_s < c1
+        b_p = tl.zeros([BQ, BS], dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            o_d = d0 + tl.arange(0, BD)
+            m_d = o_d < D
+            b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
+            b_yt = _tile_t(p_y, o_s, o_d, H * D, m_s, m_d)  # [BD, BS]
+            b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        if IS_DQ and NORM != 0:
+            b_p = b_p * b_A[:, None] + b_dd[:, None]
+        b_bs = _vec(G_B, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
+        b_as = _vec(G_A, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
+        causal = (o_r[:, None] >= o_s[None, :]) & m_s[None, :]
+        b_p *= _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+        if (not IS_DQ) and NORM != 0:
+            b_den += tl.sum(b_p, 1)
+        b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BS, BO]
+        b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    b_acc *= scale
+
+    p_out = OUT + (i_b * T * H + i_h) * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
+    m_out = m_r[:, None] & m_o[None, :]
+    if IS_DQ:
+        tl.store(p_out, b_acc.to(OUT.dtype.element_ty), mask=m_out)
+        if HAS_DECAY:  # q·dq over this output tile, for the log-decay gradient
+            b_q = _tile(QD + (i_b * T * H + i_h) * O, o_r, o_o, H * O, m_r, m_o)
+            part = tl.sum(b_q.to(tl.float32) * b_acc, 1)
+            tl.store(PART + (i_o * tl.num_programs(2) + i_bh) * T + o_r, part, mask=m_r)
+    else:
+        if NORM != 0:
+            b_den *= scale
+            if NORM == 1:
+                b_dp = b_den + eps
+            elif NORM == 2:
+                b_dp = tl.maximum(tl.abs(b_den), 1.0) + eps
+            else:
+                b_dp = tl.maximum(tl.abs(b_den), tl.exp(-b_mr)) + eps
+            b_acc = b_acc / b_dp[:, None]
+            tl.store(DEN + i_bh * T + o_r, b_den, mask=m_r & ((o_r * 0 + i_o) == 0))
+        if STAB:
+            tl.store(M_ROW + i_bh * T + o_r, b_mr, mask=m_r & ((o_r * 0 + i_o) == 0))
+        tl.store(p_out, b_acc.to(OUT.dtype.element_ty), mask=m_out)
+
+
+@triton.jit
+def norm_bwd_kernel(
+    DH, O_, DEN, M_ROW, R_A, R_D, R_M, T, H, V, eps,
+    BT: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr, STAB: tl.constexpr,
+):  # fmt: skip
+    """Grid (T tiles, B·H). With h = o / P, P = f(den) + eps: A = 1/P, dd = ∂L/∂den =
+    −(dh·h)/P · f'(den) and, for the max state, dm = ∂L/∂m_r = −(dh·h)·eps/P (m enters h only
+    through eps once the state's scale cancels)."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    base = (i_b * T * H + i_h) * V
+    dot = tl.zeros([BT], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        o_v = v0 + tl.arange(0, BV)
+        m_v = o_v < V
+        b_dh = _tile(DH + base, o_t, o_v, H * V, m_t, m_v).to(tl.float32)
+        b_h = _tile(O_ + base, o_t, o_v, H * V, m_t, m_v).to(tl.float32)
+        dot += tl.sum(b_dh * b_h, 1)
+    den = _vec(DEN + i_bh * T, o_t, m_t)
+    if NORM == 1:
+        p = den + eps
+        slope = tl.full([BT], 1.0, tl.float32)
+    else:
+        if NORM == 2:
+            floor = tl.full([BT], 1.0, tl.float32)
+        else:
+            floor = tl.exp(-_vec(M_ROW + i_bh * T, o_t, m_t))
+        p = tl.maximum(tl.abs(den), floor) + eps
+        slope = tl.where(tl.abs(den) > floor, tl.where(den >= 0, 1.0, -1.0), 0.0)
+    tl.store(R_A + i_bh * T + o_t, 1.0 / p, mask=m_t)
+    tl.store(R_D + i_bh * T + o_t, -dot / p * slope, mask=m_t)
+    if STAB:
+        tl.store(R_M + i_bh * T + o_t, -dot * eps / p, mask=m_t)
+
+
+@triton.jit
+def states_bwd_kernel(
+    Q, DH, DST, DNS, DS0, DN0, DS_T, DN_T, MC, G_B, M_ROW, R_A, R_D,
+    T, H, K, V, L, NT, scale,
+    BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr,
+    HAS_DECAY: tl.constexpr, STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
+    HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid (K tiles, V tiles, B·H). Walks the chunks backwards; stores the gradient of the
+    state leaving each chunk (DST [BH,NT,K,V], DNS [BH,NT,K]) and of the initial state."""
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    p_q = Q + (i_b * T * H + i_h) * K
+    p_dh = DH + (i_b * T * H + i_h) * V
+    G_B = G_B + i_bh * T
+    if HAS_DST:
+        b_dC = _state_tile(DS_T + i_bh * K * V, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
+    else:
+        b_dC = tl.zeros([BK, BV], dtype=tl.float32)
+    if TRACK_N and HAS_DST:
+        b_dn = _vec(DN_T + i_bh * K, o_k, m_k)
+    else:
+        b_dn = tl.zeros([BK], dtype=tl.float32)
+    for j in range(NT):
+        i_c = NT - 1 - j
+        c0 = i_c * L
+        c1 = tl.minimum(c0 + L, T)
+        tl.store(
+            DST + (i_bh * NT + i_c) * K * V + o_k[:, None] * V + o_v[None, :], b_dC,
+            mask=m_k[:, None] & m_v[None, :],
+        )  # fmt: skip
+        if TRACK_N:
+            tl.store(DNS + (i_bh * NT + i_c) * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
+        b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
+        if STAB:
+            m_c = tl.load(MC + i_bh * (NT + 1) + i_c)
+            decay = tl.exp(b_last + m_c - tl.load(MC + i_bh * (NT + 1) + i_c + 1))
+        elif HAS_DECAY:
+            decay = tl.exp(b_last)
+        else:
+            decay = 1.0
+        b_dC *= decay
+        b_dn *= decay
+        for r0 in range(c0, c1, BQ):
+            o_r = r0 + tl.arange(0, BQ)
+            m_r = o_r < c1
+            lf = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+            if STAB:
+                lf += m_c - _vec(M_ROW + i_bh * T, o_r, m_r)
+            f = scale * tl.exp(tl.where(m_r, lf, float("-inf")))  # [BQ]
+            b_qt = _tile_t(p_q, o_r, o_k, H * K, m_r, m_k).to(tl.float32)  # [BK, BQ]
+            b_dh = _tile(p_dh, o_r, o_v, H * V, m_r, m_v)  # [BQ, BV]
+            if NORM != 0:
+                b_dC += tl.dot(
+                    (b_qt * (f * _vec(R_A + i_bh * T, o_r, m_r))[None, :]).to(b_dh.dtype), b_dh,
+                    input_precision=DOT_PREC,
+                )  # fmt: skip
+                if TRACK_N:
+                    b_dn += tl.sum(b_qt * (f * _vec(R_D + i_bh * T, o_r, m_r))[None, :], 1)
+            else:
+                b_dC += tl.dot((b_qt * f[None, :]).to(b_dh.dtype), b_dh, input_precision=DOT_PREC)
+    tl.store(
+        DS0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :], b_dC,
+        mask=m_k[:, None] & m_v[None, :],
+    )  # fmt: skip
+    if TRACK_N:
+        tl.store(DN0 + i_bh * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
+
+
+@triton.jit
+def cols_kernel(
+    X, Y, Z, OUT, DST, DNS, MC, G_B, G_A, M_ROW, R_A, R_D, KD, PART,
+    T, H, D, O, L, NT, NS_, s_sd, s_so, scale,
+    BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+    IS_DK: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
+    STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks × key tiles, output tiles, B·H). Columns s of one key tile:
+
+        out_s = w_s (X_s dS_c+1 + [dk] dn_c+1) + scale·Σ_{r≥s} D_rs M_sr Z_r
+
+    dv: (X, Y, Z, dS) = (k, q, dh, dC), M_sr = A_r (k_s·q_r); dk: (v, dh, q, dCᵀ),
+    M_sr = A_r (v_s·dh_r) + dd_r. w_s = exp(b_L − b_s + a_s − m_c+1)."""
+    i_cs, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c, i_s = i_cs // NS_, i_cs % NS_
+    c0 = i_c * L
+    c1 = tl.minimum(c0 + L, T)
+    s0 = c0 + i_s * BS
+    if s0 >= c1:
+        return
+    o_s = s0 + tl.arange(0, BS)
+    m_s = o_s < c1
+    o_o = i_o * BO + tl.arange(0, BO)
+    m_o = o_o < O
+    p_x = X + (i_b * T * H + i_h) * D
+    p_y = Y + (i_b * T * H + i_h) * D
+    p_z = Z + (i_b * T * H + i_h) * O
+    G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
+
+    b_bs = _vec(G_B, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
+    b_as = _vec(G_A, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
+    lw = b_as - b_bs
+    if HAS_DECAY:
+        lw += tl.load(G_B + c1 - 1)
+    if STAB:
+        lw -= tl.load(MC + i_bh * (NT + 1) + i_c + 1)
+    w_s = tl.exp(tl.where(m_s, lw, float("-inf")))  # [BS], ≤ 1
+
+    # Intra-chunk part: query tiles of this chunk from the diagonal on.
+    b_acc = tl.zeros([BS, BO], dtype=tl.float32)
+    for r0 in range(s0, c1, BQ):
+        o_r = r0 + tl.arange(0, BQ)
+        m_r = o_r < c1
+        b_mt = tl.zeros([BS, BQ], dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            o_d = d0 + tl.arange(0, BD)
+            m_d = o_d < D
+            b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
+            b_yt = _tile_t(p_y, o_r, o_d, H * D, m_r, m_d)  # [BD, BQ]
+            b_mt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        if NORM != 0:
+            b_mt *= _vec(R_A + i_bh * T, o_r, m_r)[None, :]
+            if IS_DK:
+                b_mt += _vec(R_D + i_bh * T, o_r, m_r)[None, :]
+        b_br = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+        b_mr = _vec(M_ROW + i_bh * T, o_r, m_r) if STAB else tl.zeros([BQ], dtype=tl.float32)
+        causal = (o_r[:, None] >= o_s[None, :]) & m_r[:, None]  # [BQ, BS]
+        b_d = _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+        b_mt *= tl.trans(b_d)
+        b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BQ, BO]
+        b_acc += tl.dot(b_mt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    b_acc *= scale
+
+    # Inter-chunk part: the gradient of the state leaving the chunk.
+    b_int = tl.zeros([BS, BO], dtype=tl.float32)
+    p_dst = DST + (i_bh * NT + i_c) * D * O
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
+        b_st = _state_tile(p_dst, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+        b_int += tl.dot(b_x, b_st.to(b_x.dtype), input_precision=DOT_PREC)
+    if IS_DK and TRACK_N:
+        b_int += _vec(DNS + (i_bh * NT + i_c) * O, o_o, m_o)[None, :]
+    b_acc += b_int * w_s[:, None]
+
+    p_out = OUT + (i_b * T * H + i_h) * O + o_s.to(tl.int64)[:, None] * H * O + o_o[None, :]
+    tl.store(p_out, b_acc.to(OUT.dtype.element_ty), mask=m_s[:, None] & m_o[None, :])
+    if IS_DK and (HAS_DECAY or HAS_IGATE):  # k·dk over this output tile, for the gate gradients
+        b_k = _tile(KD + (i_b * T * H + i_h) * O, o_s, o_o, H * O, m_s, m_o)
+        part = tl.sum(b_k.to(tl.float32) * b_acc, 1)
+        tl.store(PART + (i_o * tl.num_programs(2) + i_bh) * T + o_s, part, mask=m_s)
