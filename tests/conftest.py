@@ -9,6 +9,11 @@ import zlib
 import pytest
 import torch
 
+# Without a GPU the Triton kernels run in Triton's interpreter (it must be chosen before triton
+# is first imported, which linrnn does).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Fresh randomness each run, reproducible from the header: LINRNN_TEST_SEED=<n> pytest ...
 SESSION_SEED = int(os.environ.get("LINRNN_TEST_SEED", random.SystemRandom().randrange(2**31)))
 

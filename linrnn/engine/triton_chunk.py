@@ -22,6 +22,10 @@ from linrnn.engine import triton_kernels as kern
 
 DEFAULT_CHUNK_SIZE = 64
 
+# Tile sizes and launch options, tuned on the GPU machine (benchmarks/engine_sweep.py may
+# override them to search).
+TILES = dict(BQ=64, BK=64, BV=128, num_warps=4, num_stages=2)
+
 
 class Config:
     """Compile-time switches and tile sizes of one call."""
@@ -39,10 +43,11 @@ class Config:
         }[normalizer]
         self.L = int(chunk_size or DEFAULT_CHUNK_SIZE)
         self.NT = triton.cdiv(T, self.L)
-        tile = max(16, min(64, triton.next_power_of_2(self.L)))
+        tile = max(16, min(TILES["BQ"], triton.next_power_of_2(self.L)))
         self.BQ = self.BS = tile
-        self.BK = max(16, min(64, triton.next_power_of_2(K)))
-        self.BV = max(16, min(64, triton.next_power_of_2(V)))
+        self.BK = max(16, min(TILES["BK"], triton.next_power_of_2(K)))
+        self.BV = max(16, min(TILES["BV"], triton.next_power_of_2(V)))
+        self.launch = dict(num_warps=TILES["num_warps"], num_stages=TILES["num_stages"])
         self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
 
     def flags(self):
@@ -67,6 +72,14 @@ def _chunk_cumsum(g: torch.Tensor, L: int) -> torch.Tensor:
     return x.view(BH, NT * L)[:, :T].contiguous()
 
 
+def _chunk_max(b, a, L):
+    """Per chunk, max over its steps of (a_s − b_s): [B·H, NT] (mLSTM-exp's max state)."""
+    BH, T = b.shape
+    NT = triton.cdiv(T, L)
+    z = F.pad(a - b, (0, NT * L - T), value=-torch.inf)
+    return z.view(BH, NT, L).amax(-1).contiguous()
+
+
 def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
     B, T, H, K = q.shape
     V = v.shape[3]
@@ -83,7 +96,8 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
         k, v, states, ns, mc,
         S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, b, a,
-        T, H, K, V, L, NT, BK=c.BK, BV=c.BV, BS=c.BS, HAS_S0=has_s0, **c.flags(),
+        _chunk_max(b, a, L) if c.stab else dummy,
+        T, H, K, V, L, NT, BK=c.BK, BV=c.BV, BS=c.BS, HAS_S0=has_s0, **c.flags(), **c.launch,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
     den = torch.empty(BH, T, **f32) if c.norm else dummy
@@ -92,7 +106,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
     kern.rows_kernel[(NT * NQ, triton.cdiv(V, c.BV), BH)](
         q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy,
         T, H, K, V, L, NT, NQ, V, 1, c.scale, c.eps,
-        BQ=c.BQ, BS=c.BS, BD=c.BK, BO=c.BV, IS_DQ=False, NORM=c.norm, **c.flags(),
+        BQ=c.BQ, BS=c.BS, BD=c.BK, BO=c.BV, IS_DQ=False, NORM=c.norm, **c.flags(), **c.launch,
     )  # fmt: skip
     m_T = mc[:, NT].reshape(B, H).clone() if c.stab else None
     return o, S_T, (n_T if c.track_n else None), m_T, (states, ns, mc, den, m_row)
@@ -128,7 +142,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
         dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy,
         mc, b, m_row, R_A, R_D, T, H, K, V, L, NT, c.scale,
         BK=c.BK, BV=c.BV, BQ=c.BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
-        NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec,
+        NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, **c.launch,
     )  # fmt: skip
 
     nK, nV = triton.cdiv(K, c.BK), triton.cdiv(V, c.BV)
@@ -136,7 +150,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
     k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
     NQ, NS = triton.cdiv(L, c.BQ), triton.cdiv(L, c.BS)
-    common = dict(BQ=c.BQ, BS=c.BS, NORM=c.norm, **c.flags())
+    common = dict(BQ=c.BQ, BS=c.BS, NORM=c.norm, **c.flags(), **c.launch)
     dq = torch.empty_like(q)
     kern.rows_kernel[(NT * NQ, nK, BH)](
         do, v, k, dq, states, ns, mc, b, a, m_row, dummy, R_A, R_D, q, q_part,

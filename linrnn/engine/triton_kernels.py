@@ -63,27 +63,16 @@ def _state_tile(ptr, o_d, o_o, s_d, s_o, m_d, m_o):
 
 
 @triton.jit
-def _chunk_max(G_B, G_A, c0, c1, BS: tl.constexpr):
-    """max over the chunk's steps s of (a_s − b_s): the chunk's contribution to the max state."""
-    mx = tl.full([BS], float("-inf"), tl.float32)
-    for s0 in range(c0, c1, BS):
-        o_s = s0 + tl.arange(0, BS)
-        m_s = o_s < c1
-        z = _vec(G_A, o_s, m_s) - _vec(G_B, o_s, m_s)
-        mx = tl.maximum(mx, tl.where(m_s, z, float("-inf")))
-    return tl.max(mx, 0)
-
-
-@triton.jit
 def states_fwd_kernel(
-    K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A,
+    K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A, CMAX,
     T, H, K, V, L, NT,
     BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, B·H). Stores the state entering each chunk (ST [BH,NT,K,V],
-    NS [BH,NT,K], MC [BH,NT+1]) and the final state (ST_T, NS_T, MC[:, NT])."""
+    NS [BH,NT,K], MC [BH,NT+1]) and the final state (ST_T, NS_T, MC[:, NT]). CMAX [BH,NT]:
+    each chunk's max over s of (a_s − b_s), the chunk's own candidate for the max state."""
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
@@ -119,7 +108,7 @@ def states_fwd_kernel(
         b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
         if STAB:
             tl.store(MC + i_bh * (NT + 1) + i_c, b_m, mask=head)
-            m_next = b_last + tl.maximum(b_m, _chunk_max(G_B, G_A, c0, c1, BS))
+            m_next = b_last + tl.maximum(b_m, tl.load(CMAX + i_bh * NT + i_c))
             decay = tl.exp(b_last + b_m - m_next)
         elif HAS_DECAY:
             m_next = 0.0
@@ -227,9 +216,11 @@ def rows_kernel(
         b_A = _vec(R_A + i_bh * T, o_r, m_r)
         b_dd = _vec(R_D + i_bh * T, o_r, m_r)
 
-    # Inter-chunk part: X_r against the state entering the chunk.
+    # One pass over depth: the inter-chunk product X_r·S_c and the diagonal key tile's X_r·Y_s
+    # share each load of X (the key tile s = r0 is the query tile itself: BS == BQ).
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
     b_den = tl.zeros([BQ], dtype=tl.float32)
+    b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
     p_st = ST + (i_bh * NT + i_c) * D * O
     for d0 in range(0, D, BD):
         o_d = d0 + tl.arange(0, BD)
@@ -237,16 +228,27 @@ def rows_kernel(
         b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
         b_s = _state_tile(p_st, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
         b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
+        b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, H * D, m_r, m_d), input_precision=DOT_PREC)
         if (not IS_DQ) and NORM != 0:
             b_n = _vec(NS + (i_bh * NT + i_c) * D, o_d, m_d)
             b_den += tl.sum(b_x.to(tl.float32) * b_n[None, :], 1)
     if IS_DQ and NORM != 0:
-        b_acc = b_acc * b_A[:, None] + b_dd[:, None] * _vec(NS + (i_bh * NT + i_c) * O, o_o, m_o)[None, :]
+        b_no = _vec(NS + (i_bh * NT + i_c) * O, o_o, m_o)  # [BO]
+        b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
     b_acc *= e_r[:, None]
     b_den *= e_r
 
-    # Intra-chunk part: key tiles of this chunk up to the diagonal.
-    for s0 in range(c0, r_end, BS):
+    # The diagonal tile (causal mask), then the full key tiles before it.
+    if IS_DQ and NORM != 0:
+        b_p = b_p * b_A[:, None] + b_dd[:, None]
+    b_ar = _vec(G_A, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
+    causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
+    b_p *= _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+    if (not IS_DQ) and NORM != 0:
+        b_den += tl.sum(b_p, 1)
+    b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BQ, BO]
+    b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    for s0 in range(c0, r0, BS):
         o_s = s0 + tl.arange(0, BS)
         m_s = o_s < c1
         b_p = tl.zeros([BQ, BS], dtype=tl.float32)
@@ -260,8 +262,8 @@ def rows_kernel(
             b_p = b_p * b_A[:, None] + b_dd[:, None]
         b_bs = _vec(G_B, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
         b_as = _vec(G_A, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
-        causal = (o_r[:, None] >= o_s[None, :]) & m_s[None, :]
-        b_p *= _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+        full = m_r[:, None] & m_s[None, :]  # every s < r0 ≤ r
+        b_p *= _log_weights(b_br, b_bs, b_as, b_mr, full, HAS_DECAY, HAS_IGATE, STAB)
         if (not IS_DQ) and NORM != 0:
             b_den += tl.sum(b_p, 1)
         b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BS, BO]
@@ -441,18 +443,33 @@ def cols_kernel(
         lw -= tl.load(MC + i_bh * (NT + 1) + i_c + 1)
     w_s = tl.exp(tl.where(m_s, lw, float("-inf")))  # [BS], ≤ 1
 
-    # Intra-chunk part: query tiles of this chunk from the diagonal on.
+    # One pass over depth: the inter-chunk product X_s·dS_c+1 and the diagonal query tile's
+    # X_s·Y_r share each load of X (the query tile r = s0 is the key tile itself: BQ == BS).
+    b_int = tl.zeros([BS, BO], dtype=tl.float32)
+    b_mt = tl.zeros([BS, BS], dtype=tl.float32)
+    p_dst = DST + (i_bh * NT + i_c) * D * O
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
+        b_st = _state_tile(p_dst, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+        b_int += tl.dot(b_x, b_st.to(b_x.dtype), input_precision=DOT_PREC)
+        b_mt += tl.dot(b_x, _tile_t(p_y, o_s, o_d, H * D, m_s, m_d), input_precision=DOT_PREC)
+    if IS_DK and TRACK_N:
+        b_int += _vec(DNS + (i_bh * NT + i_c) * O, o_o, m_o)[None, :]
+
     b_acc = tl.zeros([BS, BO], dtype=tl.float32)
     for r0 in range(s0, c1, BQ):
         o_r = r0 + tl.arange(0, BQ)
         m_r = o_r < c1
-        b_mt = tl.zeros([BS, BQ], dtype=tl.float32)
-        for d0 in range(0, D, BD):
-            o_d = d0 + tl.arange(0, BD)
-            m_d = o_d < D
-            b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
-            b_yt = _tile_t(p_y, o_r, o_d, H * D, m_r, m_d)  # [BD, BQ]
-            b_mt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        if r0 > s0:  # a full query tile after the diagonal
+            b_mt = tl.zeros([BS, BQ], dtype=tl.float32)
+            for d0 in range(0, D, BD):
+                o_d = d0 + tl.arange(0, BD)
+                m_d = o_d < D
+                b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
+                b_yt = _tile_t(p_y, o_r, o_d, H * D, m_r, m_d)  # [BD, BQ]
+                b_mt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
         if NORM != 0:
             b_mt *= _vec(R_A + i_bh * T, o_r, m_r)[None, :]
             if IS_DK:
@@ -464,20 +481,7 @@ def cols_kernel(
         b_mt *= tl.trans(b_d)
         b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BQ, BO]
         b_acc += tl.dot(b_mt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
-    b_acc *= scale
-
-    # Inter-chunk part: the gradient of the state leaving the chunk.
-    b_int = tl.zeros([BS, BO], dtype=tl.float32)
-    p_dst = DST + (i_bh * NT + i_c) * D * O
-    for d0 in range(0, D, BD):
-        o_d = d0 + tl.arange(0, BD)
-        m_d = o_d < D
-        b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
-        b_st = _state_tile(p_dst, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
-        b_int += tl.dot(b_x, b_st.to(b_x.dtype), input_precision=DOT_PREC)
-    if IS_DK and TRACK_N:
-        b_int += _vec(DNS + (i_bh * NT + i_c) * O, o_o, m_o)[None, :]
-    b_acc += b_int * w_s[:, None]
+    b_acc = b_acc * scale + b_int * w_s[:, None]
 
     p_out = OUT + (i_b * T * H + i_h) * O + o_s.to(tl.int64)[:, None] * H * O + o_o[None, :]
     tl.store(p_out, b_acc.to(OUT.dtype.element_ty), mask=m_s[:, None] & m_o[None, :])

@@ -1,0 +1,149 @@
+"""The Triton chunk engine (scalar gates) against the float64 references: outputs, final states
+and every gradient, for each family and mode, odd shapes, extreme gates and state passing.
+Without a GPU it runs under TRITON_INTERPRET=1 (set in conftest), on small shapes.
+
+bfloat16 is checked on the GPU machine only (benchmarks/gpu_engine.py): the Triton interpreter
+emulates bf16 ``tl.dot`` wrongly (a 5-line bf16 dot kernel is off by ~1e10 there)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+import torch
+from helpers import FAMILIES, assert_close, flat_state, run_with_grads
+
+import linrnn
+
+pytest.importorskip("triton")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SCALAR = ["linear_attn", "linear_attn_norm", "retention", "simple_gla", "mlstm_exp", "mlstm_sig",
+          "mlstm_sig_norm"]  # fmt: skip
+MODES = ["chunk"]
+
+
+def _on(x):
+    if isinstance(x, dict):
+        return {n: t.to(DEVICE) for n, t in x.items()}
+    if isinstance(x, tuple):
+        return tuple(t.to(DEVICE) for t in x)
+    return None if x is None else x.to(DEVICE)
+
+
+def _check(fam, inputs, h0, dtype, factor=1.0, **kw):
+    """Triton run vs the fp64 reference loop; the tolerance is the dtype's, or 2× the error
+    of the reference loop run in the same dtype (see helpers.assert_close)."""
+    inputs, h0 = _on(inputs), _on(h0)
+    ref = run_with_grads(fam, inputs, h0, torch.float64, mode="reference")
+    low = run_with_grads(fam, inputs, h0, dtype, mode="reference")
+    got = run_with_grads(fam, inputs, h0, dtype, backend="triton", **kw)
+    assert got[0].dtype == dtype
+    assert_close("o", got[0], ref[0], dtype, factor, low[0])
+    assert len(got[1]) == len(ref[1])
+    for j, (s, r) in enumerate(zip(got[1], ref[1])):
+        assert s.dtype == torch.float32, f"state[{j}] is {s.dtype}"
+        assert_close(f"state[{j}]", s, r, dtype, factor, low[1][j])
+    assert got[2].keys() == ref[2].keys(), f"grads {sorted(got[2])} vs {sorted(ref[2])}"
+    for name in ref[2]:
+        assert_close(f"d{name}", got[2][name], ref[2][name], dtype, factor, low[2][name])
+
+
+@pytest.mark.parametrize("init", [False, True], ids=["h0=None", "h0"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", SCALAR)
+def test_matches_reference(family, mode, init):
+    """fp32, T not a multiple of the chunk, K ≠ V, non-power-of-two head dims."""
+    fam = FAMILIES[family]
+    B, T, H, K, V = 2, 37, 2, 20, 12
+    h0 = fam.make_state(B, H, K, V, torch.float32) if init else None
+    _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=16)
+
+
+@pytest.mark.parametrize("shape", [(1, 100, 1, 72, 40, 80), (1, 50, 2, 16, 100, 24),
+                                   (2, 9, 1, 8, 8, 5)],
+                         ids=["K72-V40-L80", "K16-V100-L24", "T9-L5"])  # fmt: skip
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", ["simple_gla", "mlstm_exp", "linear_attn_norm"])
+def test_tiling_shapes(family, mode, shape):
+    """Head dims above one tile, chunks longer than a query tile and not a multiple of it,
+    chunks shorter than the smallest tile."""
+    fam = FAMILIES[family]
+    B, T, H, K, V, L = shape
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", SCALAR)
+def test_float16(family, mode):
+    fam = FAMILIES[family]
+    B, T, H, K, V = 1, 33, 2, 16, 24
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float16, mode=mode, chunk_size=16)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", ["retention", "simple_gla", "mlstm_exp", "mlstm_sig",
+                                    "mlstm_sig_norm"])  # fmt: skip
+def test_extreme_gates(family, mode):
+    """Log decay −30 per step, mLSTM input pre-activations ±20 and saturated forget gates:
+    finite, and equal to the reference. Factor 5 as in test_ops.test_extreme_gates (the fp32
+    gradient w.r.t. an initial m is a sum of cancelling terms). Under the interpreter, any
+    overflowing exp or inf·0 inside a kernel — even in a masked-off lane — is an error."""
+    fam = FAMILIES[family]
+    B, T, H, K, V = 1, 45, 2, 8, 6
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    strict = np.errstate(over="raise", invalid="raise") if DEVICE == "cpu" else nullcontext()
+    with strict:
+        _check(fam, fam.build(B, T, H, K, V, True), h0, torch.float32, factor=5.0, mode=mode,
+               chunk_size=16)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", SCALAR)
+def test_state_passing(family, mode):
+    """Two Triton calls carrying the final state equal one call."""
+    fam = FAMILIES[family]
+    B, T, H, K, V = 2, 41, 2, 9, 5
+    inputs = {n: t.float() for n, t in _on(fam.build(B, T, H, K, V, False)).items()}
+    kw = dict(backend="triton", mode=mode, chunk_size=16, output_final_state=True)
+    o, st = fam.call(inputs, **kw)
+    cut = 17
+    first = {n: (t[:, :cut] if t.dim() >= 3 else t) for n, t in inputs.items()}
+    second = {n: (t[:, cut:] if t.dim() >= 3 else t) for n, t in inputs.items()}
+    o1, st1 = fam.call(first, **kw)
+    o2, st2 = fam.call(second, initial_state=st1, **kw)
+    assert_close("o", torch.cat([o1, o2], dim=1), o, torch.float32)
+    for j, (a, b) in enumerate(zip(flat_state(st2), flat_state(st))):
+        assert_close(f"state[{j}]", a, b, torch.float32)
+
+
+def test_varlen_loops_over_sequences():
+    """cu_seqlens (a per-sequence loop until native varlen kernels) equals separate calls."""
+    fam = FAMILIES["mlstm_exp"]
+    lens = [5, 0, 19]
+    T, H, K, V = sum(lens), 2, 8, 6
+    inputs = {n: t.float() for n, t in _on(fam.build(1, T, H, K, V, False)).items()}
+    offsets = torch.tensor([0, 5, 5, 24])
+    o, (C, _n, m) = fam.call(inputs, backend="triton", cu_seqlens=offsets, output_final_state=True)
+    parts = [(0, 5), (5, 5), (5, 24)]
+    for i, (s, e) in enumerate(parts):
+        seq = {k: (t[:, s:e] if t.dim() >= 3 else t) for k, t in inputs.items()}
+        if e == s:
+            assert torch.equal(C[i], torch.zeros_like(C[i])) and torch.isinf(m[i]).all()
+            continue
+        oi, (Ci, _ni, mi) = fam.call(seq, backend="triton", output_final_state=True)
+        assert_close("o", o[:, s:e], oi, torch.float32)
+        assert_close("C", C[i : i + 1], Ci, torch.float32)
+        assert_close("m", m[i : i + 1], mi, torch.float32)
+
+
+def test_rejects_what_it_cannot_run():
+    q = torch.randn(1, 8, 1, 4, device=DEVICE)
+    with pytest.raises(TypeError, match="float64"):
+        linrnn.linear_attn(q.double(), q.double(), q.double(), backend="triton")
+    gk = torch.zeros(1, 8, 1, 4, device=DEVICE)
+    with pytest.raises(NotImplementedError, match="vector-gate"):
+        linrnn.gla(q, q, q, gk, backend="triton")
