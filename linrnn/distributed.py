@@ -138,7 +138,10 @@ def context_parallel(op, *args, group=None, **kwargs):
     _all_gather_single(gathered, torch.tensor(meta, dtype=torch.int64, device=device), group)
     metas = gathered.view(world, len(meta)).tolist()
     if error is not None:
-        raise error
+        try:
+            raise error
+        finally:  # no frame ↔ traceback cycle keeping the process group alive past its end
+            del error
     bad = [r for r, m in enumerate(metas) if m[0] != 1]
     if bad:
         raise ValueError(
@@ -272,9 +275,11 @@ class _Call:
             return C * e[..., None, None], n * e[..., None], None
         if self.rec.track_n:  # linear_attn, normalize
             S, n = check.state_tuple("initial_state", x, 2, "(S, n)")
-            return st("initial_state (S)", S, sS).to(self.cdt), st(
-                "initial_state[1] (n)", n, sn
-            ).to(self.cdt), None
+            return (
+                st("initial_state (S)", S, sS).to(self.cdt),
+                st("initial_state[1] (n)", n, sn).to(self.cdt),
+                None,
+            )
         if isinstance(x, (tuple, list)):
             raise TypeError(f"initial_state must be the tensor S [N, H, K, V], got a {type(x)}")
         return st("initial_state", x, sS).to(self.cdt), None, None
@@ -370,9 +375,7 @@ class _Call:
                 ranks = [r for r in range(world) if any(p[0] == j for p in pieces[r])]
                 s = fold(j, ranks)
                 per_doc.append(s if s is not None else self._empty(1))
-            final = tuple(
-                None if parts[0] is None else torch.cat(parts) for parts in zip(*per_doc)
-            )
+            final = tuple(None if parts[0] is None else torch.cat(parts) for parts in zip(*per_doc))
         return o, self._to_op(final)
 
     def _summary(self, lo: int, hi: int):
@@ -380,12 +383,11 @@ class _Call:
         blocks of :data:`BLOCK` tokens folded with :func:`_advance`."""
         rec, acc = self.rec, None
         for b in range(lo, hi, BLOCK):
-            e = min(b + BLOCK, hi)
-            cut = lambda x: None if x is None else x[:, b:e]  # noqa: E731
-            blk = _block_summary(
-                cut(rec.k), cut(rec.v), cut(rec.g), cut(rec.gv), cut(rec.gi), rec.stabilize,
-                rec.track_n, self.cdt,
-            )  # fmt: skip
+            t = slice(b, min(b + BLOCK, hi))
+            k, v, g, gv, gi = (
+                None if x is None else x[:, t] for x in (rec.k, rec.v, rec.g, rec.gv, rec.gi)
+            )
+            blk = _block_summary(k, v, g, gv, gi, rec.stabilize, rec.track_n, self.cdt)
             if acc is None:
                 acc = blk
             else:
@@ -404,8 +406,7 @@ def _op_name(op) -> str:
         if op is fn:
             return name
     raise TypeError(
-        f"op must be a family name ({', '.join(OPS)}) or one of the linrnn op functions, "
-        f"got {op!r}"
+        f"op must be a family name ({', '.join(OPS)}) or one of the linrnn op functions, got {op!r}"
     )
 
 
