@@ -92,8 +92,9 @@ def timing(names, shape, chunks, tiles_list, modes=("fwd", "fwdbwd")):
     rows = []
     q, k, v, x = inputs(*shape, torch.bfloat16, "cuda")
     for tiles in tiles_list:
-        BQ, BK, BV, nw, ns = tiles
-        triton_chunk.TILES.update(BQ=BQ, BK=BK, BV=BV, num_warps=nw, num_stages=ns)
+        for kernel in triton_chunk.TILES:
+            if kernel != "fused" and tiles:
+                triton_chunk.TILES[kernel] = tiles
         for name in names:
             fn = VARIANTS[name]
             for L in chunks:
@@ -135,8 +136,9 @@ def profile(names, shape, chunks, tiles_list):
 
     q, k, v, x = inputs(*shape, torch.bfloat16, "cuda")
     for tiles in tiles_list:
-        BQ, BK, BV, nw, ns = tiles
-        triton_chunk.TILES.update(BQ=BQ, BK=BK, BV=BV, num_warps=nw, num_stages=ns)
+        for kernel in triton_chunk.TILES:
+            if kernel != "fused" and tiles:
+                triton_chunk.TILES[kernel] = tiles
         for name in names:
             for L in chunks:
                 qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
@@ -157,16 +159,59 @@ def profile(names, shape, chunks, tiles_list):
                     print(f"  {ms:8.3f} ms  {ev.count // 3:3d}x  {ev.key[:60]}")
 
 
+def tune(name, shape, L, rounds=1):
+    """Coordinate descent over each kernel's tiles (others fixed), timing the whole forward
+    (forward kernels) or forward+backward (backward kernels) of one op."""
+    import itertools
+
+    from triton.testing import do_bench
+
+    q, k, v, x = inputs(*shape, torch.bfloat16, "cuda")
+    fn = VARIANTS[name]
+    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+    xx = {n: t.detach().requires_grad_() for n, t in x.items()}
+    do = torch.randn_like(v)
+
+    def fwd():
+        with torch.no_grad():
+            fn(q, k, v, x, backend="triton", chunk_size=L)
+
+    def fwdbwd():
+        o, _ = fn(qq, kk, vv, xx, backend="triton", chunk_size=L)
+        o.backward(do)
+
+    space = list(itertools.product((64, 128), ((64, 64), (64, 128), (128, 64), (128, 128)),
+                                   (4, 8), (2, 3)))  # fmt: skip
+    for _ in range(rounds):
+        for kernel in ("states_fwd", "rows_fwd", "states_bwd", "rows_dq", "cols_dk", "cols_dv"):
+            step = fwd if kernel in ("states_fwd", "rows_fwd") else fwdbwd
+            best = None
+            for t, (d, o), nw, ns in space:
+                triton_chunk.TILES[kernel] = (t, d, o, nw, ns)
+                try:
+                    step()
+                    ms = do_bench(step, warmup=10, rep=60, grad_to_none=[qq, kk, vv])
+                except Exception as e:  # out of resources etc.: skip the config
+                    print(f"  {kernel} {(t, d, o, nw, ns)} failed: {type(e).__name__}")
+                    continue
+                if best is None or ms < best[0]:
+                    best = (ms, (t, d, o, nw, ns))
+            triton_chunk.TILES[kernel] = best[1]
+            print(f"{name} L={L} {kernel}: best {best[1]} -> {best[0]:.3f} ms", flush=True)
+    print("TILES =", json.dumps(triton_chunk.TILES), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--ops", nargs="*", default=list(VARIANTS))
     p.add_argument("--chunks", nargs="*", type=int, default=[64, 128])
-    p.add_argument("--tiles", nargs="*", default=["64,64,64,4,2"])
+    p.add_argument("--tiles", nargs="*", default=[""], help="t,d,o,warps,stages for all kernels")
     p.add_argument("--shape", default="8,8192,16,256,256")
     p.add_argument("--skip-correctness", action="store_true")
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--out", default=None)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--tune", default=None, help="op to tune the tiles on (coordinate descent)")
     a = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     out = {}
@@ -174,11 +219,14 @@ def main():
         out["correctness"] = correctness(
             a.ops, [torch.bfloat16, torch.float32], (2, 300, 3, 96, 80), 64
         ) + correctness(a.ops, [torch.bfloat16], (1, 1000, 2, 256, 256), 128)
+    if a.tune:
+        shape = tuple(int(x) for x in a.shape.split(","))
+        tune(a.tune, shape, a.chunks[0])
     if a.profile:
-        tiles = [tuple(int(x) for x in t.split(",")) for t in a.tiles]
+        tiles = [tuple(int(x) for x in t.split(",")) if t else None for t in a.tiles]
         profile(a.ops, tuple(int(x) for x in a.shape.split(",")), a.chunks, tiles)
     if not a.skip_timing:
-        tiles = [tuple(int(x) for x in t.split(",")) for t in a.tiles]
+        tiles = [tuple(int(x) for x in t.split(",")) if t else None for t in a.tiles]
         shape = tuple(int(x) for x in a.shape.split(","))
         out["timing"] = timing(a.ops, shape, a.chunks, tiles)
     if a.out:

@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SCALAR = ["linear_attn", "linear_attn_norm", "retention", "simple_gla", "mlstm_exp", "mlstm_sig",
           "mlstm_sig_norm"]  # fmt: skip
-MODES = ["chunk"]
+MODES = ["chunk", "fused_chunk"]
 
 
 def _on(x):

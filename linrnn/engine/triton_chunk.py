@@ -18,21 +18,33 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from linrnn.engine import triton_fused as fused
 from linrnn.engine import triton_kernels as kern
 
 DEFAULT_CHUNK_SIZE = 64
+FUSED_MAX_CHUNK = 128
 
-# Tile sizes and launch options, tuned on the GPU machine (benchmarks/engine_sweep.py may
-# override them to search).
-TILES = dict(BQ=64, BK=64, BV=128, num_warps=4, num_stages=2)
+# Per kernel: (time tile, depth tile, output tile, num_warps, num_stages), each clipped to the
+# problem. Depth/output are K/V for the forward kernels, V/K for dq and dk. Tuned on the GPU
+# machine with benchmarks/engine_sweep.py (which overrides entries to search).
+TILES = {
+    "states_fwd": (64, 64, 128, 4, 2),
+    "rows_fwd": (64, 64, 128, 4, 2),
+    "states_bwd": (64, 64, 128, 4, 2),
+    "rows_dq": (64, 128, 64, 4, 2),
+    "cols_dk": (64, 128, 64, 4, 2),
+    "cols_dv": (64, 64, 128, 4, 2),
+    "fused": (0, 0, 0, 4, 2),
+}
 
 
 class Config:
     """Compile-time switches and tile sizes of one call."""
 
     def __init__(self, q, k, v, *, scale, has_decay, has_igate, stabilize, track_n,
-                 normalizer, eps, chunk_size):  # fmt: skip
+                 normalizer, eps, chunk_size, fused=False):  # fmt: skip
         T, K, V = q.shape[1], q.shape[3], v.shape[3]
+        self.fused = fused
         self.scale, self.eps = float(scale), float(eps)
         self.has_decay, self.has_igate = has_decay, has_igate
         self.stab, self.track_n = stabilize, track_n
@@ -43,12 +55,26 @@ class Config:
         }[normalizer]
         self.L = int(chunk_size or DEFAULT_CHUNK_SIZE)
         self.NT = triton.cdiv(T, self.L)
-        tile = max(16, min(TILES["BQ"], triton.next_power_of_2(self.L)))
-        self.BQ = self.BS = tile
-        self.BK = max(16, min(TILES["BK"], triton.next_power_of_2(K)))
-        self.BV = max(16, min(TILES["BV"], triton.next_power_of_2(V)))
-        self.launch = dict(num_warps=TILES["num_warps"], num_stages=TILES["num_stages"])
+        nw, ns = TILES["fused"][3:]
+        self.launch = dict(num_warps=nw, num_stages=ns)
+        if fused:  # one chunk = one tile; one dimension whole, the other tiled to fit
+            if self.L > FUSED_MAX_CHUNK:
+                raise ValueError(
+                    f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
+                    f"{FUSED_MAX_CHUNK}, got {self.L} (mode='chunk' takes any chunk size)"
+                )
+            self.BT = max(16, triton.next_power_of_2(self.L))
+            self.KP = max(16, triton.next_power_of_2(K))
+            self.VP = max(16, triton.next_power_of_2(V))
+            self.BVf = max(16, min(64, 16384 // self.KP, self.VP))
+            self.BKf = max(16, min(64, 16384 // self.VP, self.KP))
         self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
+
+    def tiles(self, name: str, D: int, O: int):
+        """(time tile, depth tile, output tile, launch options) of kernel ``name``."""
+        t, d, o, nw, ns = TILES[name]
+        fit = lambda x, n: max(16, min(x, triton.next_power_of_2(n)))  # noqa: E731
+        return fit(t, self.L), fit(d, D), fit(o, O), dict(num_warps=nw, num_stages=ns)
 
     def flags(self):
         return dict(
@@ -92,24 +118,120 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
     S_T = torch.empty(B, H, K, V, **f32)
     n_T = torch.empty(B, H, K, **f32) if c.track_n else dummy
     has_s0 = S0 is not None
-    kern.states_fwd_kernel[(triton.cdiv(K, c.BK), triton.cdiv(V, c.BV), BH)](
+    BS, BK, BV, launch = c.tiles("states_fwd", K, V)
+    kern.states_fwd_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), BH)](
         k, v, states, ns, mc,
         S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, b, a,
         _chunk_max(b, a, L) if c.stab else dummy,
-        T, H, K, V, L, NT, BK=c.BK, BV=c.BV, BS=c.BS, HAS_S0=has_s0, **c.flags(), **c.launch,
+        T, H, K, V, L, NT, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(), **launch,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
     den = torch.empty(BH, T, **f32) if c.norm else dummy
     m_row = torch.empty(BH, T, **f32) if c.stab else dummy
-    NQ = triton.cdiv(L, c.BQ)
-    kern.rows_kernel[(NT * NQ, triton.cdiv(V, c.BV), BH)](
+    BQ, BD, BO, launch = c.tiles("rows_fwd", K, V)
+    NQ = triton.cdiv(L, BQ)
+    kern.rows_kernel[(NT * NQ, triton.cdiv(V, BO), BH)](
         q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy,
         T, H, K, V, L, NT, NQ, V, 1, c.scale, c.eps,
-        BQ=c.BQ, BS=c.BS, BD=c.BK, BO=c.BV, IS_DQ=False, NORM=c.norm, **c.flags(), **c.launch,
+        BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=False, NORM=c.norm, **c.flags(), **launch,
     )  # fmt: skip
     m_T = mc[:, NT].reshape(B, H).clone() if c.stab else None
     return o, S_T, (n_T if c.track_n else None), m_T, (states, ns, mc, den, m_row)
+
+
+def _forward_fused(q, k, v, b, a, S0, n0, m0, c: Config):
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    BH, NT = B * H, c.NT
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    mc = torch.empty(BH, NT + 1, **f32) if c.stab else dummy
+    S_T = torch.empty(B, H, K, V, **f32)
+    n_T = torch.empty(B, H, K, **f32) if c.track_n else dummy
+    o = torch.empty_like(v, dtype=q.dtype)
+    den = torch.empty(BH, T, **f32) if c.norm else dummy
+    m_row = torch.empty(BH, T, **f32) if c.stab else dummy
+    has_s0 = S0 is not None
+    fused.fused_fwd_kernel[(triton.cdiv(V, c.BVf), BH)](
+        q, k, v, o, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
+        m0 if (has_s0 and c.stab) else dummy, S_T, n_T, mc, b, a,
+        _chunk_max(b, a, c.L) if c.stab else dummy, m_row, den,
+        T, H, K, V, c.L, NT, c.scale, c.eps, BT=c.BT, BK=c.KP, BV=c.BVf, NORM=c.norm,
+        HAS_S0=has_s0, **c.flags(), **c.launch,
+    )  # fmt: skip
+    m_T = mc[:, NT].reshape(B, H).clone() if c.stab else None
+    return o, S_T, (n_T if c.track_n else None), m_T, (mc, den, m_row)
+
+
+def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
+    mc, den, m_row = saved
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    BH, NT, L = B * H, c.NT, c.L
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    R_A, R_D, R_M = _norm_rows(do, o, den, m_row, c)
+    has_dst, dS_T, dn_T = _final_grads(dS_T, dn_T, q, K, V, c)
+    has_s0 = S0 is not None
+    nK = triton.cdiv(K, c.BKf)
+    gates = c.has_decay or c.has_igate
+    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
+    k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
+    common = dict(HAS_DECAY=c.has_decay, HAS_IGATE=c.has_igate, STAB=c.stab, NORM=c.norm,
+                  DOT_PREC=c.prec, **c.launch)  # fmt: skip
+    dq = torch.empty_like(q)
+    fused.fused_dq_kernel[(nK, BH)](
+        q, k, v, do, dq, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
+        mc, b, a, m_row, R_A, R_D, q_part, T, H, K, V, L, NT, c.scale,
+        BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_S0=has_s0, **common,
+    )  # fmt: skip
+    dk = torch.empty_like(k)
+    dS0 = torch.empty(B, H, K, V, **f32)
+    dn0 = torch.empty(B, H, K, **f32) if c.track_n else dummy
+    fused.fused_dk_kernel[(nK, BH)](
+        q, k, v, do, dk, dS0, dn0, dS_T if has_dst else dummy,
+        dn_T if (has_dst and c.track_n) else dummy, mc, b, a, m_row, R_A, R_D, k_part,
+        T, H, K, V, L, NT, c.scale,
+        BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_DST=has_dst, **common,
+    )  # fmt: skip
+    dv = torch.empty_like(v)
+    fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), BH)](
+        q, k, do, dv, dS_T if has_dst else dummy, mc, b, a, m_row, R_A,
+        T, H, K, V, L, NT, c.scale, BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
+    )  # fmt: skip
+    k_dk = k_part.sum(0) if gates else None
+    q_dq = q_part.sum(0) if c.has_decay else None
+    return dq, dk, dv, dS0, (dn0 if c.track_n else None), q_dq, k_dk, R_M, dS_T, dn_T
+
+
+def _norm_rows(do, o, den, m_row, c: Config):
+    """Per-row factors of the normalizer's backward: 1/denominator, ∂L/∂den, ∂L/∂m_r."""
+    dummy = torch.empty(1, device=do.device)
+    if not c.norm:
+        return dummy, dummy, dummy
+    B, T, H, V = do.shape
+    f32 = dict(device=do.device, dtype=torch.float32)
+    R_A, R_D = torch.empty(B * H, T, **f32), torch.empty(B * H, T, **f32)
+    R_M = torch.empty(B * H, T, **f32) if c.stab else dummy
+    BT = 64
+    kern.norm_bwd_kernel[(triton.cdiv(T, BT), B * H)](
+        do, o, den, m_row, R_A, R_D, R_M, T, H, V, c.eps,
+        BT=BT, BV=min(128, max(16, triton.next_power_of_2(V))), NORM=c.norm, STAB=c.stab,
+    )  # fmt: skip
+    return R_A, R_D, R_M
+
+
+def _final_grads(dS_T, dn_T, q, K, V, c: Config):
+    """The final state's cotangents as fp32 (zeros where only one of them is given)."""
+    f32 = dict(device=q.device, dtype=torch.float32)
+    B, H = q.shape[0], q.shape[2]
+    has_dst = dS_T is not None or dn_T is not None
+    if has_dst:
+        dS_T = torch.zeros(B, H, K, V, **f32) if dS_T is None else dS_T.float().contiguous()
+        if c.track_n:
+            dn_T = torch.zeros(B, H, K, **f32) if dn_T is None else dn_T.float().contiguous()
+    return has_dst, dS_T, dn_T
 
 
 def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
@@ -119,52 +241,48 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
     BH, NT, L = B * H, c.NT, c.L
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
-    R_A = R_D = R_M = dummy
-    if c.norm:
-        R_A, R_D = torch.empty(BH, T, **f32), torch.empty(BH, T, **f32)
-        R_M = torch.empty(BH, T, **f32) if c.stab else dummy
-        BT = 64
-        kern.norm_bwd_kernel[(triton.cdiv(T, BT), BH)](
-            do, o, den, m_row, R_A, R_D, R_M, T, H, V, c.eps,
-            BT=BT, BV=c.BV, NORM=c.norm, STAB=c.stab,
-        )  # fmt: skip
-    has_dst = dS_T is not None or dn_T is not None
-    if has_dst:
-        dS_T = torch.zeros(B, H, K, V, **f32) if dS_T is None else dS_T.float().contiguous()
-        if c.track_n:
-            dn_T = torch.zeros(B, H, K, **f32) if dn_T is None else dn_T.float().contiguous()
+    R_A, R_D, R_M = _norm_rows(do, o, den, m_row, c)
+    has_dst, dS_T, dn_T = _final_grads(dS_T, dn_T, q, K, V, c)
     dstates = torch.empty(BH, NT, K, V, **f32)
     dns = torch.empty(BH, NT, K, **f32) if c.track_n else dummy
     dS0 = torch.empty(B, H, K, V, **f32)
     dn0 = torch.empty(B, H, K, **f32) if c.track_n else dummy
-    kern.states_bwd_kernel[(triton.cdiv(K, c.BK), triton.cdiv(V, c.BV), BH)](
+    BQ, BK, BV, launch = c.tiles("states_bwd", K, V)
+    kern.states_bwd_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), BH)](
         q, do, dstates, dns, dS0, dn0,
         dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy,
         mc, b, m_row, R_A, R_D, T, H, K, V, L, NT, c.scale,
-        BK=c.BK, BV=c.BV, BQ=c.BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
-        NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, **c.launch,
+        BK=BK, BV=BV, BQ=BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
+        NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, **launch,
     )  # fmt: skip
 
-    nK, nV = triton.cdiv(K, c.BK), triton.cdiv(V, c.BV)
     gates = c.has_decay or c.has_igate
+    common = dict(NORM=c.norm, **c.flags())
+    BQ, BD, BO, launch = c.tiles("rows_dq", V, K)
+    nQ, nK = triton.cdiv(L, BQ), triton.cdiv(K, BO)
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
-    k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
-    NQ, NS = triton.cdiv(L, c.BQ), triton.cdiv(L, c.BS)
-    common = dict(BQ=c.BQ, BS=c.BS, NORM=c.norm, **c.flags(), **c.launch)
     dq = torch.empty_like(q)
-    kern.rows_kernel[(NT * NQ, nK, BH)](
+    kern.rows_kernel[(NT * nQ, nK, BH)](
         do, v, k, dq, states, ns, mc, b, a, m_row, dummy, R_A, R_D, q, q_part,
-        T, H, V, K, L, NT, NQ, 1, V, c.scale, c.eps, BD=c.BV, BO=c.BK, IS_DQ=True, **common,
+        T, H, V, K, L, NT, nQ, 1, V, c.scale, c.eps,
+        BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=True, **common, **launch,
     )  # fmt: skip
+    BS, BD, BO, launch = c.tiles("cols_dk", V, K)
+    nS, nK = triton.cdiv(L, BS), triton.cdiv(K, BO)
+    k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
     dk = torch.empty_like(k)
-    kern.cols_kernel[(NT * NS, nK, BH)](
+    kern.cols_kernel[(NT * nS, nK, BH)](
         v, do, q, dk, dstates, dns, mc, b, a, m_row, R_A, R_D, k, k_part,
-        T, H, V, K, L, NT, NS, 1, V, c.scale, BD=c.BV, BO=c.BK, IS_DK=True, **common,
+        T, H, V, K, L, NT, nS, 1, V, c.scale,
+        BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=True, **common, **launch,
     )  # fmt: skip
+    BS, BD, BO, launch = c.tiles("cols_dv", K, V)
+    nS = triton.cdiv(L, BS)
     dv = torch.empty_like(v)
-    kern.cols_kernel[(NT * NS, nV, BH)](
+    kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
         k, q, do, dv, dstates, dns, mc, b, a, m_row, R_A, R_D, dummy, dummy,
-        T, H, K, V, L, NT, NS, V, 1, c.scale, BD=c.BK, BO=c.BV, IS_DK=False, **common,
+        T, H, K, V, L, NT, nS, V, 1, c.scale,
+        BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=False, **common, **launch,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None
     q_dq = q_part.sum(0) if c.has_decay else None
@@ -222,7 +340,8 @@ class _ChunkFn(torch.autograd.Function):
             S0 = S0.float().contiguous()
             n0 = n0.float().contiguous() if c.track_n else None
             m0 = m0.float().contiguous() if c.stab else None
-        o, S_T, n_T, m_T, saved = _forward(q, k, v, b, a, S0, n0, m0, c)
+        fwd = _forward_fused if c.fused else _forward
+        o, S_T, n_T, m_T, saved = fwd(q, k, v, b, a, S0, n0, m0, c)
         ctx.c = c
         ctx.save_for_backward(q, k, v, g, gi, b, a, o, S0, n0, m0, S_T, n_T, *saved)
         return o, S_T, n_T, m_T
@@ -231,9 +350,12 @@ class _ChunkFn(torch.autograd.Function):
     def backward(ctx, do, dS_T, dn_T, dm_T):
         c = ctx.c
         q, k, v, g, gi, b, a, o, S0, n0, m0, S_T, n_T, *saved = ctx.saved_tensors
-        dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T = _backward(
-            q, k, v, b, a, o, saved, do.contiguous(), dS_T, dn_T, c
-        )
+        if c.fused:
+            grads = _backward_fused(q, k, v, b, a, o, saved, do.contiguous(), dS_T, dn_T, S0,
+                                    n0, c)  # fmt: skip
+        else:
+            grads = _backward(q, k, v, b, a, o, saved, do.contiguous(), dS_T, dn_T, c)
+        dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T = grads
         dm0 = None
         if S0 is not None and c.stab:
             dm0 = (dS0 * S0).sum((-2, -1)) + (dn0 * n0).sum(-1)
@@ -249,14 +371,15 @@ class _ChunkFn(torch.autograd.Function):
 
 
 def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, normalizer=None,
-          eps=0.0, S0=None, n0=None, m0=None, chunk_size=None):  # fmt: skip
+          eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False):  # fmt: skip
     """Scalar-gate chunkwise forward (autograd-enabled). q, k, v ``[B, T, H, *]`` in one of
     fp16/bf16/fp32; g, gi ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial
-    state (n0 with ``track_n``, m0 with ``stabilize``). Returns ``(o, S_T, n_T, m_T)``."""
+    state (n0 with ``track_n``, m0 with ``stabilize``). ``fused``: the non-materializing
+    kernels (triton_fused). Returns ``(o, S_T, n_T, m_T)``."""
     c = Config(
         q, k, v, scale=scale, has_decay=g is not None, has_igate=gi is not None,
         stabilize=stabilize, track_n=track_n, normalizer=normalizer, eps=eps,
-        chunk_size=chunk_size,
+        chunk_size=chunk_size, fused=fused,
     )  # fmt: skip
     if S0 is not None:
         B, H, K = S0.shape[:3]

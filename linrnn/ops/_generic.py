@@ -11,6 +11,7 @@ every implementation only ever sees the plain matrix recurrence.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 from collections.abc import Callable
@@ -36,6 +37,7 @@ except ImportError:  # no Triton: the PyTorch path serves every call
     triton_chunk = None
 else:
     _TRITON["chunk"] = triton_chunk.chunk
+    _TRITON["fused_chunk"] = functools.partial(triton_chunk.chunk, fused=True)
 
 
 def _chunk_size(value) -> int:

@@ -1,0 +1,364 @@
+"""Triton kernels of the non-materializing chunk mode (``mode="fused_chunk"``): one program walks
+all chunks of a sequence with its slice of the state in registers, so no chunk states ever
+reach HBM (memory O(B·H·K·V) for the state instead of O(T/L · B·H·K·V)). The price is less
+parallelism: B·H × (V or K tiles) programs. The chunk is one tile (L ≤ 128).
+
+Same math and notation as triton_kernels (b chunk-local cumulative log decay, a log input
+gate, m the max state; every exponent ≤ 0). Each kernel keeps one dimension whole so that
+every product it needs reduces over a dimension it holds entirely:
+
+* ``fused_fwd_kernel``  grid (V tiles, B·H), state C[K, BV]: outputs, final state.
+* ``fused_dq_kernel``   grid (K tiles, B·H), state C[BK, V], walking forward: dq.
+* ``fused_dk_kernel``   grid (K tiles, B·H), dC[BK, V], walking backward: dk, dS_0, dn_0.
+* ``fused_dv_kernel``   grid (V tiles, B·H), dC[K, BV], walking backward: dv.
+
+The per-row values of the forward (normalizer denominator, row max m_r) and the max state at
+chunk boundaries (NT+1 scalars per head) are saved; they are O(T), not O(T·K·V).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from linrnn.engine.triton_kernels import _log_weights, _tile, _tile_t, _vec
+
+
+@triton.jit
+def _gates(G_B, G_A, o_t, m_t, c1, BT: tl.constexpr, HAS_DECAY: tl.constexpr,
+           HAS_IGATE: tl.constexpr):  # fmt: skip
+    """The chunk's b (per row), a (per row) and b_L (its total log decay)."""
+    if HAS_DECAY:
+        b_b = _vec(G_B, o_t, m_t)
+        b_last = tl.load(G_B + c1 - 1)
+    else:
+        b_b = tl.zeros([BT], dtype=tl.float32)
+        b_last = 0.0
+    b_a = _vec(G_A, o_t, m_t) if HAS_IGATE else tl.zeros([BT], dtype=tl.float32)
+    return b_b, b_a, b_last
+
+
+@triton.jit
+def _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY: tl.constexpr, STAB: tl.constexpr):
+    """w_s = exp(b_L − b_s + a_s − m_next): each step's weight in the state leaving the chunk."""
+    lw = b_a - b_b
+    if HAS_DECAY:
+        lw += b_last
+    if STAB:
+        lw -= m_next
+    return tl.exp(tl.where(m_t, lw, float("-inf")))
+
+
+@triton.jit
+def fused_fwd_kernel(
+    Q, K_, V_, O_, S0, N0, M0, ST_T, NS_T, MC, G_B, G_A, CMAX, M_ROW, DEN,
+    T, H, K, V, L, NT, scale, eps,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
+    TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    p_q = Q + (i_b * T * H + i_h) * K
+    p_k = K_ + (i_b * T * H + i_h) * K
+    p_v = V_ + (i_b * T * H + i_h) * V
+    p_o = O_ + (i_b * T * H + i_h) * V
+    G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
+    if HAS_S0:
+        b_C = _tile(S0 + i_bh * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
+    else:
+        b_C = tl.zeros([BK, BV], dtype=tl.float32)
+    if TRACK_N and HAS_S0:
+        b_n = _vec(N0 + i_bh * K, o_k, m_k)
+    else:
+        b_n = tl.zeros([BK], dtype=tl.float32)
+    if STAB and HAS_S0:
+        b_m = tl.load(M0 + i_bh).to(tl.float32)
+    else:
+        b_m = tl.max(tl.full([2], float("-inf"), tl.float32), 0)
+    first = i_v == 0
+    for i_c in range(NT):
+        c0 = i_c * L
+        c1 = tl.minimum(c0 + L, T)
+        o_t = c0 + tl.arange(0, BT)
+        m_t = o_t < c1
+        b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
+        b_kt = _tile_t(p_k, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
+        b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+        b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
+        causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+        b_mr = tl.zeros([BT], dtype=tl.float32)
+        if STAB:
+            tl.store(MC + i_bh * (NT + 1) + i_c, b_m, mask=first)
+            z = tl.where(causal, b_b[:, None] - b_b[None, :] + b_a[None, :], float("-inf"))
+            b_mr = tl.where(m_t, tl.maximum(b_b + b_m, tl.max(z, 1)), 0.0)
+            e_r = tl.exp(b_b + b_m - b_mr)
+        else:
+            e_r = tl.exp(b_b)
+        b_o = tl.dot(b_q, b_C.to(b_q.dtype), input_precision=DOT_PREC) * e_r[:, None]
+        b_p = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
+        b_p *= _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+        b_o += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+        b_o *= scale
+        if NORM != 0:
+            b_den = tl.sum(b_q.to(tl.float32) * b_n[None, :], 1) * e_r + tl.sum(b_p, 1)
+            b_den *= scale
+            if NORM == 1:
+                b_dp = b_den + eps
+            elif NORM == 2:
+                b_dp = tl.maximum(tl.abs(b_den), 1.0) + eps
+            else:
+                b_dp = tl.maximum(tl.abs(b_den), tl.exp(-b_mr)) + eps
+            b_o = b_o / b_dp[:, None]
+            tl.store(DEN + i_bh * T + o_t, b_den, mask=m_t & ((o_t * 0 + i_v) == 0))
+        if STAB:
+            tl.store(M_ROW + i_bh * T + o_t, b_mr, mask=m_t & ((o_t * 0 + i_v) == 0))
+        p = p_o + o_t.to(tl.int64)[:, None] * H * V + o_v[None, :]
+        tl.store(p, b_o.to(O_.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+
+        # The state leaving the chunk.
+        if STAB:
+            m_next = b_last + tl.maximum(b_m, tl.load(CMAX + i_bh * NT + i_c))
+            decay = tl.exp(b_last + b_m - m_next)
+        else:
+            m_next = 0.0
+            decay = tl.exp(b_last) if HAS_DECAY else 1.0
+        w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
+        b_kw = b_kt.to(tl.float32) * w[None, :]
+        b_C = b_C * decay + tl.dot(b_kw.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+        if TRACK_N:
+            b_n = b_n * decay + tl.sum(b_kw, 1)
+        if STAB:
+            b_m = m_next
+    p = ST_T + i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    tl.store(p, b_C, mask=m_k[:, None] & m_v[None, :])
+    if TRACK_N:
+        tl.store(NS_T + i_bh * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
+    if STAB:
+        tl.store(MC + i_bh * (NT + 1) + NT, b_m, mask=first)
+
+
+@triton.jit
+def fused_dq_kernel(
+    Q, K_, V_, DH, DQ, S0, N0, MC, G_B, G_A, M_ROW, R_A, R_D, PART,
+    T, H, K, V, L, NT, scale,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
+    TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """dq_r = scale·[e_r (A_r dh_r Cᵀ + dd_r n) + Σ_{s≤r} D_rs (A_r dh_r·v_s + dd_r) k_s]."""
+    i_k, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    p_q = Q + (i_b * T * H + i_h) * K
+    p_k = K_ + (i_b * T * H + i_h) * K
+    p_v = V_ + (i_b * T * H + i_h) * V
+    p_dh = DH + (i_b * T * H + i_h) * V
+    G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
+    if HAS_S0:
+        b_C = _tile(S0 + i_bh * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
+    else:
+        b_C = tl.zeros([BK, BV], dtype=tl.float32)
+    if TRACK_N and HAS_S0:
+        b_n = _vec(N0 + i_bh * K, o_k, m_k)
+    else:
+        b_n = tl.zeros([BK], dtype=tl.float32)
+    for i_c in range(NT):
+        c0 = i_c * L
+        c1 = tl.minimum(c0 + L, T)
+        o_t = c0 + tl.arange(0, BT)
+        m_t = o_t < c1
+        b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
+        b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+        b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+        b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
+        causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+        b_mr = tl.zeros([BT], dtype=tl.float32)
+        if STAB:
+            m_c = tl.load(MC + i_bh * (NT + 1) + i_c)
+            m_next = tl.load(MC + i_bh * (NT + 1) + i_c + 1)
+            b_mr = _vec(M_ROW + i_bh * T, o_t, m_t)
+            e_r = tl.exp(tl.where(m_t, b_b + m_c - b_mr, float("-inf")))
+            decay = tl.exp(b_last + m_c - m_next)
+        else:
+            m_next = 0.0
+            e_r = tl.exp(b_b)
+            decay = tl.exp(b_last) if HAS_DECAY else 1.0
+        b_dq = tl.dot(b_dh, tl.trans(b_C).to(b_dh.dtype), input_precision=DOT_PREC)  # [BT, BK]
+        b_dp = tl.dot(b_dh, tl.trans(b_v), input_precision=DOT_PREC)  # [BT, BT]
+        if NORM != 0:
+            b_A = _vec(R_A + i_bh * T, o_t, m_t)
+            b_dd = _vec(R_D + i_bh * T, o_t, m_t)
+            b_dq = b_dq * b_A[:, None] + b_dd[:, None] * b_n[None, :]
+            b_dp = b_dp * b_A[:, None] + b_dd[:, None]
+        b_dq *= e_r[:, None]
+        b_dp *= _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+        b_dq += tl.dot(b_dp.to(b_k.dtype), b_k, input_precision=DOT_PREC)
+        b_dq *= scale
+        p = DQ + (i_b * T * H + i_h) * K + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
+        tl.store(p, b_dq.to(DQ.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+        if HAS_DECAY:
+            b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k)
+            part = tl.sum(b_q.to(tl.float32) * b_dq, 1)
+            tl.store(PART + (i_k * tl.num_programs(1) + i_bh) * T + o_t, part, mask=m_t)
+        w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
+        b_kw = tl.trans(b_k.to(tl.float32) * w[:, None])  # [BK, BT]
+        b_C = b_C * decay + tl.dot(b_kw.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+        if TRACK_N:
+            b_n = b_n * decay + tl.sum(b_kw, 1)
+
+
+@triton.jit
+def _state_grad_step(b_dC, b_dn, b_qt, b_dh, f, fd, decay, TRACK_N: tl.constexpr,
+                     DOT_PREC: tl.constexpr):  # fmt: skip
+    """dC_c = decay·dC_c+1 + Σ_r f_r q_r dh_rᵀ (and dn with the normalizer's row factors fd)."""
+    b_dC = b_dC * decay + tl.dot((b_qt * f[None, :]).to(b_dh.dtype), b_dh, input_precision=DOT_PREC)
+    if TRACK_N:
+        b_dn = b_dn * decay + tl.sum(b_qt * fd[None, :], 1)
+    return b_dC, b_dn
+
+
+@triton.jit
+def fused_dk_kernel(
+    Q, K_, V_, DH, DK, DS0, DN0, DS_T, DN_T, MC, G_B, G_A, M_ROW, R_A, R_D, PART,
+    T, H, K, V, L, NT, scale,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
+    TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """dk_s = w_s (v_s dCᵀ + dn) + scale·Σ_{r≥s} D_rs (A_r v_s·dh_r + dd_r) q_r, walking back;
+    also the gradient of the initial state (C and n)."""
+    i_k, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    p_q = Q + (i_b * T * H + i_h) * K
+    p_k = K_ + (i_b * T * H + i_h) * K
+    p_v = V_ + (i_b * T * H + i_h) * V
+    p_dh = DH + (i_b * T * H + i_h) * V
+    G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
+    if HAS_DST:
+        b_dC = _tile(DS_T + i_bh * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
+    else:
+        b_dC = tl.zeros([BK, BV], dtype=tl.float32)
+    if TRACK_N and HAS_DST:
+        b_dn = _vec(DN_T + i_bh * K, o_k, m_k)
+    else:
+        b_dn = tl.zeros([BK], dtype=tl.float32)
+    for j in range(NT):
+        i_c = NT - 1 - j
+        c0 = i_c * L
+        c1 = tl.minimum(c0 + L, T)
+        o_t = c0 + tl.arange(0, BT)
+        m_t = o_t < c1
+        b_qt = _tile_t(p_q, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
+        b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+        b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+        b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
+        b_mr = tl.zeros([BT], dtype=tl.float32)
+        if STAB:
+            m_c = tl.load(MC + i_bh * (NT + 1) + i_c)
+            m_next = tl.load(MC + i_bh * (NT + 1) + i_c + 1)
+            b_mr = _vec(M_ROW + i_bh * T, o_t, m_t)
+            lf = b_b + m_c - b_mr
+            decay = tl.exp(b_last + m_c - m_next)
+        else:
+            m_next = 0.0
+            lf = b_b
+            decay = tl.exp(b_last) if HAS_DECAY else 1.0
+        w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
+        b_dk = tl.dot(b_v, tl.trans(b_dC).to(b_v.dtype), input_precision=DOT_PREC)  # [BT, BK]
+        if TRACK_N:
+            b_dk += b_dn[None, :]
+        b_dk *= w[:, None]
+        b_dpt = tl.dot(b_v, tl.trans(b_dh), input_precision=DOT_PREC)  # [BT(s), BT(r)]
+        f = scale * tl.exp(tl.where(m_t, lf, float("-inf")))
+        fd = tl.zeros([BT], dtype=tl.float32)
+        if NORM != 0:
+            b_A = _vec(R_A + i_bh * T, o_t, m_t)
+            b_dd = _vec(R_D + i_bh * T, o_t, m_t)
+            b_dpt = b_dpt * b_A[None, :] + b_dd[None, :]
+            fd = f * b_dd
+            f = f * b_A
+        causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+        b_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+        b_dpt *= tl.trans(b_d)
+        b_dk += scale * tl.dot(b_dpt.to(b_qt.dtype), tl.trans(b_qt), input_precision=DOT_PREC)
+        p = DK + (i_b * T * H + i_h) * K + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
+        tl.store(p, b_dk.to(DK.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+        if HAS_DECAY or HAS_IGATE:
+            b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)
+            part = tl.sum(b_k.to(tl.float32) * b_dk, 1)
+            tl.store(PART + (i_k * tl.num_programs(1) + i_bh) * T + o_t, part, mask=m_t)
+        b_dC, b_dn = _state_grad_step(
+            b_dC, b_dn, b_qt.to(tl.float32), b_dh, f, fd, decay, TRACK_N, DOT_PREC
+        )
+    p = DS0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    tl.store(p, b_dC, mask=m_k[:, None] & m_v[None, :])
+    if TRACK_N:
+        tl.store(DN0 + i_bh * K + o_k, b_dn, mask=m_k)
+
+
+@triton.jit
+def fused_dv_kernel(
+    Q, K_, DH, DV, DS_T, MC, G_B, G_A, M_ROW, R_A,
+    T, H, K, V, L, NT, scale,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
+    NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """dv_s = w_s k_s dC + scale·Σ_{r≥s} D_rs A_r (k_s·q_r) dh_r, walking back."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    p_q = Q + (i_b * T * H + i_h) * K
+    p_k = K_ + (i_b * T * H + i_h) * K
+    p_dh = DH + (i_b * T * H + i_h) * V
+    G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
+    if HAS_DST:
+        b_dC = _tile(DS_T + i_bh * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
+    else:
+        b_dC = tl.zeros([BK, BV], dtype=tl.float32)
+    b_dn = tl.zeros([BK], dtype=tl.float32)  # unused: dv does not see the normalizer state
+    for j in range(NT):
+        i_c = NT - 1 - j
+        c0 = i_c * L
+        c1 = tl.minimum(c0 + L, T)
+        o_t = c0 + tl.arange(0, BT)
+        m_t = o_t < c1
+        b_qt = _tile_t(p_q, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
+        b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
+        b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+        b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
+        b_mr = tl.zeros([BT], dtype=tl.float32)
+        if STAB:
+            m_c = tl.load(MC + i_bh * (NT + 1) + i_c)
+            m_next = tl.load(MC + i_bh * (NT + 1) + i_c + 1)
+            b_mr = _vec(M_ROW + i_bh * T, o_t, m_t)
+            lf = b_b + m_c - b_mr
+            decay = tl.exp(b_last + m_c - m_next)
+        else:
+            m_next = 0.0
+            lf = b_b
+            decay = tl.exp(b_last) if HAS_DECAY else 1.0
+        w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
+        b_dv = tl.dot(b_k, b_dC.to(b_k.dtype), input_precision=DOT_PREC) * w[:, None]
+        b_pt = tl.dot(b_k, b_qt, input_precision=DOT_PREC)  # [BT(s), BT(r)]
+        f = scale * tl.exp(tl.where(m_t, lf, float("-inf")))
+        if NORM != 0:
+            b_A = _vec(R_A + i_bh * T, o_t, m_t)
+            b_pt *= b_A[None, :]
+            f = f * b_A
+        causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+        b_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+        b_pt *= tl.trans(b_d)
+        b_dv += scale * tl.dot(b_pt.to(b_dh.dtype), b_dh, input_precision=DOT_PREC)
+        p = DV + (i_b * T * H + i_h) * V + o_t.to(tl.int64)[:, None] * H * V + o_v[None, :]
+        tl.store(p, b_dv.to(DV.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        b_dC, b_dn = _state_grad_step(
+            b_dC, b_dn, b_qt.to(tl.float32), b_dh, f, f, decay, False, DOT_PREC
+        )
