@@ -159,7 +159,7 @@ def profile(names, shape, chunks, tiles_list):
                     print(f"  {ms:8.3f} ms  {ev.count // 3:3d}x  {ev.key[:60]}")
 
 
-def tune(name, shape, L, rounds=1):
+def tune(name, shape, L, rounds=1, wide=False):
     """Coordinate descent over each kernel's tiles (others fixed), timing the whole forward
     (forward kernels) or forward+backward (backward kernels) of one op."""
     import itertools
@@ -180,8 +180,12 @@ def tune(name, shape, L, rounds=1):
         o, _ = fn(qq, kk, vv, xx, backend="triton", chunk_size=L)
         o.backward(do)
 
-    space = list(itertools.product((64, 128), ((64, 64), (64, 128), (128, 64), (128, 128)),
-                                   (4, 8), (2, 3)))  # fmt: skip
+    space = list(itertools.product(
+        (64,) if wide else (64, 128),
+        ((64, 128), (32, 256), (64, 256), (128, 128)) if wide
+        else ((64, 64), (64, 128), (128, 64), (128, 128)),
+        (4, 8), (2, 3),
+    ))  # fmt: skip
     for _ in range(rounds):
         for kernel in ("states_fwd", "rows_fwd", "states_bwd", "rows_dq", "cols_dk", "cols_dv"):
             step = fwd if kernel in ("states_fwd", "rows_fwd") else fwdbwd
@@ -212,6 +216,7 @@ def main():
     p.add_argument("--out", default=None)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--tune", default=None, help="op to tune the tiles on (coordinate descent)")
+    p.add_argument("--wide", action="store_true", help="tune over wide output tiles (256)")
     a = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     out = {}
@@ -221,7 +226,7 @@ def main():
         ) + correctness(a.ops, [torch.bfloat16], (1, 1000, 2, 256, 256), 128)
     if a.tune:
         shape = tuple(int(x) for x in a.shape.split(","))
-        tune(a.tune, shape, a.chunks[0])
+        tune(a.tune, shape, a.chunks[0], wide=a.wide)
     if a.profile:
         tiles = [tuple(int(x) for x in t.split(",")) if t else None for t in a.tiles]
         profile(a.ops, tuple(int(x) for x in a.shape.split(",")), a.chunks, tiles)

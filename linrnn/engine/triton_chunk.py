@@ -28,12 +28,12 @@ FUSED_MAX_CHUNK = 128
 # problem. Depth/output are K/V for the forward kernels, V/K for dq and dk. Tuned on the GPU
 # machine with benchmarks/engine_sweep.py (which overrides entries to search).
 TILES = {
-    "states_fwd": (64, 64, 128, 4, 2),
+    "states_fwd": (64, 64, 128, 4, 3),
     "rows_fwd": (64, 64, 128, 4, 2),
     "states_bwd": (64, 64, 128, 4, 2),
-    "rows_dq": (64, 128, 64, 4, 2),
-    "cols_dk": (64, 128, 64, 4, 2),
-    "cols_dv": (64, 64, 128, 4, 2),
+    "rows_dq": (64, 64, 128, 4, 2),
+    "cols_dk": (64, 64, 128, 4, 2),
+    "cols_dv": (128, 64, 128, 8, 2),
     "fused": (0, 0, 0, 4, 2),
 }
 
