@@ -860,7 +860,8 @@ def selected(op: str, wanted: list[str] | None) -> bool:
 
 
 def modes_for(args) -> list[str]:
-    return [m for m in MODES if args.backend == "triton" or m == "chunk"]
+    chosen = args.modes or MODES
+    return [m for m in chosen if args.backend == "triton" or m == "chunk"]
 
 
 def run_correctness(args) -> list[dict]:
@@ -1267,6 +1268,7 @@ def parse_args(argv):
     )
     p.add_argument("--skip-correctness", action="store_true")
     p.add_argument("--skip-bench", action="store_true")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=None, help="linrnn modes (both)")
     p.add_argument(
         "--quick",
         action="store_true",

@@ -28,12 +28,12 @@ FUSED_MAX_CHUNK = 128
 # problem. Depth/output are K/V for the forward kernels, V/K for dq and dk. Tuned on the GPU
 # machine with benchmarks/engine_sweep.py (which overrides entries to search).
 TILES = {
-    "states_fwd": (64, 64, 128, 4, 3),
-    "rows_fwd": (64, 64, 128, 4, 2),
-    "states_bwd": (64, 64, 128, 4, 2),
+    "states_fwd": (64, 64, 256, 4, 2),
+    "rows_fwd": (64, 32, 256, 4, 3),
+    "states_bwd": (64, 64, 256, 4, 2),
     "rows_dq": (64, 64, 128, 4, 2),
-    "cols_dk": (64, 64, 128, 4, 2),
-    "cols_dv": (128, 64, 128, 8, 2),
+    "cols_dk": (64, 64, 256, 8, 3),
+    "cols_dv": (64, 32, 256, 8, 3),
     "fused": (0, 0, 0, 4, 2),
 }
 
@@ -66,8 +66,8 @@ class Config:
             self.BT = max(16, triton.next_power_of_2(self.L))
             self.KP = max(16, triton.next_power_of_2(K))
             self.VP = max(16, triton.next_power_of_2(V))
-            self.BVf = max(16, min(64, 16384 // self.KP, self.VP))
-            self.BKf = max(16, min(64, 16384 // self.VP, self.KP))
+            self.BVf = max(16, min(64, 8192 // self.KP, self.VP))
+            self.BKf = max(16, min(64, 8192 // self.VP, self.KP))
         self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
 
     def tiles(self, name: str, D: int, O: int):
