@@ -867,8 +867,9 @@ def modes_for(args) -> list[str]:
     return [m for m in chosen if args.backend == "triton" or m == "chunk"]
 
 
-def run_correctness(args) -> list[dict]:
-    """Correctness rows: one subprocess per op × mode × check chunk size, ``--jobs`` at once."""
+def run_correctness(args, flush=lambda rows: None) -> list[dict]:
+    """Correctness rows: one subprocess per op × mode × check chunk size, ``--jobs`` at once.
+    ``flush(rows so far)`` runs after each case, so a run cut short keeps what it measured."""
     ops = [op for op in LINRNN_OPS if selected(op, args.ops)]
     items = [{"shape": s, "dtype": d} for s in args.check_shapes for d in DTYPES]
     cases = [
@@ -909,8 +910,12 @@ def run_correctness(args) -> list[dict]:
         )
         return out
 
+    done = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        return [row for rows in pool.map(one, cases) for row in rows]
+        for rows in pool.map(one, cases):
+            done.extend(rows)
+            flush(done)
+    return done
 
 
 def bench_cases(args) -> list[dict]:
@@ -941,9 +946,10 @@ def bench_cases(args) -> list[dict]:
     return cases
 
 
-def run_benchmarks(args, specs) -> list[dict]:
+def run_benchmarks(args, specs, flush=lambda rows: None) -> list[dict]:
     """Benchmark rows, one subprocess per op × mode × chunk size (and one more after each
-    crash), one after another, each with a fresh Triton cache; shapes in order within it."""
+    crash), one after another, each with a fresh Triton cache; shapes in order within it.
+    ``flush(rows so far)`` runs after each case."""
     items = [{"shape": s} for s in args.shapes]
     rows = []
     for case in bench_cases(args):
@@ -962,6 +968,7 @@ def run_benchmarks(args, specs) -> list[dict]:
             full.update(row)
             full.update(floor(full, specs))
             rows.append(full)
+        flush(rows)
         print(
             f"  bench {case['op']} {case['mode'] or ''} L={case['chunk']}: "
             f"{[r['status'] for r in rows[-len(items) :]]}, {time.perf_counter() - t0:.1f} s",
@@ -1350,11 +1357,20 @@ def main(argv=None) -> int:
         return 2
     print_header(args, machine)
     specs = gpu_spec(machine.get("gpu")) if args.device == "cuda" else None
-    check_rows = [] if args.skip_correctness else run_correctness(args)
-    bench_rows = [] if args.skip_bench else run_benchmarks(args, specs)
-    target = TARGET_SHAPE if TARGET_SHAPE in args.shapes else args.shapes[0]
-    ratios = target_ratios(bench_rows, target) if bench_rows else []
+    rows = {"check": [], "bench": []}
 
+    def write(kind=None, done=None):
+        """Write the report with what is measured so far (after every case, and at the end)."""
+        if kind:
+            rows[kind] = list(done)
+        return write_report(
+            args, argv, machine, specs, rows["check"], rows["bench"], complete=kind is None
+        )
+
+    check_rows = [] if args.skip_correctness else run_correctness(args, lambda d: write("check", d))
+    bench_rows = [] if args.skip_bench else run_benchmarks(args, specs, lambda d: write("bench", d))
+    rows.update(check=check_rows, bench=bench_rows)
+    out, failed_checks, failed_bench, ratios, target = write()
     if check_rows:
         print(f"\ncorrectness vs fp64 torch chunk engine, RMS-relative error, tol {TOLERANCE}")
         print(correctness_table(check_rows))
@@ -1375,6 +1391,18 @@ def main(argv=None) -> int:
         print(f"\nissue 3 targets (time ratio = linrnn / peer; < 1: linrnn faster) at {target}:")
         print("\n".join(ratio_lines(ratios)))
 
+    print(
+        f"\n{len(check_rows) - len(failed_checks)}/{len(check_rows)} correctness cases pass; "
+        f"{len(failed_bench)} linrnn benchmark rows not ok; wrote {out}"
+    )
+    return 1 if failed_checks or failed_bench else 0
+
+
+def write_report(args, argv, machine, specs, check_rows, bench_rows, complete=False):
+    """Write the JSON report; returns (path, failed checks, failed linrnn rows, ratios,
+    target shape)."""
+    target = TARGET_SHAPE if TARGET_SHAPE in args.shapes else args.shapes[0]
+    ratios = target_ratios(bench_rows, target) if bench_rows else []
     failed_checks = [r for r in check_rows if not r["status"].startswith("PASS")]
     failed_bench = [r for r in bench_rows if r["library"] == "linrnn" and r["status"] != "ok"]
     date = machine["date"][:10]
@@ -1387,6 +1415,7 @@ def main(argv=None) -> int:
     out = args.out or default_out
     report = {
         "benchmark": "gpu_engine",
+        "complete": complete,  # False while running (rewritten after every case)
         "machine": machine,
         "command": shlex.join([sys.executable, *sys.argv])
         if argv is None
@@ -1402,11 +1431,7 @@ def main(argv=None) -> int:
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(clean_json(report), indent=1, default=str) + "\n")
-    print(
-        f"\n{len(check_rows) - len(failed_checks)}/{len(check_rows)} correctness cases pass; "
-        f"{len(failed_bench)} linrnn benchmark rows not ok; wrote {out}"
-    )
-    return 1 if failed_checks or failed_bench else 0
+    return out, failed_checks, failed_bench, ratios, target
 
 
 if __name__ == "__main__":
