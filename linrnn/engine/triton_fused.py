@@ -103,7 +103,11 @@ def fused_fwd_kernel(
         b_o += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
         b_o *= scale
         if NORM != 0:
-            b_den = tl.sum(b_q.to(tl.float32) * b_n[None, :], 1) * e_r + tl.sum(b_p, 1)
+            # q·n on the tensor cores (n repeated over 16 columns): an elementwise [BT, K]
+            # fp32 product here would spill registers at K = 256.
+            b_nn = tl.broadcast_to(b_n[:, None], [BK, 16]).to(b_q.dtype)
+            b_qn = tl.sum(tl.dot(b_q, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 16)
+            b_den = b_qn * e_r + tl.sum(b_p, 1)
             b_den *= scale
             if NORM == 1:
                 b_dp = b_den + eps
