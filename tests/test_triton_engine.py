@@ -147,3 +147,5 @@ def test_rejects_what_it_cannot_run():
     gk = torch.zeros(1, 8, 1, 4, device=DEVICE)
     with pytest.raises(NotImplementedError, match="vector-gate"):
         linrnn.gla(q, q, q, gk, backend="triton")
+    with pytest.raises(ValueError, match=r"chunk_size must be ≤ 128, got 256"):
+        linrnn.linear_attn(q, q, q, backend="triton", mode="fused_chunk", chunk_size=256)

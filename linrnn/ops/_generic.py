@@ -294,10 +294,13 @@ scale: multiplier of the query, default ``K ** -0.5``.
             each sequence starts from its own initial state and returns its own final state.
         mode: ``"chunk"`` (default; chunkwise-parallel, matmul-based), ``"recurrent"`` (one
             step at a time), ``"parallel"`` (quadratic log-space reference), ``"reference"``
-            (the step-by-step reference loop), ``"fused_chunk"`` (Triton only).
-        chunk_size: chunk length L for ``mode="chunk"`` (default 64, any L ≥ 1).
-        backend: ``"torch"``, ``"triton"`` or None (Triton on CUDA tensors where a kernel
-            exists, PyTorch otherwise).
+            (the step-by-step reference loop), ``"fused_chunk"`` (Triton only; no chunk
+            states stored, the lowest memory).
+        chunk_size: chunk length L (any L ≥ 1; T need not be a multiple). Default 64 on the
+            PyTorch path; on the Triton path 128 when K or V ≥ 128, else 64; ``fused_chunk``
+            takes L ≤ 128 (default 64).
+        backend: ``"torch"``, ``"triton"`` (fp16/bf16/fp32 inputs) or None (Triton on CUDA
+            tensors where a kernel exists, PyTorch otherwise).
 
     Returns:
         ``(o, final_state)``: o has v's shape ``[B, T, H, V]`` and q's dtype; final_state is
