@@ -62,13 +62,13 @@ def test_matches_reference(family, mode, init):
 
 
 @pytest.mark.parametrize("shape", [(1, 100, 1, 72, 40, 80), (1, 50, 2, 16, 100, 24),
-                                   (2, 9, 1, 8, 8, 5)],
-                         ids=["K72-V40-L80", "K16-V100-L24", "T9-L5"])  # fmt: skip
+                                   (2, 9, 1, 8, 8, 5), (1, 21, 1, 512, 60, 16)],
+                         ids=["K72-V40-L80", "K16-V100-L24", "T9-L5", "K512-V60"])  # fmt: skip
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", ["simple_gla", "mlstm_exp", "linear_attn_norm"])
 def test_tiling_shapes(family, mode, shape):
-    """Head dims above one tile, chunks longer than a query tile and not a multiple of it,
-    chunks shorter than the smallest tile."""
+    """Head dims above one tile (up to 512), chunks longer than a query tile and not a
+    multiple of it, chunks shorter than the smallest tile."""
     fam = FAMILIES[family]
     B, T, H, K, V, L = shape
     h0 = fam.make_state(B, H, K, V, torch.float32)
