@@ -28,7 +28,6 @@ from validation_cases import (
 )
 
 import linrnn
-from linrnn.ops import _generic
 
 # --------------------------------------------------------------------------------------------
 # mode, backend, chunk_size
@@ -74,23 +73,6 @@ def test_triton_backend_on_cpu_needs_interpreter(op_id, mode, monkeypatch):
         ValueError,
         match=r"^backend='triton' on CPU tensors needs the Triton interpreter: set "
         r"TRITON_INTERPRET=1",
-    ):
-        call(op_id, {**build(op_id), "mode": mode, "backend": "triton"})
-
-
-# Modes that have no Triton kernel (yet); the others are tested in test_triton_engine.py.
-_NO_KERNEL = [m for m in (None, "chunk", "recurrent", "fused_chunk")
-              if (m or "chunk") not in _generic._TRITON]  # fmt: skip
-
-
-@pytest.mark.parametrize("mode", _NO_KERNEL)
-@pytest.mark.parametrize("op_id", OP_IDS)
-def test_triton_backend_without_kernel(op_id, mode, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with pytest.raises(
-        NotImplementedError,
-        match=rf"^{OPS[op_id].family}: the Triton kernel for mode='{mode or 'chunk'}' is not "
-        r"implemented yet; use backend='torch'",
     ):
         call(op_id, {**build(op_id), "mode": mode, "backend": "triton"})
 

@@ -11,6 +11,7 @@ every implementation only ever sees the plain matrix recurrence.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import numbers
 import os
@@ -32,12 +33,13 @@ DEFAULT_CHUNK_SIZE = 64
 # family's switches instead of the generic matrix recurrence.
 _TRITON: dict[str, Callable] = {}
 try:
-    from linrnn.engine import triton_chunk
+    from linrnn.engine import triton_chunk, triton_recurrent
 except ImportError:  # no Triton: the PyTorch path serves every call
-    triton_chunk = None
+    triton_chunk = triton_recurrent = None
 else:
     _TRITON["chunk"] = triton_chunk.chunk
     _TRITON["fused_chunk"] = functools.partial(triton_chunk.chunk, fused=True)
+    _TRITON["recurrent"] = triton_recurrent.recurrent
 
 
 def _chunk_size(value) -> int:
@@ -115,7 +117,21 @@ def run(
     states in fp32 (fp64 for fp64 inputs). ``n_T`` is None unless ``track_n``, ``m_T`` unless
     ``stabilize``. Inputs are assumed validated."""
     impl = select(family, mode, backend, q.device, chunk_size)
-    if impl in _TRITON.values():
+    if impl is _TRITON.get("recurrent"):
+        if not _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0):
+            return _run_triton_recurrent(
+                impl, family, q, k, v, scale=scale, g=g, gv=gv, gi=gi, u=u,
+                stabilize=stabilize, track_n=track_n, normalizer=normalizer, eps=eps, S0=S0,
+                n0=n0, m0=m0, cu_seqlens=cu_seqlens,
+            )  # fmt: skip
+        if backend == "triton":
+            raise NotImplementedError(
+                f"{family}: the Triton recurrent kernel is forward-only (decoding, inference); "
+                "for gradients use mode='chunk', or backend=None / 'torch' for the PyTorch "
+                "recurrence"
+            )
+        impl = recurrent  # gradients needed: the PyTorch step loop (autograd)
+    elif impl in _TRITON.values():
         return _run_triton(
             impl, family, q, k, v, scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize,
             track_n=track_n, normalizer=normalizer, eps=eps, S0=S0, n0=n0, m0=m0,
@@ -150,8 +166,40 @@ def run(
             else:
                 mag = mag.clamp_min(1)
             out = num / (mag + eps)
-    n_T = S[..., V] if track_n else None
-    return out.to(q.dtype), (S[..., :V], n_T, m_T)
+    n_T = S[..., V].contiguous() if track_n else None
+    return out.to(q.dtype), (S[..., :V].contiguous() if track_n else S, n_T, m_T)
+
+
+# Set by linrnn.step(inplace=True): the state tensors the Triton recurrent kernel writes the
+# final state into (they may alias the initial state; the kernel reads each tile first).
+OUT_STATE: contextvars.ContextVar = contextvars.ContextVar("linrnn_out_state", default=None)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _run_triton_recurrent(fn, family, q, k, v, *, cu_seqlens, **kw):
+    """The Triton recurrent kernel (forward): every family, packed sequences native."""
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(
+            f"{family}: the Triton kernels take float16, bfloat16 or float32 inputs, got "
+            f"{q.dtype}; use backend='torch' for float64"
+        )
+    f32 = lambda x: None if x is None else x.float()  # noqa: E731
+    for name in ("g", "gv", "gi", "u"):
+        kw[name] = f32(kw[name])
+    out = OUT_STATE.get()
+    if out is not None:  # an in-place step: write where the caller's state lives
+        B, H, K, V = q.shape[0], q.shape[2], q.shape[3], v.shape[3]
+        N = B if cu_seqlens is None else len(cu_seqlens) - 1
+        shapes = [(N, H, K, V), (N, H, K), (N, H)]
+        want = [True, kw["track_n"], kw["stabilize"]]
+        parts = list(out) + [None] * 3
+        out = [p if (w and p is not None and tuple(p.shape) == s and p.is_contiguous())
+               else None for p, s, w in zip(parts, shapes, want)]  # fmt: skip
+    o, S, n, m = fn(q, k, v, offsets=cu_seqlens, out_state=out, **kw)
+    return o, (S, n, m)
 
 
 def _run_triton(fn, family, q, k, v, *, g, gv, gi, u, S0, n0, m0, cu_seqlens, **switches):
