@@ -1,2 +1,4 @@
-"""Chunkwise engines. ``torch_chunk`` is the pure-PyTorch path (CPU users, and the fallback
-everywhere); the Triton kernels join here as later issues land them."""
+"""Chunkwise and recurrent engines. ``torch_chunk`` is the pure-PyTorch path (CPU users, and the
+fallback everywhere); ``triton_kernels`` + ``triton_chunk`` the Triton chunk engine for scalar
+gates, ``triton_fused`` its non-materializing variant, ``triton_recurrent`` the recurrent
+(decoding) kernel for every family."""

@@ -64,9 +64,11 @@ class Config:
         }[normalizer]
         self.L = int(chunk_size or default_chunk_size(K, V, fused))
         self.NT = triton.cdiv(T, self.L)
-        nw, ns = TILES["fused"][3:]
-        self.launch = dict(num_warps=nw, num_stages=ns)
-        if fused:  # one chunk = one tile; one dimension whole, the other tiled to fit
+        if fused:
+            nw, ns = TILES["fused"][3:]
+            self.launch = dict(
+                num_warps=nw, num_stages=ns
+            )  # one chunk = one tile; one dimension whole, the other tiled to fit
             if self.L > FUSED_MAX_CHUNK:
                 raise ValueError(
                     f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
