@@ -55,6 +55,7 @@ class Packing:
     cu_seqlens: list[int]  # [B + 1] offsets of the rows in the packed sequence
     B: int
     T: int
+    mask: Tensor  # [B, T] bool, True at the valid tokens
 
     @classmethod
     def from_mask(cls, attention_mask: Tensor, B: int, T: int) -> Packing | None:
@@ -71,7 +72,7 @@ class Packing:
         cu = [0]
         for n in lengths:
             cu.append(cu[-1] + n)
-        return cls(valid.flatten().nonzero().squeeze(1), cu, B, T)
+        return cls(valid.flatten().nonzero().squeeze(1), cu, B, T, valid)
 
     def pack(self, x: Tensor) -> Tensor:
         """``[B, T, ...]`` → ``[1, N, ...]``."""

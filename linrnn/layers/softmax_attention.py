@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linrnn.layers.common import Cache, Mixer, check_divisible, split_heads
+from linrnn.layers.common import Cache, Mixer, Packing, check_divisible, split_heads
 
 
 def rotary(x: Tensor, pos: Tensor, theta: float) -> Tensor:
@@ -48,11 +48,12 @@ class SoftmaxAttention(Mixer):
 
     def forward(self, x: Tensor, attention_mask=None, cache: Cache | None = None) -> Tensor:
         B, T, _ = x.shape
-        valid = (
-            torch.ones(B, T, dtype=torch.bool, device=x.device)
-            if attention_mask is None
-            else attention_mask.to(x.device).bool()
-        )
+        if attention_mask is None:
+            valid = torch.ones(B, T, dtype=torch.bool, device=x.device)
+        elif isinstance(attention_mask, Packing):
+            valid = attention_mask.mask
+        else:
+            valid = attention_mask.to(x.device).bool()
         entry = cache[self.layer_idx] if cache is not None else {}
         start = entry.get("pos", torch.zeros(B, dtype=torch.long, device=x.device))
         pos = start[:, None] + valid.long().cumsum(1) - 1
