@@ -2,7 +2,8 @@
 structure (causal linear attention, retention, simple GLA, GLA, RWKV6, mLSTM).
 
 Every op takes ``[B, T, H, K]`` inputs and returns ``(o, final_state)``; see DESIGN.md and
-each op's docstring.
+each op's docstring. :mod:`linrnn.layers` has the ``nn.Module`` layers built on them and
+:mod:`linrnn.models` a small causal language model; ``python -m linrnn.train`` trains one.
 """
 
 from linrnn.ops import gla, linear_attn, mlstm, retention, rwkv6, simple_gla
@@ -16,14 +17,18 @@ from linrnn.ops.step import (
     step,
 )
 
+from linrnn import layers, models  # isort: skip (the layers build on the ops above)
+
 __version__ = "0.1.0"
 __all__ = [
     "gla",
     "gla_step",
+    "layers",
     "linear_attn",
     "linear_attn_step",
     "mlstm",
     "mlstm_step",
+    "models",
     "retention",
     "retention_step",
     "rwkv6",

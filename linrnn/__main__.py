@@ -3,6 +3,7 @@
 Commands (the default is ``selfcheck``):
 
 - ``selfcheck`` — every family and torch mode in fp32 against the fp64 reference, timed.
+- ``train`` — a small byte-level language model on the shipped corpus (``linrnn.train``).
 
 A command is a module with ``add_arguments(parser)`` and ``main(args) -> exit code``; adding one
 is one entry in :data:`COMMANDS`.
@@ -13,10 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from linrnn import selfcheck
+from linrnn import selfcheck, train
 
 COMMANDS = {
     "selfcheck": (selfcheck, "check every family and mode against the fp64 reference"),
+    "train": (train, "train a small byte-level language model on the shipped corpus"),
 }
 DEFAULT_COMMAND = "selfcheck"
 

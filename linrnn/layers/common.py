@@ -1,0 +1,304 @@
+"""What every layer shares: the decoding cache, padding masks turned into packed sequences
+(``cu_seqlens``), the token shift, per-head norms, soft-capping and the op call.
+
+Padding. An ``attention_mask [B, T]`` (1 = token, 0 = padding, left or right padding or any
+holes) is handled by packing: the valid tokens of all rows are concatenated into one sequence
+``[1, N, D]`` with offsets ``cu_seqlens`` (row b is sequence b, possibly empty), the layer runs
+on that, and the output is scattered back to ``[B, T, D]`` with zeros at the padding. Row b's
+recurrent state is therefore exactly the state after its own valid tokens.
+
+Decoding. A :class:`Cache` holds one entry per layer (keyed by ``layer_idx``): the op's final
+state, and for RWKV6 the last token for the shift (softmax attention keeps keys and values).
+A layer called with a cache starts from the entry and replaces it, so a prompt followed by
+one-token steps gives what one call over the whole sequence gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class Cache:
+    """Decoding cache of a stack of layers: ``cache[layer_idx]`` is a dict of that layer's
+    tensors (empty until the layer has run once). ``seen_tokens`` counts the time steps seen."""
+
+    def __init__(self) -> None:
+        self.layers: dict[int, dict] = {}
+        self.seen_tokens = 0
+
+    def __getitem__(self, layer_idx: int) -> dict:
+        return self.layers.get(layer_idx, {})
+
+    def __contains__(self, layer_idx: int) -> bool:
+        return layer_idx in self.layers
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def update(self, layer_idx: int, entry: dict) -> None:
+        self.layers[layer_idx] = entry
+
+    def __repr__(self) -> str:
+        parts = {i: sorted(e) for i, e in sorted(self.layers.items())}
+        return f"Cache(seen_tokens={self.seen_tokens}, layers={parts})"
+
+
+@dataclass
+class Packing:
+    """The valid tokens of a padded batch as one packed sequence."""
+
+    index: Tensor  # [N] flat indices (b·T + t) of the valid tokens, row by row
+    cu_seqlens: list[int]  # [B + 1] offsets of the rows in the packed sequence
+    B: int
+    T: int
+    mask: Tensor  # [B, T] bool, True at the valid tokens
+
+    @classmethod
+    def from_mask(cls, attention_mask: Tensor, B: int, T: int) -> Packing | None:
+        """None when the mask is all ones (nothing to pack)."""
+        if attention_mask.shape != (B, T):
+            raise ValueError(
+                f"attention_mask must have shape [B, T] = {(B, T)}, got "
+                f"{tuple(attention_mask.shape)}"
+            )
+        valid = attention_mask.bool()
+        lengths = valid.sum(1).tolist()  # one host read
+        if sum(lengths) == B * T:
+            return None
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        return cls(valid.flatten().nonzero().squeeze(1), cu, B, T, valid)
+
+    def pack(self, x: Tensor) -> Tensor:
+        """``[B, T, ...]`` → ``[1, N, ...]``."""
+        return x.flatten(0, 1).index_select(0, self.index).unsqueeze(0)
+
+    def unpack(self, y: Tensor) -> Tensor:
+        """``[1, N, ...]`` → ``[B, T, ...]`` with zeros at the padding."""
+        out = y.new_zeros(self.B * self.T, *y.shape[2:])
+        return out.index_copy(0, self.index, y[0]).view(self.B, self.T, *y.shape[2:])
+
+    def last(self, x: Tensor, previous: Tensor | None) -> Tensor:
+        """Each row's last valid token of a packed ``x [1, N, D]`` (``previous [B, D]``, or
+        zeros, for a row without tokens) → ``[B, D]``."""
+        rows = [b for b in range(self.B) if self.cu_seqlens[b + 1] > self.cu_seqlens[b]]
+        out = previous if previous is not None else x.new_zeros(self.B, x.shape[-1])
+        if not rows:
+            return out
+        ends = torch.tensor([self.cu_seqlens[b + 1] - 1 for b in rows], device=x.device)
+        return out.to(x.dtype).index_copy(
+            0, torch.tensor(rows, device=x.device), x[0].index_select(0, ends)
+        )
+
+
+def as_packing(attention_mask, x: Tensor) -> Packing | None:
+    """Accept a ``[B, T]`` mask, an already built :class:`Packing` (a model builds it once for
+    all its layers) or None."""
+    if attention_mask is None or isinstance(attention_mask, Packing):
+        return attention_mask
+    return Packing.from_mask(attention_mask.to(x.device), x.shape[0], x.shape[1])
+
+
+def token_shift(x: Tensor, cu_seqlens: list[int] | None, previous: Tensor | None) -> Tensor:
+    """``x_{t-1}`` for every t (RWKV's time shift): ``x [B, T, D]``; at the start of a sequence
+    the previous token is ``previous [N, D]`` (the cache) or zero. With ``cu_seqlens`` x is one
+    packed sequence ``[1, N_tokens, D]`` and the shift restarts at every offset."""
+    shifted = F.pad(x, (0, 0, 1, -1))
+    if cu_seqlens is None:
+        if previous is not None:
+            shifted = torch.cat([previous.to(x.dtype)[:, None], shifted[:, 1:]], dim=1)
+        return shifted
+    rows = [n for n in range(len(cu_seqlens) - 1) if cu_seqlens[n + 1] > cu_seqlens[n]]
+    if previous is None or not rows:
+        starts = [cu_seqlens[n] for n in rows]
+        if starts and starts != [0]:  # zero the first token of every later sequence
+            keep = torch.ones(x.shape[1], 1, dtype=x.dtype, device=x.device)
+            keep[starts] = 0
+            shifted = shifted * keep
+        return shifted
+    starts = torch.tensor([cu_seqlens[n] for n in rows], device=x.device)
+    first = previous.to(x.dtype).index_select(0, torch.tensor(rows, device=x.device))
+    return shifted.index_copy(1, starts, first[None])
+
+
+def softcap(x: Tensor, cap: float | None) -> Tensor:
+    """``cap · tanh(x / cap)`` (Gemma 2 / xLSTM soft-capping); identity for None."""
+    return x if cap is None else cap * torch.tanh(x / cap)
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) · weight`` over the last dimension, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.to(y.dtype)).to(x.dtype)
+
+
+class HeadNorm(nn.Module):
+    """Normalization of each head on its own (``kind="rms"``: RMSNorm, ``"layer"``: LayerNorm,
+    i.e. GroupNorm with one group per head), with a weight (and for "layer" a bias) per channel
+    of all heads: ``[B, T, H, Dh]`` → ``[B, T, H·Dh]``."""
+
+    def __init__(
+        self, num_heads: int, head_dim: int, kind: str = "rms", eps: float = 1e-6,
+        device=None, dtype=None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        if kind not in ("rms", "layer"):
+            raise ValueError(f"kind must be 'rms' or 'layer', got {kind!r}")
+        self.kind, self.eps, self.num_heads, self.head_dim = kind, eps, num_heads, head_dim
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.ones(num_heads * head_dim, **kw))
+        self.bias = None
+        if kind == "layer":
+            self.bias = nn.Parameter(torch.zeros(num_heads * head_dim, **kw))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        if self.kind == "layer":
+            xf = xf - xf.mean(-1, keepdim=True)
+        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        y = y * self.weight.to(y.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.to(x.dtype)
+
+
+class Mixer(nn.Module):
+    """Base of the token mixers: padding, the cache and the op call; a subclass implements
+    :meth:`mix` on an unpadded (or packed) input.
+
+    Attributes set by every subclass: ``layer_idx`` (its key in the :class:`Cache`), ``mode``,
+    ``chunk_size``, ``backend`` (passed to the op; with ``mode="chunk"`` a single-token call
+    uses ``"recurrent"``, the cheapest form for decoding)."""
+
+    layer_idx: int = 0
+    mode: str = "chunk"
+    chunk_size: int | None = None
+    backend: str | None = None
+
+    def forward(self, x: Tensor, attention_mask=None, cache: Cache | None = None) -> Tensor:
+        """``x [B, T, D]`` → ``[B, T, D]``.
+
+        Args:
+            x: the input sequence.
+            attention_mask: optional ``[B, T]`` (1 = token, 0 = padding); outputs at padding
+                positions are zero and padding never reaches the state.
+            cache: optional :class:`Cache`; the layer starts from its entry (if any) and stores
+                its new state there.
+        """
+        if x.dim() != 3:
+            raise ValueError(f"x must be [B, T, D], got shape {tuple(x.shape)}")
+        packing = as_packing(attention_mask, x)
+        entry = cache[self.layer_idx] if cache is not None else {}
+        if packing is not None:
+            y, new = self.mix(packing.pack(x), packing, entry, cache is not None)
+            y = packing.unpack(y)
+        else:
+            y, new = self.mix(x, None, entry, cache is not None)
+        if cache is not None:
+            cache.update(self.layer_idx, new)
+        return y
+
+    def mix(self, x: Tensor, packing: Packing | None, entry: dict, want_state: bool):
+        """Return ``(y, new cache entry)``; x is ``[B, T, D]``, or ``[1, N, D]`` packed."""
+        raise NotImplementedError
+
+    def op_kwargs(self, x: Tensor, packing: Packing | None, want_state: bool) -> dict:
+        mode = self.mode
+        if mode == "chunk" and x.shape[1] == 1:
+            mode = "recurrent"
+        return {
+            "mode": mode,
+            "chunk_size": self.chunk_size if mode == "chunk" else None,
+            "cu_seqlens": None if packing is None else packing.cu_seqlens,
+            "output_final_state": want_state,
+        }
+
+    def call_op(self, op, *args, **kwargs):
+        """Call ``op`` with this layer's backend. With ``backend=None`` a CUDA call goes to
+        Triton; where no Triton kernel exists for the case (NotImplementedError), it is
+        repeated on the PyTorch backend."""
+        if self.backend is not None:
+            return op(*args, backend=self.backend, **kwargs)
+        try:
+            return op(*args, backend=None, **kwargs)
+        except NotImplementedError:
+            if args[0].device.type != "cuda":
+                raise
+            return op(*args, backend="torch", **kwargs)
+
+
+def split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """``[B, T, H·Dh]`` → ``[B, T, H, Dh]``."""
+    return x.unflatten(-1, (num_heads, x.shape[-1] // num_heads))
+
+
+def check_divisible(name: str, dim: int, num_heads: int) -> int:
+    if dim % num_heads:
+        raise ValueError(f"{name}={dim} must be divisible by num_heads={num_heads}")
+    return dim // num_heads
+
+
+class GatedHeadsMixer(Mixer):
+    """The layer shape GLA, simple GLA and retention share (GLA paper §4.4): projections
+    ``q, k [B,T,H,Dk]`` (``D·expand_k``), ``v [B,T,H,Dv]`` (``D·expand_v``), the recurrence
+    (:meth:`recurrence`, with the decays from :meth:`decays`), a per-head RMSNorm, a swish output
+    gate ``swish(x W_g)`` and the output projection."""
+
+    def __init__(
+        self, d_model, num_heads, expand_k, expand_v, norm_eps, layer_idx, mode, chunk_size,
+        backend, device, dtype,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.d_model, self.num_heads = d_model, num_heads
+        self.key_dim, self.value_dim = int(d_model * expand_k), int(d_model * expand_v)
+        self.head_k = check_divisible("key_dim", self.key_dim, num_heads)
+        self.head_v = check_divisible("value_dim", self.value_dim, num_heads)
+        self.layer_idx, self.mode, self.chunk_size, self.backend = (
+            layer_idx, mode, chunk_size, backend,
+        )  # fmt: skip
+        self.q_proj = nn.Linear(d_model, self.key_dim, bias=False, **kw)
+        self.k_proj = nn.Linear(d_model, self.key_dim, bias=False, **kw)
+        self.v_proj = nn.Linear(d_model, self.value_dim, bias=False, **kw)
+        self.g_proj = nn.Linear(d_model, self.value_dim, bias=False, **kw)
+        self.o_proj = nn.Linear(self.value_dim, d_model, bias=False, **kw)
+        self.norm = HeadNorm(num_heads, self.head_v, "rms", norm_eps, **kw)
+
+    def decays(self, x: Tensor) -> dict:
+        """The op's decay arguments for input ``x``."""
+        raise NotImplementedError
+
+    def recurrence(self, q, k, v, initial_state, **kwargs):
+        raise NotImplementedError
+
+    def mix(self, x, packing, entry, want_state):
+        q = split_heads(self.q_proj(x), self.num_heads)
+        k = split_heads(self.k_proj(x), self.num_heads)
+        v = split_heads(self.v_proj(x), self.num_heads)
+        o, state = self.recurrence(
+            q, k, v, entry.get("state"), **self.decays(x),
+            **self.op_kwargs(x, packing, want_state),
+        )  # fmt: skip
+        o = self.norm(o) * F.silu(self.g_proj(x))
+        return self.o_proj(o), {"state": state}
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, key_dim={self.key_dim}, value_dim={self.value_dim}"
+
+
+def upcast(x: Tensor) -> Tensor:
+    """fp16/bf16 → fp32 (gate arithmetic); fp32 and fp64 stay as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

@@ -1,0 +1,136 @@
+"""RWKV6 (Finch) time mixing (Peng et al. 2024), on :func:`linrnn.rwkv6`.
+
+Token shift with data-dependent interpolation ("ddlerp"): with ``Δ_t = x_{t-1} − x_t``,
+
+    m_* = (tanh((x_t + Δ_t ⊙ μ_x) A) B_*)            (LoRA, one B_* per target * ∈ w,k,v,r,g)
+    x*_t = x_t + Δ_t ⊙ (μ_* + m_*)
+
+then ``r, k, v = W_r xr, W_k xk, W_v xv``, the output gate ``g = silu(W_g xg)``, the data-
+dependent log decay ``w_t = −exp(d + tanh(xw_t C) D)`` (LoRA again) and the bonus ``u``:
+
+    o_t = r_tᵀ (S_{t-1} + diag(u) k_t v_tᵀ),   S_t = diag(exp(w_t)) S_{t-1} + k_t v_tᵀ
+    y_t = W_o (GroupNorm_heads(o_t) ⊙ g_t)
+
+A cache keeps the state S and the last token (for the shift of the next call).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linrnn.layers.common import HeadNorm, Mixer, check_divisible, split_heads, token_shift, upcast
+from linrnn.ops import rwkv6
+
+
+class RWKV6TimeMix(Mixer):
+    """RWKV6 time-mixing layer.
+
+    Args:
+        d_model: model width D.
+        num_heads: H (RWKV6 uses heads of 64 channels).
+        expand_k, expand_v: key and value widths ``D·expand_k``, ``D·expand_v`` (RWKV6: 1, 1).
+        mix_low_rank_dim: rank of the ddlerp LoRA (32).
+        decay_low_rank_dim: rank of the decay LoRA (64).
+        layer_idx, num_layers: position in the stack; the initialization depends on the depth
+            ratio as in RWKV6 (decays and mixing coefficients), and ``layer_idx`` is the key in
+            a :class:`~linrnn.layers.Cache`.
+        norm_eps: epsilon of the per-head group norm (RWKV6: 64e-5).
+        mode, chunk_size, backend: passed to :func:`linrnn.rwkv6` (which runs with scale 1).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int = 4,
+        *,
+        expand_k: float = 1.0,
+        expand_v: float = 1.0,
+        mix_low_rank_dim: int = 32,
+        decay_low_rank_dim: int = 64,
+        layer_idx: int = 0,
+        num_layers: int = 1,
+        norm_eps: float = 64e-5,
+        mode: str = "chunk",
+        chunk_size: int | None = None,
+        backend: str | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.d_model, self.num_heads = d_model, num_heads
+        self.key_dim, self.value_dim = int(d_model * expand_k), int(d_model * expand_v)
+        self.head_k = check_divisible("key_dim", self.key_dim, num_heads)
+        self.head_v = check_divisible("value_dim", self.value_dim, num_heads)
+        self.layer_idx, self.num_layers = layer_idx, num_layers
+        self.mode, self.chunk_size, self.backend = mode, chunk_size, backend
+        D, r = d_model, mix_low_rank_dim
+        self.mu_x = nn.Parameter(torch.empty(D, **kw))
+        self.mu = nn.Parameter(torch.empty(5, D, **kw))  # w, k, v, r, g
+        self.mix_a = nn.Parameter(torch.empty(D, 5 * r, **kw))
+        self.mix_b = nn.Parameter(torch.empty(5, r, D, **kw))
+        self.decay = nn.Parameter(torch.empty(self.key_dim, **kw))
+        self.decay_a = nn.Parameter(torch.empty(D, decay_low_rank_dim, **kw))
+        self.decay_b = nn.Parameter(torch.empty(decay_low_rank_dim, self.key_dim, **kw))
+        self.bonus = nn.Parameter(torch.empty(num_heads, self.head_k, **kw))
+        self.r_proj = nn.Linear(D, self.key_dim, bias=False, **kw)
+        self.k_proj = nn.Linear(D, self.key_dim, bias=False, **kw)
+        self.v_proj = nn.Linear(D, self.value_dim, bias=False, **kw)
+        self.g_proj = nn.Linear(D, self.value_dim, bias=False, **kw)
+        self.o_proj = nn.Linear(self.value_dim, D, bias=False, **kw)
+        self.norm = HeadNorm(num_heads, self.head_v, "layer", norm_eps, **kw)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """RWKV6's depth-dependent initialization of the mixing and decay parameters."""
+        D, L = self.d_model, max(self.num_layers, 1)
+        r01 = self.layer_idx / (L - 1) if L > 1 else 0.0  # 0 at the bottom, 1 at the top
+        r10 = 1.0 - self.layer_idx / L  # 1 at the bottom, → 0 at the top
+        ddd = torch.arange(D, dtype=torch.float64) / D
+        self.mu_x.copy_(1 - ddd**r10)
+        self.mu.copy_(torch.stack([
+            1 - ddd**r10,                    # w
+            1 - ddd**r10,                    # k
+            1 - (ddd**r10 + 0.3 * r01),      # v
+            1 - ddd ** (0.5 * r10),          # r
+            1 - ddd ** (0.5 * r10),          # g
+        ]))  # fmt: skip
+        n = torch.arange(self.key_dim, dtype=torch.float64) / max(self.key_dim - 1, 1)
+        self.decay.copy_(-6 + 5 * n ** (0.7 + 1.3 * r01))
+        zigzag = (torch.arange(self.key_dim) + 1) % 3 - 1
+        self.bonus.copy_((r01 * (1 - n) + 0.1 * zigzag).view(self.num_heads, self.head_k))
+        nn.init.uniform_(self.mix_a, -1e-4, 1e-4)
+        nn.init.uniform_(self.mix_b, -1e-2, 1e-2)
+        nn.init.uniform_(self.decay_a, -1e-4, 1e-4)
+        nn.init.uniform_(self.decay_b, -1e-2, 1e-2)
+
+    def mix(self, x, packing, entry, want_state):
+        cu = None if packing is None else packing.cu_seqlens
+        delta = token_shift(x, cu, entry.get("shift")) - x
+        lora = torch.tanh((x + delta * self.mu_x) @ self.mix_a).unflatten(-1, (5, -1))
+        m = torch.einsum("btfr,frd->btfd", lora, self.mix_b) + self.mu  # [B, T, 5, D]
+        xw, xk, xv, xr, xg = (x + delta * m[:, :, j] for j in range(5))
+        r = split_heads(self.r_proj(xr), self.num_heads)
+        k = split_heads(self.k_proj(xk), self.num_heads)
+        v = split_heads(self.v_proj(xv), self.num_heads)
+        w_raw = self.decay + torch.tanh(xw @ self.decay_a) @ self.decay_b
+        w = split_heads(-torch.exp(upcast(w_raw)), self.num_heads)
+        o, state = self.call_op(
+            rwkv6, r, k, v, w, self.bonus, scale=1.0, initial_state=entry.get("state"),
+            **self.op_kwargs(x, packing, want_state),
+        )  # fmt: skip
+        y = self.o_proj(self.norm(o) * F.silu(self.g_proj(xg)))
+        new = {"state": state}
+        if want_state:
+            if packing is None:
+                new["shift"] = x[:, -1].detach()
+            else:
+                prev = entry.get("shift")
+                new["shift"] = packing.last(x.detach(), prev)
+        return y, new
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, key_dim={self.key_dim}, value_dim={self.value_dim}"

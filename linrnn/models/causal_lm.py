@@ -1,0 +1,290 @@
+"""A small causal language model over the layers: token embedding, pre-norm blocks
+``x + mixer(RMSNorm(x))``, ``x + SwiGLU(RMSNorm(x))``, a final RMSNorm and a tied or untied
+output head with optional logit soft-capping; ``generate()`` decodes with the recurrent cache,
+and weights are saved and loaded with safetensors."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linrnn.layers import (
+    Cache,
+    GatedLinearAttention,
+    LinearAttention,
+    MultiScaleRetention,
+    RMSNorm,
+    RWKV6TimeMix,
+    SimpleGLA,
+    SoftmaxAttention,
+    mLSTMLayer,
+)
+from linrnn.layers.common import as_packing, softcap
+
+MIXERS = {
+    "linear_attn": LinearAttention,
+    "gla": GatedLinearAttention,
+    "simple_gla": SimpleGLA,
+    "retention": MultiScaleRetention,
+    "rwkv6": RWKV6TimeMix,
+    "mlstm": mLSTMLayer,
+    "softmax": SoftmaxAttention,
+}
+
+WEIGHTS_NAME, CONFIG_NAME = "model.safetensors", "config.json"
+
+
+@dataclass
+class LMConfig:
+    """Configuration of :class:`CausalLM`.
+
+    Attributes:
+        vocab_size: number of token ids (256 for bytes).
+        d_model, num_layers, num_heads: width, depth, heads of every mixer.
+        mixer: one of :data:`MIXERS` (``"linear_attn"``, ``"gla"``, ``"simple_gla"``,
+            ``"retention"``, ``"rwkv6"``, ``"mlstm"``, ``"softmax"``).
+        mixer_kwargs: extra keyword arguments of the mixer class, e.g.
+            ``{"input_gate": "sigmoid"}`` for mLSTM or ``{"feature_map": "performer"}``.
+        mlp_hidden: SwiGLU hidden width; None: 8/3·d_model rounded up to a multiple of 32.
+        tie_embeddings: share the embedding matrix with the output head.
+        logit_softcap: soft-cap ``c·tanh(logits/c)`` (xLSTM/Gemma 2 use 30); None: off.
+        norm_eps: RMSNorm epsilon.
+        init_std: standard deviation of the embedding, MLP and head initialization.
+        mode, chunk_size, backend: passed to every linear mixer's op.
+    """
+
+    vocab_size: int = 256
+    d_model: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    mixer: str = "gla"
+    mixer_kwargs: dict = field(default_factory=dict)
+    mlp_hidden: int | None = None
+    tie_embeddings: bool = True
+    logit_softcap: float | None = None
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    mode: str = "chunk"
+    chunk_size: int | None = None
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}")
+        if self.mlp_hidden is None:
+            self.mlp_hidden = 32 * math.ceil(8 * self.d_model / 3 / 32)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LMConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown LMConfig fields {unknown}")
+        return cls(**d)
+
+
+@dataclass
+class LMOutput:
+    logits: Tensor  # [B, T, vocab]
+    loss: Tensor | None = None  # mean cross-entropy over the targets that are not ignored
+
+
+class SwiGLU(nn.Module):
+    """``W_down (silu(x W_gate) ⊙ x W_up)``."""
+
+    def __init__(self, d_model: int, hidden: int, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False, **kw)
+        self.down = nn.Linear(hidden, d_model, bias=False, **kw)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, config: LMConfig, layer_idx: int, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        c = config
+        extra = dict(c.mixer_kwargs)
+        if c.mixer == "rwkv6":
+            extra.setdefault("num_layers", c.num_layers)
+        if c.mixer != "softmax":
+            extra.update(mode=c.mode, chunk_size=c.chunk_size, backend=c.backend)
+        self.mixer_norm = RMSNorm(c.d_model, c.norm_eps, **kw)
+        self.mixer = MIXERS[c.mixer](c.d_model, c.num_heads, layer_idx=layer_idx, **extra, **kw)
+        self.mlp_norm = RMSNorm(c.d_model, c.norm_eps, **kw)
+        self.mlp = SwiGLU(c.d_model, c.mlp_hidden, **kw)
+
+    def forward(self, x: Tensor, attention_mask=None, cache: Cache | None = None) -> Tensor:
+        x = x + self.mixer(self.mixer_norm(x), attention_mask=attention_mask, cache=cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class CausalLM(nn.Module):
+    """Causal language model with a selectable token mixer (see :class:`LMConfig`).
+
+    Example:
+        >>> model = CausalLM(LMConfig(mixer="gla", d_model=128, num_layers=2))
+        >>> out = model(ids, targets=next_ids)          # out.logits, out.loss
+        >>> new = model.generate(ids, max_new_tokens=50, temperature=0.8, top_k=20, seed=0)
+        >>> model.save_pretrained("ckpt"); same = CausalLM.from_pretrained("ckpt")
+    """
+
+    def __init__(self, config: LMConfig, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model, **kw)
+        self.blocks = nn.ModuleList(Block(config, i, **kw) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps, **kw)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False, **kw)
+        self.reset_parameters()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) embedding, MLP and head; the MLP's output projection scaled by
+        1/√(2·num_layers). The mixers keep their own initializations."""
+        std = self.config.init_std
+        nn.init.normal_(self.embed.weight, std=std)
+        if not self.config.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, std=std)
+        for block in self.blocks:
+            nn.init.normal_(block.mlp.gate_up.weight, std=std)
+            nn.init.normal_(block.mlp.down.weight, std=std / math.sqrt(2 * len(self.blocks)))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: Cache | None = None,
+        targets: Tensor | None = None,
+    ) -> LMOutput:
+        """Args:
+        input_ids: ``[B, T]`` token ids.
+        attention_mask: optional ``[B, T]``, 1 = token, 0 = padding (left or right).
+        cache: optional :class:`~linrnn.layers.Cache`, continued and updated in place.
+        targets: optional ``[B, T]`` ids to predict at each position (``-100`` = ignore,
+            as are padding positions); the loss is their mean cross-entropy.
+        """
+        x = self.embed(input_ids)
+        packing = as_packing(attention_mask, x)  # built once for all the layers
+        for block in self.blocks:
+            x = block(x, attention_mask=packing, cache=cache)
+        if cache is not None:
+            cache.seen_tokens += input_ids.shape[1]
+        logits = softcap(self.lm_head(self.norm(x)).float(), self.config.logit_softcap)
+        loss = None
+        if targets is not None:
+            if attention_mask is not None:
+                targets = targets.masked_fill(~attention_mask.to(targets.device).bool(), -100)
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return LMOutput(logits, loss)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int,
+        *,
+        attention_mask: Tensor | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+        eos_token_id: int | None = None,
+    ) -> Tensor:
+        """Continue ``input_ids [B, T]`` by ``max_new_tokens`` tokens: one forward over the
+        prompt with a :class:`~linrnn.layers.Cache`, then one token per step from the cache.
+
+        Args:
+            attention_mask: ``[B, T]`` for padded prompts (left or right padding); each row
+                continues after its own last token.
+            temperature: 0 (default) is greedy decoding; > 0 samples from
+                ``softmax(logits / temperature)``, restricted to the ``top_k`` most likely
+                tokens when top_k is given.
+            seed: seeds a private generator for sampling (reproducible; the global RNG is
+                left alone).
+            eos_token_id: a row that produced it keeps producing it.
+
+        Returns:
+            ``[B, T + max_new_tokens]``: the prompt followed by the new tokens.
+        """
+        if temperature < 0:
+            raise ValueError(f"temperature must be ≥ 0, got {temperature}")
+        B, T = input_ids.shape
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=input_ids.device).manual_seed(seed)
+        cache = Cache()
+        logits = self(input_ids, attention_mask=attention_mask, cache=cache).logits
+        if attention_mask is None:
+            last = logits[:, -1]
+        else:
+            valid = attention_mask.to(input_ids.device).bool()
+            idx = (valid * torch.arange(T, device=input_ids.device)).argmax(1)
+            last = logits[torch.arange(B, device=input_ids.device), idx]
+        out = [input_ids]
+        done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        for step in range(max_new_tokens):
+            nxt = self._pick(last, temperature, top_k, gen)
+            if eos_token_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
+                done |= nxt == eos_token_id
+            out.append(nxt[:, None])
+            if step + 1 < max_new_tokens:
+                last = self(nxt[:, None], cache=cache).logits[:, -1]
+        return torch.cat(out, dim=1)
+
+    @staticmethod
+    def _pick(logits: Tensor, temperature: float, top_k: int | None, gen) -> Tensor:
+        if temperature == 0:
+            return logits.argmax(-1)
+        logits = logits.float() / temperature
+        if top_k is not None:
+            kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.multinomial(logits.softmax(-1), 1, generator=gen)[:, 0]
+
+    def save_pretrained(self, directory) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (tied weights stored once)."""
+        st = _safetensors()
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        st.save_model(self, str(path / WEIGHTS_NAME))
+        return path
+
+    @classmethod
+    def from_pretrained(cls, directory, device=None, dtype=None) -> CausalLM:
+        """Build the model from ``config.json`` and load ``model.safetensors``."""
+        st = _safetensors()
+        path = Path(directory)
+        config = LMConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
+        model = cls(config, device=device, dtype=dtype)
+        device = next(model.parameters()).device
+        st.load_model(model, str(path / WEIGHTS_NAME), strict=True, device=str(device))
+        return model
+
+
+def _safetensors():
+    try:
+        import safetensors.torch as st
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "saving and loading weights needs safetensors: pip install safetensors==0.6.2 "
+            "(or pip install 'linrnn[models]')"
+        ) from e
+    return st

@@ -1,0 +1,376 @@
+"""Train a small byte-level language model on the shipped corpus (``data/shakespeare.txt``).
+
+``python -m linrnn.train`` (or ``python -m linrnn train``) with the defaults trains a 2-layer,
+width-128 GLA model on a CPU in a few minutes; on a CUDA GPU the same command uses the Triton
+kernels (bf16 autocast). It prints a progress bar (tqdm if installed), evaluates train and
+validation loss periodically, and writes into ``--out``:
+
+- ``history.json``: the losses and the run's settings;
+- ``loss.png``: the loss curves (needs matplotlib; skipped with a message otherwise);
+- ``checkpoint/``: ``config.json`` and ``model.safetensors`` (periodically and at the end);
+- ``sample.txt``: a generation from the trained model.
+
+Tokens are bytes (vocabulary 256): no tokenizer and nothing to download.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from linrnn.models import MIXERS, CausalLM, LMConfig
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "shakespeare.txt"
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one run (the command line's options; see ``--help``)."""
+
+    data: str = str(DEFAULT_DATA)
+    out: str = "runs/gla"
+    mixer: str = "gla"
+    mixer_kwargs: dict = field(default_factory=dict)
+    d_model: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    tie_embeddings: bool = True
+    logit_softcap: float | None = None
+    seq_len: int = 128
+    batch_size: int = 16
+    steps: int = 1000
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 4
+    checkpoint_every: int = 0
+    val_fraction: float = 0.1
+    seed: int = 0
+    device: str = "auto"
+    amp: str = "auto"
+    sample_prompt: str = "HAMLET\n"
+    sample_tokens: int = 300
+    temperature: float = 0.8
+    top_k: int | None = 40
+    plot: bool = True
+    progress: bool = True
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    p.add_argument("--data", default=d.data, help="training text (bytes); default: the shipped "
+                   "corpus data/shakespeare.txt")  # fmt: skip
+    p.add_argument("--out", default=None, help="output folder (default runs/<mixer>)")
+    p.add_argument("--mixer", default=d.mixer, choices=sorted(MIXERS), help="token mixer")
+    p.add_argument(
+        "--mixer-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="extra mixer argument (JSON value or string), e.g. input_gate=sigmoid or "
+        "feature_map=performer; repeatable",
+    )  # fmt: skip
+    for name, kind, text in [
+        ("d_model", int, "model width"),
+        ("num_layers", int, "number of blocks"),
+        ("num_heads", int, "heads per mixer"),
+        ("seq_len", int, "training context length (bytes)"),
+        ("batch_size", int, "sequences per step"),
+        ("steps", int, "optimizer steps"),
+        ("lr", float, "peak learning rate (AdamW, cosine schedule after warm-up)"),
+        ("warmup", int, "linear warm-up steps"),
+        ("weight_decay", float, "AdamW weight decay of the matrices"),
+        ("grad_clip", float, "gradient-norm clip (0: off)"),
+        ("eval_every", int, "evaluate train/val loss every N steps"),
+        ("eval_batches", int, "batches per evaluation"),
+        ("checkpoint_every", int, "also save a checkpoint every N steps (0: only at the end)"),
+        ("seed", int, "seed of the model, the batches and the sample"),
+        ("sample_tokens", int, "bytes to generate at the end"),
+        ("temperature", float, "sampling temperature of the final sample (0: greedy)"),
+    ]:
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(
+            flag, type=kind, default=getattr(d, name), help=f"{text} ({getattr(d, name)})"
+        )
+    p.add_argument("--top-k", type=int, default=d.top_k, help=f"top-k of the sample ({d.top_k})")
+    p.add_argument("--logit-softcap", type=float, default=None, help="logit soft-cap (off)")
+    p.add_argument("--untied", action="store_true", help="separate output head")
+    p.add_argument("--sample-prompt", default=d.sample_prompt, help="prompt of the final sample")
+    p.add_argument("--device", default=d.device, help="auto (cuda if available), cpu, cuda, …")
+    p.add_argument(
+        "--amp", default=d.amp, choices=["auto", "bf16", "fp16", "off"],
+        help="autocast dtype: auto = bf16 on CUDA, off on CPU",
+    )  # fmt: skip
+    p.add_argument("--no-plot", action="store_true", help="skip loss.png")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    mixer_kwargs = {}
+    for item in args.mixer_arg:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--mixer-arg expects KEY=VALUE, got {item!r}")
+        try:
+            mixer_kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            mixer_kwargs[key] = value
+    return TrainConfig(
+        data=args.data, out=args.out or f"runs/{args.mixer}", mixer=args.mixer,
+        mixer_kwargs=mixer_kwargs, d_model=args.d_model, num_layers=args.num_layers,
+        num_heads=args.num_heads, tie_embeddings=not args.untied,
+        logit_softcap=args.logit_softcap, seq_len=args.seq_len, batch_size=args.batch_size,
+        steps=args.steps, lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip, eval_every=args.eval_every, eval_batches=args.eval_batches,
+        checkpoint_every=args.checkpoint_every, seed=args.seed, device=args.device,
+        amp=args.amp, sample_prompt=args.sample_prompt, sample_tokens=args.sample_tokens,
+        temperature=args.temperature, top_k=args.top_k, plot=not args.no_plot,
+        progress=not args.no_progress,
+    )  # fmt: skip
+
+
+def load_bytes(path, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The file as byte ids, split into a training head and a validation tail."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"training text {path} not found: the corpus ships in the repository's data/ "
+            "folder (not in an installed wheel); pass --data FILE"
+        )
+    raw = path.read_bytes()
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
+    n_val = max(int(len(data) * val_fraction), 2)
+    return data[:-n_val], data[-n_val:]
+
+
+def get_batch(data, batch_size, seq_len, gen, device):
+    """Random windows: inputs ``[B, L]`` and the next bytes ``[B, L]``."""
+    if len(data) < seq_len + 2:
+        raise ValueError(f"the text ({len(data)} bytes) is shorter than seq_len + 2")
+    start = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=gen)
+    idx = start[:, None] + torch.arange(seq_len + 1)
+    chunk = data[idx]
+    return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio · lr``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
+    cos = 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos)
+
+
+class Progress:
+    """tqdm when it is installed, else a plain bar on stderr (at most ~50 redraws)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.n, self.postfix = total, enabled, 0, ""
+        self.bar = None
+        self.t0 = time.perf_counter()
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                pass
+            else:
+                self.bar = tqdm(total=total, dynamic_ncols=True)
+
+    def update(self, postfix: str) -> None:
+        self.n += 1
+        self.postfix = postfix
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_postfix_str(postfix, refresh=False)
+            self.bar.update(1)
+            return
+        if self.n == self.total or self.n % max(self.total // 50, 1) == 0:
+            filled = int(30 * self.n / self.total)
+            rate = self.n / max(time.perf_counter() - self.t0, 1e-9)
+            sys.stderr.write(
+                f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.n}/{self.total} "
+                f"{rate:.1f} it/s {postfix}"
+            )
+            sys.stderr.flush()
+
+    def write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            if self.enabled:
+                sys.stderr.write("\n")
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.enabled:
+            sys.stderr.write("\n")
+
+
+def _optimizer(model: CausalLM, cfg: TrainConfig, fused: bool) -> torch.optim.Optimizer:
+    """AdamW (β = 0.9, 0.95); weight decay on the matrices, not on norms, biases, gates'
+    vectors or the embedding."""
+    embed = {id(model.embed.weight)}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (decay if p.dim() >= 2 and id(p) not in embed else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=fused or None)
+
+
+@torch.no_grad()
+def evaluate(model, splits, cfg, device, autocast) -> dict[str, float]:
+    """Mean loss over ``eval_batches`` fixed batches of each split."""
+    model.eval()
+    out = {}
+    for name, data in splits.items():
+        gen = torch.Generator().manual_seed(cfg.seed + 1)  # the same batches every time
+        losses = []
+        for _ in range(cfg.eval_batches):
+            x, y = get_batch(data, cfg.batch_size, cfg.seq_len, gen, device)
+            with autocast():
+                losses.append(model(x, targets=y).loss.item())
+        out[name] = sum(losses) / len(losses)
+    model.train()
+    return out
+
+
+def plot_history(history: dict, path: Path) -> str:
+    """Write the loss curves; returns a message (also when matplotlib is missing)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "loss plot skipped: matplotlib is not installed (pip install matplotlib==3.10.0)"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    steps, losses = zip(*history["train_step_loss"])
+    ax.plot(steps, losses, lw=0.6, alpha=0.5, label="train (per step)")
+    if history["eval"]:
+        es = [e["step"] for e in history["eval"]]
+        ax.plot(es, [e["train"] for e in history["eval"]], "o-", label="train (eval)")
+        ax.plot(es, [e["val"] for e in history["eval"]], "s-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats / byte)")
+    ax.set_title(f"{history['config']['mixer']}: byte-level LM")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"loss plot: {path}"
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run training; returns the history (also written to ``out/history.json``)."""
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    )
+    amp = cfg.amp
+    if amp == "auto":
+        amp = "bf16" if device.type == "cuda" else "off"
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[amp]
+
+    def autocast():
+        return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train_data, val_data = load_bytes(cfg.data, cfg.val_fraction)
+    model_cfg = LMConfig(
+        vocab_size=256, d_model=cfg.d_model, num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads, mixer=cfg.mixer, mixer_kwargs=cfg.mixer_kwargs,
+        tie_embeddings=cfg.tie_embeddings, logit_softcap=cfg.logit_softcap,
+    )  # fmt: skip
+    model = CausalLM(model_cfg, device=device)
+    opt = _optimizer(model, cfg, fused=device.type == "cuda")
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    history = {"config": asdict(cfg), "model": asdict(model_cfg), "device": str(device),
+               "parameters": model.num_parameters(), "train_step_loss": [], "eval": []}  # fmt: skip
+    bar = Progress(cfg.steps, cfg.progress)
+    bar.write(
+        f"linrnn.train: {cfg.mixer}, {model.num_parameters():,} parameters, {device} "
+        f"(autocast {amp}), {len(train_data):,} training bytes, {cfg.steps} steps of "
+        f"{cfg.batch_size}×{cfg.seq_len}"
+    )
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        x, y = get_batch(train_data, cfg.batch_size, cfg.seq_len, gen, device)
+        with autocast():
+            loss = model(x, targets=y).loss
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if cfg.grad_clip > 0:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        scaler.step(opt)
+        scaler.update()
+        value = loss.item()
+        if not math.isfinite(value):
+            bar.close()
+            raise FloatingPointError(f"loss became {value} at step {step}")
+        history["train_step_loss"].append((step, value))
+        bar.update(f"loss {value:.3f}")
+        last = step + 1 == cfg.steps
+        if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
+            ev = evaluate(model, {"train": train_data, "val": val_data}, cfg, device, autocast)
+            history["eval"].append({"step": step + 1, **ev, "time_s": time.perf_counter() - t0})
+            bar.write(f"step {step + 1:>6}: train {ev['train']:.4f}  val {ev['val']:.4f}")
+        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and not last:
+            model.save_pretrained(out / "checkpoint")
+    bar.close()
+    history["train_time_s"] = time.perf_counter() - t0
+    model.save_pretrained(out / "checkpoint")
+    print(f"checkpoint: {out / 'checkpoint'}")
+
+    model.eval()
+    prompt = torch.tensor([list(cfg.sample_prompt.encode())], dtype=torch.long, device=device)
+    with autocast():
+        ids = model.generate(
+            prompt, cfg.sample_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+            seed=cfg.seed,
+        )  # fmt: skip
+    sample = bytes(ids[0].tolist()).decode("utf-8", errors="replace")
+    (out / "sample.txt").write_text(sample + "\n")
+    history["sample"] = sample
+    print(f"sample ({cfg.sample_tokens} bytes, temperature {cfg.temperature}):\n{sample}\n")
+    (out / "history.json").write_text(json.dumps(history, indent=1) + "\n")
+    if cfg.plot:
+        print(plot_history(history, out / "loss.png"))
+    return history
+
+
+def main(args: argparse.Namespace) -> int:
+    train(config_from_args(args))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m linrnn.train",
+        description="Train a small byte-level language model on the shipped corpus.",
+    )
+    add_arguments(p)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main(build_parser().parse_args()))

@@ -1,0 +1,209 @@
+"""Layers: shapes and finite gradients, chunk ≡ reference inside the layer (fp64), prompt +
+step-by-step decoding ≡ one forward, padding masks (left and right) ≡ the unpadded rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_close
+
+from linrnn.layers import (
+    Cache,
+    GatedLinearAttention,
+    LinearAttention,
+    MultiScaleRetention,
+    RWKV6TimeMix,
+    SimpleGLA,
+    SoftmaxAttention,
+    mLSTMLayer,
+)
+from linrnn.layers.common import Packing, token_shift
+
+D, H = 16, 2
+
+LAYERS = {
+    "linear_attn_elu": lambda **kw: LinearAttention(D, H, **kw),
+    "linear_attn_relu": lambda **kw: LinearAttention(D, H, feature_map="relu", **kw),
+    "linear_attn_identity": lambda **kw: LinearAttention(D, H, feature_map="identity", **kw),
+    "linear_attn_performer": lambda **kw: LinearAttention(
+        D, H, feature_map="performer", num_features=12, **kw
+    ),
+    "gla": lambda **kw: GatedLinearAttention(D, H, gate_low_rank_dim=4, **kw),
+    "simple_gla": lambda **kw: SimpleGLA(D, H, **kw),
+    "retention": lambda **kw: MultiScaleRetention(D, H, **kw),
+    "rwkv6": lambda **kw: RWKV6TimeMix(
+        D, H, mix_low_rank_dim=4, decay_low_rank_dim=8, layer_idx=1, num_layers=3, **kw
+    ),
+    "mlstm_exp": lambda **kw: mLSTMLayer(D, H, **kw),
+    "mlstm_sig": lambda **kw: mLSTMLayer(D, H, input_gate="sigmoid", **kw),
+    "softmax": lambda **kw: SoftmaxAttention(D, H, **kw),
+}
+LINEAR = [name for name in LAYERS if name != "softmax"]
+
+
+def make(name: str, dtype=torch.float64, **kw):
+    layer = LAYERS[name](**kw).to(dtype)
+    if name.startswith("mlstm"):
+        # Gates that matter: the initialization (weights 0, input bias −10) makes the gates
+        # constant, which would hide errors in their data dependence.
+        with torch.no_grad():
+            for proj in (layer.i_proj, layer.f_proj):
+                proj.weight.normal_(0, 0.5)
+            layer.i_proj.bias.fill_(0.0)
+    return layer
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_forward_backward_shapes_and_finite_gradients(name):
+    layer = make(name, torch.float32)
+    x = torch.randn(2, 19, D, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (2, 19, D) and y.dtype == torch.float32
+    assert torch.isfinite(y).all()
+    (y * torch.randn_like(y)).sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    for pname, p in layer.named_parameters():
+        assert p.grad is not None, f"{name}.{pname}: no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name}.{pname}: non-finite gradient"
+
+
+def _grads(layer, x, y):
+    gen = torch.Generator().manual_seed(7)
+    (y * torch.randn(y.shape, generator=gen, dtype=y.dtype)).sum().backward()
+    out = {"x": x.grad.clone()}
+    out.update({n: p.grad.clone() for n, p in layer.named_parameters()})
+    layer.zero_grad()
+    x.grad = None
+    return out
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_chunk_mode_matches_reference_mode(name):
+    """The layer in mode="chunk" (several chunks, a partial last one) against the same layer
+    calling the step-by-step fp64 reference: output and every gradient."""
+    layer = make(name, chunk_size=8)
+    x = torch.randn(2, 21, D, dtype=torch.float64, requires_grad=True)
+    y_chunk = layer(x)
+    g_chunk = _grads(layer, x, y_chunk)
+    layer.mode = "reference"
+    y_ref = layer(x)
+    g_ref = _grads(layer, x, y_ref)
+    assert_close(f"{name} y", y_chunk, y_ref, torch.float64)
+    for key in g_ref:
+        assert_close(f"{name} d{key}", g_chunk[key], g_ref[key], torch.float64)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_prompt_then_decoding_equals_one_forward(name):
+    """A prompt with a cache, one-token steps, then a few tokens at once: the outputs are
+    those of one call over the whole sequence."""
+    layer = make(name, chunk_size=8) if name != "softmax" else make(name)
+    x = torch.randn(2, 24, D, dtype=torch.float64)
+    with torch.no_grad():
+        full = layer(x)
+        cache = Cache()
+        parts = [layer(x[:, :13], cache=cache)]
+        parts += [layer(x[:, t : t + 1], cache=cache) for t in range(13, 19)]
+        parts.append(layer(x[:, 19:], cache=cache))
+    assert len(cache) == 1 and cache[layer.layer_idx]
+    assert_close(f"{name} decoded", torch.cat(parts, dim=1), full, torch.float64)
+
+
+def _padded(x_rows, T, side):
+    """Rows of different lengths → a padded batch and its mask (garbage in the padding)."""
+    B = len(x_rows)
+    x = torch.randn(B, T, D, dtype=torch.float64) * 100
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for b, row in enumerate(x_rows):
+        n = row.shape[0]
+        sl = slice(T - n, T) if side == "left" else slice(0, n)
+        x[b, sl] = row
+        mask[b, sl] = 1
+    return x, mask
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", LAYERS)
+def test_padding_mask_equals_unpadded_rows(name, side):
+    """Each row of a padded batch gives what the row alone gives (zeros at the padding), and
+    with a cache each row continues from its own tokens."""
+    layer = make(name)
+    T, lengths = 17, [17, 11, 1]
+    rows = [torch.randn(n, D, dtype=torch.float64) for n in lengths]
+    x, mask = _padded(rows, T, side)
+    nxt = torch.randn(len(rows), 1, D, dtype=torch.float64)
+    with torch.no_grad():
+        cache = Cache()
+        y = layer(x, attention_mask=mask, cache=cache)
+        y_next = layer(nxt, cache=cache)
+        for b, row in enumerate(rows):
+            c = Cache()
+            alone = layer(row[None], cache=c)
+            alone_next = layer(nxt[b : b + 1], cache=c)
+            got = y[b][mask[b].bool()]
+            assert_close(f"{name} {side} row {b}", got[None], alone, torch.float64)
+            assert_close(f"{name} {side} next {b}", y_next[b : b + 1], alone_next, torch.float64)
+        assert torch.equal(y[~mask.bool()], torch.zeros_like(y[~mask.bool()]))
+
+
+@pytest.mark.parametrize("name", ["gla", "rwkv6", "mlstm_exp"])
+def test_padding_gradients_equal_unpadded(name):
+    """Gradients through the packed path equal the unpadded ones (padding gets none)."""
+    layer = make(name)
+    rows = [torch.randn(n, D, dtype=torch.float64) for n in (9, 5)]
+    x, mask = _padded(rows, 9, "left")
+    x.requires_grad_()
+    y = layer(x, attention_mask=mask)
+    (y * y).sum().backward()
+    for b, row in enumerate(rows):
+        r = row[None].clone().requires_grad_()
+        (layer(r) ** 2).sum().backward()
+        assert_close(f"{name} dx row {b}", x.grad[b][mask[b].bool()][None], r.grad, torch.float64)
+    assert torch.equal(x.grad[~mask.bool()], torch.zeros_like(x.grad[~mask.bool()]))
+
+
+def test_token_shift_restarts_at_sequence_starts():
+    x = torch.arange(1.0, 8.0).view(1, 7, 1)
+    cu = [0, 3, 3, 7]  # an empty middle sequence
+    assert token_shift(x, cu, None).flatten().tolist() == [0, 1, 2, 0, 4, 5, 6]
+    prev = torch.tensor([[10.0], [20.0], [30.0]])
+    assert token_shift(x, cu, prev).flatten().tolist() == [10, 1, 2, 30, 4, 5, 6]
+    assert token_shift(x, None, prev[:1]).flatten().tolist() == [10, 1, 2, 3, 4, 5, 6]
+
+
+def test_all_ones_mask_packs_nothing_and_bad_mask_raises():
+    assert Packing.from_mask(torch.ones(2, 5), 2, 5) is None
+    layer = make("gla")
+    with pytest.raises(ValueError, match="attention_mask"):
+        layer(torch.randn(2, 5, D, dtype=torch.float64), attention_mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match=r"\[B, T, D\]"):
+        layer(torch.randn(5, D, dtype=torch.float64))
+
+
+def test_initializations_follow_the_papers():
+    m = mLSTMLayer(32, 4)
+    assert torch.equal(m.i_proj.bias, torch.full((4,), -10.0))
+    assert torch.allclose(m.f_proj.bias, torch.tensor([3.0, 4.0, 5.0, 6.0]))
+    assert m.q_proj.out_features == 16 and m.v_proj.out_features == 32  # qk_dim_factor 0.5
+    r = MultiScaleRetention(32, 4)
+    assert torch.allclose(r.log_decay.exp(), 1 - 2.0 ** (-5.0 - torch.arange(4.0)))
+    g = GatedLinearAttention(32, 4)
+    assert (g.key_dim, g.value_dim, g.gate_logit_normalizer) == (16, 32, 16.0)
+    w = RWKV6TimeMix(32, 4, layer_idx=0, num_layers=2)
+    assert -6.0 <= w.decay.min() and w.decay.max() <= -1.0  # w = −exp(decay) ∈ [−e^−1, −e^−6]
+    # The performer projection is a fixed, seeded buffer (saved with the weights).
+    a, b = (
+        LinearAttention(32, 4, feature_map="performer"),
+        LinearAttention(32, 4, feature_map="performer"),
+    )
+    assert torch.equal(a.projection, b.projection) and "projection" in a.state_dict()
+
+
+def test_mlstm_gate_soft_cap():
+    m = make("mlstm_exp")
+    with torch.no_grad():
+        m.i_proj.bias.fill_(1e4)  # capped at 15: still finite and differentiable
+    x = torch.randn(1, 6, D, dtype=torch.float64, requires_grad=True)
+    y = m(x)
+    y.sum().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()

@@ -1,0 +1,132 @@
+"""The causal LM: loss and gradients, cached generation ≡ the full forward, padded prompts,
+seeded sampling, safetensors round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from linrnn.models import MIXERS, CausalLM, LMConfig
+
+MIXER_CONFIGS = {name: {} for name in MIXERS}
+MIXER_CONFIGS["mlstm_sig"] = {"mixer": "mlstm", "mixer_kwargs": {"input_gate": "sigmoid"}}
+MIXER_CONFIGS["linear_attn_performer"] = {
+    "mixer": "linear_attn",
+    "mixer_kwargs": {"feature_map": "performer"},
+}
+
+
+def tiny(name: str, dtype=torch.float64, **kw) -> CausalLM:
+    cfg = {"mixer": name, **MIXER_CONFIGS[name], "d_model": 16, "num_layers": 2}
+    cfg.update(num_heads=2, vocab_size=50, **kw)
+    return CausalLM(LMConfig(**cfg)).to(dtype)
+
+
+@pytest.mark.parametrize("name", MIXER_CONFIGS)
+def test_loss_and_gradients(name):
+    model = tiny(name, torch.float32)
+    ids = torch.randint(0, 50, (2, 12))
+    out = model(ids[:, :-1], targets=ids[:, 1:])
+    assert out.logits.shape == (2, 11, 50)
+    assert 3.0 < out.loss.item() < 5.0  # ≈ log(50) = 3.9 at initialization
+    out.loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+
+
+@pytest.mark.parametrize("name", MIXER_CONFIGS)
+def test_greedy_generation_is_deterministic_and_matches_the_full_forward(name):
+    """Greedy tokens from the cache are the argmax of one forward over the generated text."""
+    model = tiny(name)
+    prompt = torch.randint(0, 50, (2, 7))
+    a = model.generate(prompt, 9)
+    b = model.generate(prompt, 9)
+    assert a.shape == (2, 16) and torch.equal(a, b) and torch.equal(a[:, :7], prompt)
+    with torch.no_grad():
+        logits = model(a).logits
+    assert torch.equal(logits[:, 6:-1].argmax(-1), a[:, 7:])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", ["gla", "rwkv6", "mlstm", "softmax"])
+def test_padded_prompts_generate_like_unpadded(name, side):
+    model = tiny(name)
+    lengths, T = [8, 5, 2], 8
+    rows = [torch.randint(0, 50, (n,)) for n in lengths]
+    ids = torch.full((3, T), 49)
+    mask = torch.zeros(3, T, dtype=torch.long)
+    for b, row in enumerate(rows):
+        sl = slice(T - len(row), T) if side == "left" else slice(0, len(row))
+        ids[b, sl], mask[b, sl] = row, 1
+    out = model.generate(ids, 6, attention_mask=mask)
+    for b, row in enumerate(rows):
+        alone = model.generate(row[None], 6)
+        assert torch.equal(out[b, T:], alone[0, len(row) :]), f"row {b}"
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy():
+    model = tiny("gla")
+    prompt = torch.randint(0, 50, (2, 5))
+    kw = {"temperature": 1.5, "top_k": 20}
+    s1 = model.generate(prompt, 12, seed=1, **kw)
+    assert torch.equal(s1, model.generate(prompt, 12, seed=1, **kw))
+    assert not torch.equal(s1, model.generate(prompt, 12, seed=2, **kw))
+    greedy = model.generate(prompt, 12)
+    assert torch.equal(model.generate(prompt, 12, temperature=1.0, top_k=1, seed=3), greedy)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(prompt, 2, temperature=-1.0)
+
+
+def test_eos_token_repeats():
+    model = tiny("simple_gla")
+    prompt = torch.randint(0, 50, (1, 4))
+    first = model.generate(prompt, 1)[0, -1].item()
+    out = model.generate(prompt, 5, eos_token_id=first)
+    assert out[0, 4:].tolist() == [first] * 5
+
+
+@pytest.mark.parametrize(
+    "name,tied", [("gla", True), ("mlstm", False), ("linear_attn_performer", True)]
+)
+def test_save_load_round_trip(tmp_path, name, tied):
+    model = tiny(name, torch.float32, tie_embeddings=tied, logit_softcap=30.0)
+    ids = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        for p in model.parameters():  # move away from the initialization
+            p.add_(0.01 * torch.randn_like(p))
+    path = model.save_pretrained(tmp_path / "ckpt")
+    assert (path / "model.safetensors").is_file()
+    config = json.loads((path / "config.json").read_text())
+    assert config["mixer"] == MIXER_CONFIGS[name].get("mixer", name)
+    assert config["tie_embeddings"] is tied
+    loaded = CausalLM.from_pretrained(path)
+    assert loaded.config == model.config
+    assert (loaded.lm_head.weight is loaded.embed.weight) is tied
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_logit_softcap_and_ignored_targets():
+    model = tiny("retention", logit_softcap=0.5)
+    ids = torch.randint(0, 50, (2, 6))
+    out = model(ids)
+    assert out.logits.abs().max() <= 0.5
+    targets = ids.clone()
+    targets[:, 3:] = -100
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[:, 3:] = 0
+    a = model(ids, targets=targets).loss
+    b = model(ids, targets=ids, attention_mask=torch.ones(2, 6)).loss
+    c = model(ids[:, :3], targets=ids[:, :3]).loss
+    assert torch.isclose(a, c) and not torch.isclose(a, b)
+    assert torch.isclose(model(ids, targets=ids, attention_mask=mask).loss, c)
+
+
+def test_bad_config_raises():
+    with pytest.raises(ValueError, match="mixer"):
+        LMConfig(mixer="lstm")
+    with pytest.raises(ValueError, match="unknown"):
+        LMConfig.from_dict({"mixer": "gla", "width": 3})
+    assert LMConfig(d_model=128).mlp_hidden == 352  # 8/3·128 rounded up to a multiple of 32

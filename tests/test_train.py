@@ -1,0 +1,74 @@
+"""The training example: a few steps on the shipped corpus lower the loss and leave a
+checkpoint, a history, a sample and (with matplotlib) a plot; the command line runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from linrnn.__main__ import main
+from linrnn.models import CausalLM
+from linrnn.train import DEFAULT_DATA, TrainConfig, get_batch, load_bytes, lr_at, train
+
+TINY = dict(d_model=32, num_layers=1, num_heads=2, seq_len=32, batch_size=8, eval_batches=2)
+
+
+def test_corpus_is_shipped_and_documented():
+    data = DEFAULT_DATA.read_bytes()
+    assert 200_000 < len(data) < 1_000_000 and data.isascii()
+    assert data.startswith(b"# Hamlet") and b"# Macbeth" in data
+    assert "public domain" in (DEFAULT_DATA.parent / "README.md").read_text()
+
+
+def test_batches_are_next_byte_pairs():
+    train_data, val_data = load_bytes(DEFAULT_DATA, 0.1)
+    assert len(val_data) == int(0.1 * (len(train_data) + len(val_data)))
+    x, y = get_batch(train_data, 4, 16, torch.Generator().manual_seed(0), "cpu")
+    assert x.shape == y.shape == (4, 16) and torch.equal(x[:, 1:], y[:, :-1])
+    cfg = TrainConfig(lr=1.0, warmup=10, steps=110, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+
+
+def test_training_lowers_the_loss_and_writes_its_outputs(tmp_path, capsys):
+    cfg = TrainConfig(
+        out=str(tmp_path / "run"), mixer="gla", steps=40, warmup=5, eval_every=20,
+        sample_tokens=24, progress=False, **TINY,
+    )  # fmt: skip
+    history = train(cfg)
+    losses = [loss for _, loss in history["train_step_loss"]]
+    assert len(losses) == 40
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0, losses
+    evals = history["eval"]
+    assert [e["step"] for e in evals] == [20, 40] and evals[-1]["val"] < 4.5
+    run = tmp_path / "run"
+    saved = json.loads((run / "history.json").read_text())
+    assert saved["eval"] == evals and saved["config"]["mixer"] == "gla"
+    assert (run / "sample.txt").read_text().startswith(cfg.sample_prompt)
+    model = CausalLM.from_pretrained(run / "checkpoint")
+    assert model.config.d_model == 32
+    out = capsys.readouterr().out
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (run / "loss.png").stat().st_size > 1000
+    else:
+        assert "matplotlib is not installed" in out
+
+
+@pytest.mark.parametrize("mixer", ["mlstm", "rwkv6"])
+def test_command_line(tmp_path, mixer, capsys):
+    argv = ["train", "--mixer", mixer, "--out", str(tmp_path / mixer), "--steps", "3",
+            "--eval-every", "2", "--d-model", "32", "--num-layers", "1", "--num-heads", "2",
+            "--seq-len", "16", "--batch-size", "2", "--eval-batches", "1",
+            "--sample-tokens", "5", "--no-plot", "--untied"]  # fmt: skip
+    if mixer == "mlstm":
+        argv += ["--mixer-arg", "input_gate=sigmoid", "--mixer-arg", "gate_soft_cap=10"]
+    assert main(argv) == 0
+    history = json.loads((tmp_path / mixer / "history.json").read_text())
+    assert len(history["train_step_loss"]) == 3 and history["model"]["tie_embeddings"] is False
+    if mixer == "mlstm":
+        assert history["model"]["mixer_kwargs"] == {"input_gate": "sigmoid", "gate_soft_cap": 10}
+    assert not (tmp_path / mixer / "loss.png").exists()
+    assert "sample" in capsys.readouterr().out
