@@ -149,3 +149,26 @@ def test_rejects_what_it_cannot_run():
         linrnn.gla(q, q, q, gk, backend="triton")
     with pytest.raises(ValueError, match=r"chunk_size must be ≤ 128, got 256"):
         linrnn.linear_attn(q, q, q, backend="triton", mode="fused_chunk", chunk_size=256)
+
+
+def test_backend_none_falls_back_where_triton_cannot(monkeypatch):
+    """backend=None takes the PyTorch path for inputs the Triton kernels don't serve (vector
+    gates in the chunk modes, fp64) instead of raising."""
+    from linrnn.ops import _generic
+
+    q = torch.randn(1, 6, 1, 8, device=DEVICE)
+    gk = torch.nn.functional.logsigmoid(torch.randn(1, 6, 1, 8, device=DEVICE))
+    ref, _ = linrnn.gla(q.double(), q.double(), q.double(), gk.double(), mode="reference")
+    picked = []
+    real = _generic.select
+
+    def as_if_on_cuda(family, mode, backend, device, chunk_size):
+        """select() as on a CUDA device: backend=None resolves to Triton where registered."""
+        impl = real(family, mode, "triton" if backend is None else backend, device, chunk_size)
+        picked.append(impl in _generic._TRITON.values())
+        return impl
+
+    monkeypatch.setattr(_generic, "select", as_if_on_cuda)
+    o, _ = linrnn.gla(q, q, q, gk)
+    assert picked == [True, False]  # Triton chunk first, then the PyTorch chunk engine
+    assert_close("o", o, ref, torch.float32)

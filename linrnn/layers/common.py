@@ -228,16 +228,8 @@ class Mixer(nn.Module):
 
     def call_op(self, op, *args, **kwargs):
         """Call ``op`` with this layer's backend. With ``backend=None`` a CUDA call goes to
-        Triton; where no Triton kernel exists for the case (NotImplementedError), it is
-        repeated on the PyTorch backend."""
-        if self.backend is not None:
-            return op(*args, backend=self.backend, **kwargs)
-        try:
-            return op(*args, backend=None, **kwargs)
-        except NotImplementedError:
-            if args[0].device.type != "cuda":
-                raise
-            return op(*args, backend="torch", **kwargs)
+        Triton where a kernel serves the case, and to the PyTorch path otherwise."""
+        return op(*args, backend=self.backend, **kwargs)
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:

@@ -117,6 +117,8 @@ def run(
     states in fp32 (fp64 for fp64 inputs). ``n_T`` is None unless ``track_n``, ``m_T`` unless
     ``stabilize``. Inputs are assumed validated."""
     impl = select(family, mode, backend, q.device, chunk_size)
+    if backend is None and impl in _TRITON.values() and not _triton_takes(impl, q, g, gv, u):
+        impl = select(family, mode, "torch", q.device, chunk_size)  # e.g. GLA on CUDA, for now
     if impl is _TRITON.get("recurrent"):
         if not _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0):
             return _run_triton_recurrent(
@@ -173,6 +175,16 @@ def run(
 # Set by linrnn.step(inplace=True): the state tensors the Triton recurrent kernel writes the
 # final state into (they may alias the initial state; the kernel reads each tile first).
 OUT_STATE: contextvars.ContextVar = contextvars.ContextVar("linrnn_out_state", default=None)
+
+
+def _triton_takes(impl, q, g, gv, u) -> bool:
+    """Whether the Triton implementation ``impl`` serves these inputs (backend=None picks the
+    PyTorch path where it does not: fp64, and vector gates in the chunk modes for now)."""
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    if impl is _TRITON.get("recurrent"):
+        return True
+    return (g is None or g.dim() == 3) and gv is None and u is None
 
 
 def _needs_grad(*tensors) -> bool:
