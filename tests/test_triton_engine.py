@@ -32,12 +32,15 @@ def _on(x):
     return None if x is None else x.to(DEVICE)
 
 
-def _check(fam, inputs, h0, dtype, factor=1.0, **kw):
+def _check(fam, inputs, h0, dtype, factor=1.0, cu_seqlens=None, **kw):
     """Triton run vs the fp64 reference loop; the tolerance is the dtype's, or 2× the error
     of the reference loop run in the same dtype (see helpers.assert_close)."""
     inputs, h0 = _on(inputs), _on(h0)
-    ref = run_with_grads(fam, inputs, h0, torch.float64, mode="reference")
-    low = run_with_grads(fam, inputs, h0, dtype, mode="reference")
+    if cu_seqlens is not None:
+        kw["cu_seqlens"] = cu_seqlens
+    seq = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+    ref = run_with_grads(fam, inputs, h0, torch.float64, mode="reference", **seq)
+    low = run_with_grads(fam, inputs, h0, dtype, mode="reference", **seq)
     got = run_with_grads(fam, inputs, h0, dtype, backend="triton", **kw)
     assert got[0].dtype == dtype
     assert_close("o", got[0], ref[0], dtype, factor, low[0])
@@ -120,24 +123,20 @@ def test_state_passing(family, mode):
         assert_close(f"state[{j}]", a, b, torch.float32)
 
 
-def test_varlen_loops_over_sequences():
-    """cu_seqlens (a per-sequence loop until native varlen kernels) equals separate calls."""
-    fam = FAMILIES["mlstm_exp"]
-    lens = [5, 0, 19]
-    T, H, K, V = sum(lens), 2, 8, 6
-    inputs = {n: t.float() for n, t in _on(fam.build(1, T, H, K, V, False)).items()}
-    offsets = torch.tensor([0, 5, 5, 24])
-    o, (C, _n, m) = fam.call(inputs, backend="triton", cu_seqlens=offsets, output_final_state=True)
-    parts = [(0, 5), (5, 5), (5, 24)]
-    for i, (s, e) in enumerate(parts):
-        seq = {k: (t[:, s:e] if t.dim() >= 3 else t) for k, t in inputs.items()}
-        if e == s:
-            assert torch.equal(C[i], torch.zeros_like(C[i])) and torch.isinf(m[i]).all()
-            continue
-        oi, (Ci, _ni, mi) = fam.call(seq, backend="triton", output_final_state=True)
-        assert_close("o", o[:, s:e], oi, torch.float32)
-        assert_close("C", C[i : i + 1], Ci, torch.float32)
-        assert_close("m", m[i : i + 1], mi, torch.float32)
+@pytest.mark.parametrize("init", [False, True], ids=["h0=None", "h0"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", SCALAR)
+def test_varlen_matches_reference(family, mode, init):
+    """Packed sequences natively (lengths 1, 0, shorter and longer than a chunk, one ending
+    mid-chunk): outputs, per-sequence final states and every gradient equal the fp64
+    reference run on the same packed batch (which runs each sequence on its own)."""
+    fam = FAMILIES[family]
+    lens = [1, 9, 0, 23, 3, 16]
+    T, H, K, V = sum(lens), 2, 12, 10
+    offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    h0 = fam.make_state(len(lens), H, K, V, torch.float32) if init else None
+    _check(fam, fam.build(1, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=8,
+           cu_seqlens=offsets)  # fmt: skip
 
 
 def test_rejects_what_it_cannot_run():

@@ -51,8 +51,8 @@ class Config:
     """Compile-time switches and tile sizes of one call."""
 
     def __init__(self, q, k, v, *, scale, has_decay, has_igate, stabilize, track_n,
-                 normalizer, eps, chunk_size, fused=False):  # fmt: skip
-        T, K, V = q.shape[1], q.shape[3], v.shape[3]
+                 normalizer, eps, chunk_size, fused=False, offsets=None):  # fmt: skip
+        B, T, H, K, V = q.shape[0], q.shape[1], q.shape[2], q.shape[3], v.shape[3]
         self.fused = fused
         self.scale, self.eps = float(scale), float(eps)
         self.has_decay, self.has_igate = has_decay, has_igate
@@ -64,11 +64,17 @@ class Config:
         }[normalizer]
         self.L = int(chunk_size or default_chunk_size(K, V, fused))
         self.NT = triton.cdiv(T, self.L)
-        if fused:
+        self.varlen = offsets is not None
+        self.N, self.NSEQ = B, 1  # states (sequences) and sequences per row of B·H
+        ints = dict(device=q.device, dtype=torch.int32)
+        self.CO = self.CHUNKS = torch.zeros(3, **ints)
+        if self.varlen:
+            self._pack(list(offsets), T, q.device)
+        self.rows = B * H  # rows of the gates and chunk states (B = 1 when packed)
+        self.walkers = self.N * H  # programs of the walking kernels: one per state
+        if fused:  # one chunk = one tile; one dimension whole, the other tiled to fit
             nw, ns = TILES["fused"][3:]
-            self.launch = dict(
-                num_warps=nw, num_stages=ns
-            )  # one chunk = one tile; one dimension whole, the other tiled to fit
+            self.launch = dict(num_warps=nw, num_stages=ns)
             if self.L > FUSED_MAX_CHUNK:
                 raise ValueError(
                     f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
@@ -81,6 +87,28 @@ class Config:
             self.BKf = max(16, min(64, 8192 // self.VP, self.KP))
         self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
 
+    def _pack(self, offsets, T, device):
+        """Packed sequences: chunk table rows (start, end, sequence), each sequence's first
+        chunk CO[n], the per-token chunk start and chunk index."""
+        L, N = self.L, len(offsets) - 1
+        rows, co, tok_start, tok_chunk = [], [0], [], []
+        for n in range(N):
+            bos, eos = offsets[n], offsets[n + 1]
+            for c0 in range(bos, eos, L):
+                c1 = min(c0 + L, eos)
+                tok_start += [c0] * (c1 - c0)
+                tok_chunk += [len(rows)] * (c1 - c0)
+                rows.append((c0, c1, n))
+            co.append(len(rows))
+        ints = dict(device=device, dtype=torch.int32)
+        self.N, self.NSEQ, self.NT = N, N, max(len(rows), 1)
+        self.offsets = offsets
+        self.CO = torch.tensor(co, **ints)
+        self.CHUNKS = torch.tensor(rows or [(0, 0, 0)], **ints).reshape(-1)
+        self.tok_start = torch.tensor(tok_start, device=device, dtype=torch.long)
+        self.tok_chunk = torch.tensor(tok_chunk, device=device, dtype=torch.long)
+        self.final_slot = torch.tensor([co[n + 1] + n for n in range(N)], device=device)
+
     def tiles(self, name: str, D: int, O: int):
         """(time tile, depth tile, output tile, launch options) of kernel ``name``."""
         t, d, o, nw, ns = TILES[name]
@@ -90,8 +118,14 @@ class Config:
     def flags(self):
         return dict(
             HAS_DECAY=self.has_decay, HAS_IGATE=self.has_igate, STAB=self.stab,
-            TRACK_N=self.track_n, DOT_PREC=self.prec,
+            TRACK_N=self.track_n, DOT_PREC=self.prec, VARLEN=self.varlen,
         )  # fmt: skip
+
+    def m_final(self, mc):
+        """The final max state [N, H] from the chunk-boundary table MC [rows, NT + NSEQ]."""
+        if self.varlen:
+            return mc[:, self.final_slot].transpose(0, 1).contiguous()
+        return mc[:, self.NT].reshape(self.N, -1).clone()
 
 
 def _rows(g: torch.Tensor) -> torch.Tensor:
@@ -100,42 +134,49 @@ def _rows(g: torch.Tensor) -> torch.Tensor:
     return g.permute(0, 2, 1).reshape(B * H, T).float().contiguous()
 
 
-def _chunk_cumsum(g: torch.Tensor, L: int) -> torch.Tensor:
+def _chunk_cumsum(g: torch.Tensor, L: int, c: Config | None = None) -> torch.Tensor:
     """Chunk-local cumulative sum of the log decays, [B·H, T] fp32."""
     x = _rows(g)
+    if c is not None and c.varlen:  # chunk starts from the table; differences of fp64 sums
+        cs = F.pad(x.double().cumsum(-1), (1, 0))
+        return (cs[:, 1:] - cs[:, c.tok_start]).float().contiguous()
     BH, T = x.shape
     NT = triton.cdiv(T, L)
     x = F.pad(x, (0, NT * L - T)).view(BH, NT, L).cumsum(-1)
     return x.view(BH, NT * L)[:, :T].contiguous()
 
 
-def _chunk_max(b, a, L):
+def _chunk_max(b, a, L, c: Config | None = None):
     """Per chunk, max over its steps of (a_s − b_s): [B·H, NT] (mLSTM-exp's max state)."""
     BH, T = b.shape
+    if c is not None and c.varlen:
+        out = torch.full((BH, c.NT), -torch.inf, device=b.device)
+        idx = c.tok_chunk.expand(BH, T)
+        return out.scatter_reduce_(1, idx, a - b, "amax", include_self=True)
     NT = triton.cdiv(T, L)
     z = F.pad(a - b, (0, NT * L - T), value=-torch.inf)
     return z.view(BH, NT, L).amax(-1).contiguous()
 
 
 def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
-    B, T, H, K = q.shape
+    T, H, K = q.shape[1:]
     V = v.shape[3]
-    BH, NT, L = B * H, c.NT, c.L
+    BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
     states = torch.empty(BH, NT, K, V, **f32)
     ns = torch.empty(BH, NT, K, **f32) if c.track_n else dummy
-    mc = torch.empty(BH, NT + 1, **f32) if c.stab else dummy
-    S_T = torch.empty(B, H, K, V, **f32)
-    n_T = torch.empty(B, H, K, **f32) if c.track_n else dummy
+    mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else dummy
+    S_T = torch.empty(N, H, K, V, **f32)
+    n_T = torch.empty(N, H, K, **f32) if c.track_n else dummy
     has_s0 = S0 is not None
     BS, BK, BV, launch = c.tiles("states_fwd", K, V)
-    kern.states_fwd_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), BH)](
+    kern.states_fwd_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), c.walkers)](
         k, v, states, ns, mc,
         S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, b, a,
-        _chunk_max(b, a, L) if c.stab else dummy,
-        T, H, K, V, L, NT, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(), **launch,
+        _chunk_max(b, a, L, c) if c.stab else dummy, c.CO, c.CHUNKS,
+        T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(), **launch,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
     den = torch.empty(BH, T, **f32) if c.norm else dummy
@@ -143,43 +184,43 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
     BQ, BD, BO, launch = c.tiles("rows_fwd", K, V)
     NQ = triton.cdiv(L, BQ)
     kern.rows_kernel[(NT * NQ, triton.cdiv(V, BO), BH)](
-        q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy,
-        T, H, K, V, L, NT, NQ, V, 1, c.scale, c.eps,
+        q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy, c.CHUNKS,
+        T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=False, NORM=c.norm, **c.flags(), **launch,
     )  # fmt: skip
-    m_T = mc[:, NT].reshape(B, H).clone() if c.stab else None
+    m_T = c.m_final(mc) if c.stab else None
     return o, S_T, (n_T if c.track_n else None), m_T, (states, ns, mc, den, m_row)
 
 
 def _forward_fused(q, k, v, b, a, S0, n0, m0, c: Config):
-    B, T, H, K = q.shape
+    T, H, K = q.shape[1:]
     V = v.shape[3]
-    BH, NT = B * H, c.NT
+    BH, NT, N = c.rows, c.NT, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
-    mc = torch.empty(BH, NT + 1, **f32) if c.stab else dummy
-    S_T = torch.empty(B, H, K, V, **f32)
-    n_T = torch.empty(B, H, K, **f32) if c.track_n else dummy
+    mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else dummy
+    S_T = torch.empty(N, H, K, V, **f32)
+    n_T = torch.empty(N, H, K, **f32) if c.track_n else dummy
     o = torch.empty_like(v, dtype=q.dtype)
     den = torch.empty(BH, T, **f32) if c.norm else dummy
     m_row = torch.empty(BH, T, **f32) if c.stab else dummy
     has_s0 = S0 is not None
-    fused.fused_fwd_kernel[(triton.cdiv(V, c.BVf), BH)](
+    fused.fused_fwd_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
         q, k, v, o, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, mc, b, a,
-        _chunk_max(b, a, c.L) if c.stab else dummy, m_row, den,
-        T, H, K, V, c.L, NT, c.scale, c.eps, BT=c.BT, BK=c.KP, BV=c.BVf, NORM=c.norm,
+        _chunk_max(b, a, c.L, c) if c.stab else dummy, m_row, den, c.CO, c.CHUNKS,
+        T, H, K, V, c.L, NT, c.NSEQ, c.scale, c.eps, BT=c.BT, BK=c.KP, BV=c.BVf, NORM=c.norm,
         HAS_S0=has_s0, **c.flags(), **c.launch,
     )  # fmt: skip
-    m_T = mc[:, NT].reshape(B, H).clone() if c.stab else None
+    m_T = c.m_final(mc) if c.stab else None
     return o, S_T, (n_T if c.track_n else None), m_T, (mc, den, m_row)
 
 
 def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     mc, den, m_row = saved
-    B, T, H, K = q.shape
+    T, H, K = q.shape[1:]
     V = v.shape[3]
-    BH, NT, L = B * H, c.NT, c.L
+    BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
     R_A, R_D, R_M = _norm_rows(do, o, den, m_row, c)
@@ -190,26 +231,26 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
     k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
     common = dict(HAS_DECAY=c.has_decay, HAS_IGATE=c.has_igate, STAB=c.stab, NORM=c.norm,
-                  DOT_PREC=c.prec, **c.launch)  # fmt: skip
+                  DOT_PREC=c.prec, VARLEN=c.varlen, **c.launch)  # fmt: skip
     dq = torch.empty_like(q)
-    fused.fused_dq_kernel[(nK, BH)](
+    fused.fused_dq_kernel[(nK, c.walkers)](
         q, k, v, do, dq, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
-        mc, b, a, m_row, R_A, R_D, q_part, T, H, K, V, L, NT, c.scale,
+        mc, b, a, m_row, R_A, R_D, q_part, c.CO, c.CHUNKS, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_S0=has_s0, **common,
     )  # fmt: skip
     dk = torch.empty_like(k)
-    dS0 = torch.empty(B, H, K, V, **f32)
-    dn0 = torch.empty(B, H, K, **f32) if c.track_n else dummy
-    fused.fused_dk_kernel[(nK, BH)](
+    dS0 = torch.empty(N, H, K, V, **f32)
+    dn0 = torch.empty(N, H, K, **f32) if c.track_n else dummy
+    fused.fused_dk_kernel[(nK, c.walkers)](
         q, k, v, do, dk, dS0, dn0, dS_T if has_dst else dummy,
         dn_T if (has_dst and c.track_n) else dummy, mc, b, a, m_row, R_A, R_D, k_part,
-        T, H, K, V, L, NT, c.scale,
+        c.CO, c.CHUNKS, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_DST=has_dst, **common,
     )  # fmt: skip
     dv = torch.empty_like(v)
-    fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), BH)](
-        q, k, do, dv, dS_T if has_dst else dummy, mc, b, a, m_row, R_A,
-        T, H, K, V, L, NT, c.scale, BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
+    fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
+        q, k, do, dv, dS_T if has_dst else dummy, mc, b, a, m_row, R_A, c.CO, c.CHUNKS,
+        T, H, K, V, L, NT, c.NSEQ, c.scale, BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None
     q_dq = q_part.sum(0) if c.has_decay else None
@@ -236,7 +277,7 @@ def _norm_rows(do, o, den, m_row, c: Config):
 def _final_grads(dS_T, dn_T, q, K, V, c: Config):
     """The final state's cotangents as fp32 (zeros where only one of them is given)."""
     f32 = dict(device=q.device, dtype=torch.float32)
-    B, H = q.shape[0], q.shape[2]
+    B, H = c.N, q.shape[2]
     has_dst = dS_T is not None or dn_T is not None
     if has_dst:
         dS_T = torch.zeros(B, H, K, V, **f32) if dS_T is None else dS_T.float().contiguous()
@@ -247,24 +288,24 @@ def _final_grads(dS_T, dn_T, q, K, V, c: Config):
 
 def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
     states, ns, mc, den, m_row = saved
-    B, T, H, K = q.shape
+    T, H, K = q.shape[1:]
     V = v.shape[3]
-    BH, NT, L = B * H, c.NT, c.L
+    BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
     R_A, R_D, R_M = _norm_rows(do, o, den, m_row, c)
     has_dst, dS_T, dn_T = _final_grads(dS_T, dn_T, q, K, V, c)
     dstates = torch.empty(BH, NT, K, V, **f32)
     dns = torch.empty(BH, NT, K, **f32) if c.track_n else dummy
-    dS0 = torch.empty(B, H, K, V, **f32)
-    dn0 = torch.empty(B, H, K, **f32) if c.track_n else dummy
+    dS0 = torch.empty(N, H, K, V, **f32)
+    dn0 = torch.empty(N, H, K, **f32) if c.track_n else dummy
     BQ, BK, BV, launch = c.tiles("states_bwd", K, V)
-    kern.states_bwd_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), BH)](
+    kern.states_bwd_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), c.walkers)](
         q, do, dstates, dns, dS0, dn0,
         dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy,
-        mc, b, m_row, R_A, R_D, T, H, K, V, L, NT, c.scale,
+        mc, b, m_row, R_A, R_D, c.CO, c.CHUNKS, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BK=BK, BV=BV, BQ=BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
-        NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, **launch,
+        NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, **launch,
     )  # fmt: skip
 
     gates = c.has_decay or c.has_igate
@@ -274,8 +315,8 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
     dq = torch.empty_like(q)
     kern.rows_kernel[(NT * nQ, nK, BH)](
-        do, v, k, dq, states, ns, mc, b, a, m_row, dummy, R_A, R_D, q, q_part,
-        T, H, V, K, L, NT, nQ, 1, V, c.scale, c.eps,
+        do, v, k, dq, states, ns, mc, b, a, m_row, dummy, R_A, R_D, q, q_part, c.CHUNKS,
+        T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dk", V, K)
@@ -283,16 +324,16 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
     k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
     dk = torch.empty_like(k)
     kern.cols_kernel[(NT * nS, nK, BH)](
-        v, do, q, dk, dstates, dns, mc, b, a, m_row, R_A, R_D, k, k_part,
-        T, H, V, K, L, NT, nS, 1, V, c.scale,
+        v, do, q, dk, dstates, dns, mc, b, a, m_row, R_A, R_D, k, k_part, c.CHUNKS,
+        T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dv", K, V)
     nS = triton.cdiv(L, BS)
     dv = torch.empty_like(v)
     kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
-        k, q, do, dv, dstates, dns, mc, b, a, m_row, R_A, R_D, dummy, dummy,
-        T, H, K, V, L, NT, nS, V, 1, c.scale,
+        k, q, do, dv, dstates, dns, mc, b, a, m_row, R_A, R_D, dummy, dummy, c.CHUNKS,
+        T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=False, **common, **launch,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None
@@ -300,42 +341,85 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
     return dq, dk, dv, dS0, (dn0 if c.track_n else None), q_dq, k_dk, R_M, dS_T, dn_T
 
 
+class _Seqs:
+    """Per-sequence view of [B·H, T] row tensors: [N·H, Lmax] with zero padding (the identity
+    without packing; packed sequences are spread out by (sequence, position))."""
+
+    def __init__(self, c: Config, B, T, H, device):
+        self.c, self.H, self.T = c, H, T
+        self.N = c.N
+        if c.varlen:
+            off = torch.tensor(c.offsets, device=device)
+            lens = off[1:] - off[:-1]
+            self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens)
+            self.pos = torch.arange(T, device=device) - off[:-1][self.seq]
+            self.Lmax = max(int(lens.max()) if self.N else 0, 1)
+            self.last = (lens - 1).clamp_min(0)
+            self.nonempty = lens > 0
+        else:
+            self.Lmax = T
+            self.last = torch.full((B,), T - 1, device=device)
+            self.nonempty = torch.ones(B, dtype=torch.bool, device=device)
+
+    def spread(self, x, fill=0.0):
+        if not self.c.varlen:
+            return x
+        y = x.new_full((self.N, self.H, self.Lmax), fill)
+        y[self.seq, :, self.pos] = x.transpose(0, 1)
+        return y.view(self.N * self.H, self.Lmax)
+
+    def gather(self, y):
+        if not self.c.varlen:
+            return y
+        return y.view(self.N, self.H, self.Lmax)[self.seq, :, self.pos].transpose(0, 1)
+
+    def add_at_last(self, y, vals):
+        """y[(n, h), last step of n] += vals[n·H + h], for non-empty sequences."""
+        vals = vals.view(self.N, self.H) * self.nonempty[:, None]
+        y.view(self.N, self.H, self.Lmax)[torch.arange(self.N), :, self.last] += vals
+
+
 def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T, m0, dm0,
                 c: Config):  # fmt: skip
-    """∂L/∂g, ∂L/∂gi ([B, T, H]) and the routed part of ∂L/∂m_0 (see the module docstring)."""
+    """∂L/∂g, ∂L/∂gi ([B, T, H]) and the routed part of ∂L/∂m_0 (see the module docstring).
+    Everything runs per sequence ([N·H, Lmax]), so packed sequences stay independent."""
     B, T, H = b_shape
-    BH = B * H
-    dF = q_dq - k_dk if c.has_decay else None
-    da = k_dk.clone() if c.has_igate else None
+    sq = _Seqs(c, B, T, H, q_dq.device if q_dq is not None else k_dk.device)
+    NH = sq.N * H
+    dF = sq.spread(q_dq - k_dk) if c.has_decay else None
+    da = sq.spread(k_dk.clone()) if c.has_igate else None
     end = None  # ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩: the final state's own dependence on its scale
     if dS_T is not None:
-        end = (dS_T * S_T).sum((-2, -1)).view(BH)
+        end = (dS_T * S_T).sum((-2, -1)).view(NH)
         if c.track_n:
-            end = end + (dn_T * n_T).sum(-1).view(BH)
+            end = end + (dn_T * n_T).sum(-1).view(NH)
         if dF is not None:
-            dF[:, -1] += end
+            sq.add_at_last(dF, end)
     if c.stab:
-        dm = R_M.clone() if c.norm else torch.zeros_like(dF)
-        tail = torch.zeros(BH, device=dF.device)
+        dm = sq.spread(R_M.clone()) if c.norm else torch.zeros_like(dF)
+        tail = torch.zeros(NH, device=dF.device)
         if dm_T is not None:
-            tail = tail + dm_T.float().reshape(BH)
+            tail = tail + dm_T.float().reshape(NH)
         if end is not None:
             tail = tail - end
-        dm[:, -1] += tail
-        Fg = _rows(g).double().cumsum(-1)
-        start = m0.double().reshape(BH, 1) if m0 is not None else Fg.new_full((BH, 1), -torch.inf)
-        z = torch.cat([start, _rows(gi).double() - Fg], dim=1)
+        sq.add_at_last(dm, tail)
+        Fg = sq.spread(_rows(g).double()).cumsum(-1)
+        start = m0.double().reshape(NH, 1) if m0 is not None else Fg.new_full((NH, 1), -torch.inf)
+        a_seq = sq.spread(_rows(gi).double(), fill=-torch.inf)
+        z = torch.cat([start, a_seq - Fg], dim=1)
         idx = z.cummax(dim=1).indices[:, 1:]  # the argmax behind each m_t (0 = m_0)
-        dz = torch.zeros(BH, T + 1, device=dF.device).scatter_add_(1, idx, dm)
+        dz = torch.zeros(NH, sq.Lmax + 1, device=dF.device).scatter_add_(1, idx, dm)
         dF += dm - dz[:, 1:]
         da += dz[:, 1:]
         if m0 is not None:
-            dm0 = dm0 + dz[:, 0].view(B, H)
+            # An empty sequence's final m is its initial m: its tail goes straight to m_0.
+            empty = (~sq.nonempty)[:, None].float()
+            dm0 = dm0 + dz[:, 0].view(sq.N, H) + tail.view(sq.N, H) * empty
     dg = None
     if dF is not None:
-        dg = dF.flip(-1).cumsum(-1).flip(-1).view(B, H, T).transpose(1, 2)
+        dg = sq.gather(dF.flip(-1).cumsum(-1).flip(-1)).reshape(B, H, T).transpose(1, 2)
     if da is not None:
-        da = da.view(B, H, T).transpose(1, 2)
+        da = sq.gather(da).reshape(B, H, T).transpose(1, 2)
     return dg, da, dm0
 
 
@@ -344,7 +428,7 @@ class _ChunkFn(torch.autograd.Function):
     def forward(ctx, q, k, v, g, gi, S0, n0, m0, c: Config):
         L = c.L
         dummy = torch.empty(1, device=q.device)
-        b = _chunk_cumsum(g, L) if c.has_decay else dummy
+        b = _chunk_cumsum(g, L, c) if c.has_decay else dummy
         a = _rows(gi) if c.has_igate else dummy
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         if S0 is not None:
@@ -382,15 +466,17 @@ class _ChunkFn(torch.autograd.Function):
 
 
 def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, normalizer=None,
-          eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False):  # fmt: skip
+          eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False,
+          offsets=None):  # fmt: skip
     """Scalar-gate chunkwise forward (autograd-enabled). q, k, v ``[B, T, H, *]`` in one of
     fp16/bf16/fp32; g, gi ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial
-    state (n0 with ``track_n``, m0 with ``stabilize``). ``fused``: the non-materializing
-    kernels (triton_fused). Returns ``(o, S_T, n_T, m_T)``."""
+    state (n0 with ``track_n``, m0 with ``stabilize``; N = B, or the number of sequences).
+    ``fused``: the non-materializing kernels (triton_fused). ``offsets``: ``[N + 1]`` ints of
+    packed sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``."""
     c = Config(
         q, k, v, scale=scale, has_decay=g is not None, has_igate=gi is not None,
         stabilize=stabilize, track_n=track_n, normalizer=normalizer, eps=eps,
-        chunk_size=chunk_size, fused=fused,
+        chunk_size=chunk_size, fused=fused, offsets=offsets,
     )  # fmt: skip
     if S0 is not None:
         B, H, K = S0.shape[:3]

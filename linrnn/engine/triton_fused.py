@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _log_weights, _tile, _tile_t, _vec
+from linrnn.engine.triton_kernels import _bounds, _log_weights, _tile, _tile_t, _vec, _walk
 
 
 @triton.jit
@@ -51,13 +51,15 @@ def _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY: tl.constexpr, STAB: t
 
 @triton.jit
 def fused_fwd_kernel(
-    Q, K_, V_, O_, S0, N0, M0, ST_T, NS_T, MC, G_B, G_A, CMAX, M_ROW, DEN,
-    T, H, K, V, L, NT, scale, eps,
+    Q, K_, V_, O_, S0, N0, M0, ST_T, NS_T, MC, G_B, G_A, CMAX, M_ROW, DEN, CO, CHUNKS,
+    T, H, K, V, L, NT, NSEQ, scale, eps,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):  # fmt: skip
-    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
@@ -67,21 +69,20 @@ def fused_fwd_kernel(
     p_o = O_ + (i_b * T * H + i_h) * V
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
     if HAS_S0:
-        b_C = _tile(S0 + i_bh * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
+        b_C = _tile(S0 + i_st * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
     else:
         b_C = tl.zeros([BK, BV], dtype=tl.float32)
     if TRACK_N and HAS_S0:
-        b_n = _vec(N0 + i_bh * K, o_k, m_k)
+        b_n = _vec(N0 + i_st * K, o_k, m_k)
     else:
         b_n = tl.zeros([BK], dtype=tl.float32)
     if STAB and HAS_S0:
-        b_m = tl.load(M0 + i_bh).to(tl.float32)
+        b_m = tl.load(M0 + i_st).to(tl.float32)
     else:
         b_m = tl.max(tl.full([2], float("-inf"), tl.float32), 0)
     first = i_v == 0
-    for i_c in range(NT):
-        c0 = i_c * L
-        c1 = tl.minimum(c0 + L, T)
+    for i_c in range(c_lo, c_hi):
+        c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
         o_t = c0 + tl.arange(0, BT)
         m_t = o_t < c1
         b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
@@ -91,7 +92,7 @@ def fused_fwd_kernel(
         causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
         b_mr = tl.zeros([BT], dtype=tl.float32)
         if STAB:
-            tl.store(MC + i_bh * (NT + 1) + i_c, b_m, mask=first)
+            tl.store(MC + i_bh * (NT + NSEQ) + i_n + i_c, b_m, mask=first)
             z = tl.where(causal, b_b[:, None] - b_b[None, :] + b_a[None, :], float("-inf"))
             b_mr = tl.where(m_t, tl.maximum(b_b + b_m, tl.max(z, 1)), 0.0)
             e_r = tl.exp(b_b + b_m - b_mr)
@@ -136,24 +137,26 @@ def fused_fwd_kernel(
             b_n = b_n * decay + tl.sum(b_kw, 1)
         if STAB:
             b_m = m_next
-    p = ST_T + i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    p = ST_T + i_st * K * V + o_k[:, None] * V + o_v[None, :]
     tl.store(p, b_C, mask=m_k[:, None] & m_v[None, :])
     if TRACK_N:
-        tl.store(NS_T + i_bh * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
+        tl.store(NS_T + i_st * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
     if STAB:
-        tl.store(MC + i_bh * (NT + 1) + NT, b_m, mask=first)
+        tl.store(MC + i_bh * (NT + NSEQ) + i_n + c_hi, b_m, mask=first)
 
 
 @triton.jit
 def fused_dq_kernel(
-    Q, K_, V_, DH, DQ, S0, N0, MC, G_B, G_A, M_ROW, R_A, R_D, PART,
-    T, H, K, V, L, NT, scale,
+    Q, K_, V_, DH, DQ, S0, N0, MC, G_B, G_A, M_ROW, R_A, R_D, PART, CO, CHUNKS,
+    T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):  # fmt: skip
     """dq_r = scale·[e_r (A_r dh_r Cᵀ + dd_r n) + Σ_{s≤r} D_rs (A_r dh_r·v_s + dd_r) k_s]."""
-    i_k, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_k, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
@@ -163,16 +166,15 @@ def fused_dq_kernel(
     p_dh = DH + (i_b * T * H + i_h) * V
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
     if HAS_S0:
-        b_C = _tile(S0 + i_bh * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
+        b_C = _tile(S0 + i_st * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
     else:
         b_C = tl.zeros([BK, BV], dtype=tl.float32)
     if TRACK_N and HAS_S0:
-        b_n = _vec(N0 + i_bh * K, o_k, m_k)
+        b_n = _vec(N0 + i_st * K, o_k, m_k)
     else:
         b_n = tl.zeros([BK], dtype=tl.float32)
-    for i_c in range(NT):
-        c0 = i_c * L
-        c1 = tl.minimum(c0 + L, T)
+    for i_c in range(c_lo, c_hi):
+        c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
         o_t = c0 + tl.arange(0, BT)
         m_t = o_t < c1
         b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
@@ -182,8 +184,8 @@ def fused_dq_kernel(
         causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
         b_mr = tl.zeros([BT], dtype=tl.float32)
         if STAB:
-            m_c = tl.load(MC + i_bh * (NT + 1) + i_c)
-            m_next = tl.load(MC + i_bh * (NT + 1) + i_c + 1)
+            m_c = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c)
+            m_next = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c + 1)
             b_mr = _vec(M_ROW + i_bh * T, o_t, m_t)
             e_r = tl.exp(tl.where(m_t, b_b + m_c - b_mr, float("-inf")))
             decay = tl.exp(b_last + m_c - m_next)
@@ -207,7 +209,7 @@ def fused_dq_kernel(
         if HAS_DECAY:
             b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k)
             part = tl.sum(b_q.to(tl.float32) * b_dq, 1)
-            tl.store(PART + (i_k * tl.num_programs(1) + i_bh) * T + o_t, part, mask=m_t)
+            tl.store(PART + (i_k * (tl.num_programs(1) // NSEQ) + i_bh) * T + o_t, part, mask=m_t)
         w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
         b_kw = tl.trans(b_k.to(tl.float32) * w[:, None])  # [BK, BT]
         b_C = b_C * decay + tl.dot(b_kw.to(b_v.dtype), b_v, input_precision=DOT_PREC)
@@ -227,15 +229,17 @@ def _state_grad_step(b_dC, b_dn, b_qt, b_dh, f, fd, decay, TRACK_N: tl.constexpr
 
 @triton.jit
 def fused_dk_kernel(
-    Q, K_, V_, DH, DK, DS0, DN0, DS_T, DN_T, MC, G_B, G_A, M_ROW, R_A, R_D, PART,
-    T, H, K, V, L, NT, scale,
+    Q, K_, V_, DH, DK, DS0, DN0, DS_T, DN_T, MC, G_B, G_A, M_ROW, R_A, R_D, PART, CO, CHUNKS,
+    T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):  # fmt: skip
     """dk_s = w_s (v_s dCᵀ + dn) + scale·Σ_{r≥s} D_rs (A_r v_s·dh_r + dd_r) q_r, walking back;
     also the gradient of the initial state (C and n)."""
-    i_k, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_k, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
@@ -245,17 +249,16 @@ def fused_dk_kernel(
     p_dh = DH + (i_b * T * H + i_h) * V
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
     if HAS_DST:
-        b_dC = _tile(DS_T + i_bh * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
+        b_dC = _tile(DS_T + i_st * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
     else:
         b_dC = tl.zeros([BK, BV], dtype=tl.float32)
     if TRACK_N and HAS_DST:
-        b_dn = _vec(DN_T + i_bh * K, o_k, m_k)
+        b_dn = _vec(DN_T + i_st * K, o_k, m_k)
     else:
         b_dn = tl.zeros([BK], dtype=tl.float32)
-    for j in range(NT):
-        i_c = NT - 1 - j
-        c0 = i_c * L
-        c1 = tl.minimum(c0 + L, T)
+    for j in range(c_hi - c_lo):
+        i_c = c_hi - 1 - j
+        c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
         o_t = c0 + tl.arange(0, BT)
         m_t = o_t < c1
         b_qt = _tile_t(p_q, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
@@ -264,8 +267,8 @@ def fused_dk_kernel(
         b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
         b_mr = tl.zeros([BT], dtype=tl.float32)
         if STAB:
-            m_c = tl.load(MC + i_bh * (NT + 1) + i_c)
-            m_next = tl.load(MC + i_bh * (NT + 1) + i_c + 1)
+            m_c = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c)
+            m_next = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c + 1)
             b_mr = _vec(M_ROW + i_bh * T, o_t, m_t)
             lf = b_b + m_c - b_mr
             decay = tl.exp(b_last + m_c - m_next)
@@ -296,26 +299,27 @@ def fused_dk_kernel(
         if HAS_DECAY or HAS_IGATE:
             b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)
             part = tl.sum(b_k.to(tl.float32) * b_dk, 1)
-            tl.store(PART + (i_k * tl.num_programs(1) + i_bh) * T + o_t, part, mask=m_t)
+            tl.store(PART + (i_k * (tl.num_programs(1) // NSEQ) + i_bh) * T + o_t, part, mask=m_t)
         b_dC, b_dn = _state_grad_step(
             b_dC, b_dn, b_qt.to(tl.float32), b_dh, f, fd, decay, TRACK_N, DOT_PREC
         )
-    p = DS0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    p = DS0 + i_st * K * V + o_k[:, None] * V + o_v[None, :]
     tl.store(p, b_dC, mask=m_k[:, None] & m_v[None, :])
     if TRACK_N:
-        tl.store(DN0 + i_bh * K + o_k, b_dn, mask=m_k)
+        tl.store(DN0 + i_st * K + o_k, b_dn, mask=m_k)
 
 
 @triton.jit
 def fused_dv_kernel(
-    Q, K_, DH, DV, DS_T, MC, G_B, G_A, M_ROW, R_A,
-    T, H, K, V, L, NT, scale,
+    Q, K_, DH, DV, DS_T, MC, G_B, G_A, M_ROW, R_A, CO, CHUNKS,
+    T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
-    NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
+    NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
     """dv_s = w_s k_s dC + scale·Σ_{r≥s} D_rs A_r (k_s·q_r) dh_r, walking back."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
@@ -324,14 +328,13 @@ def fused_dv_kernel(
     p_dh = DH + (i_b * T * H + i_h) * V
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
     if HAS_DST:
-        b_dC = _tile(DS_T + i_bh * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
+        b_dC = _tile(DS_T + i_st * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
     else:
         b_dC = tl.zeros([BK, BV], dtype=tl.float32)
     b_dn = tl.zeros([BK], dtype=tl.float32)  # unused: dv does not see the normalizer state
-    for j in range(NT):
-        i_c = NT - 1 - j
-        c0 = i_c * L
-        c1 = tl.minimum(c0 + L, T)
+    for j in range(c_hi - c_lo):
+        i_c = c_hi - 1 - j
+        c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
         o_t = c0 + tl.arange(0, BT)
         m_t = o_t < c1
         b_qt = _tile_t(p_q, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
@@ -340,8 +343,8 @@ def fused_dv_kernel(
         b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
         b_mr = tl.zeros([BT], dtype=tl.float32)
         if STAB:
-            m_c = tl.load(MC + i_bh * (NT + 1) + i_c)
-            m_next = tl.load(MC + i_bh * (NT + 1) + i_c + 1)
+            m_c = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c)
+            m_next = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c + 1)
             b_mr = _vec(M_ROW + i_bh * T, o_t, m_t)
             lf = b_b + m_c - b_mr
             decay = tl.exp(b_last + m_c - m_next)

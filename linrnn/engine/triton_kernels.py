@@ -63,17 +63,46 @@ def _state_tile(ptr, o_d, o_o, s_d, s_o, m_d, m_o):
 
 
 @triton.jit
+def _walk(CO, i_nh, H, NT, VARLEN: tl.constexpr):
+    """A walking program's (row i_bh of the gates and chunk states, state index i_st, first and
+    end chunk, sequence). Packed sequences (B = 1): program i_nh = n·H + h walks sequence n's
+    chunks CO[n] … CO[n+1]."""
+    if VARLEN:
+        i_n = i_nh // H
+        c_lo = tl.load(CO + i_n)
+        c_hi = tl.load(CO + i_n + 1)
+        return i_nh % H, i_nh, c_lo, c_hi, i_n
+    else:
+        return i_nh, i_nh, 0, NT, 0
+
+
+@triton.jit
+def _bounds(CHUNKS, i_c, L, T, VARLEN: tl.constexpr):
+    """Chunk i_c's token range [c0, c1) and its sequence (CHUNKS: [NC, 3] int32 rows
+    (start, end, sequence) for packed sequences)."""
+    if VARLEN:
+        c0 = tl.load(CHUNKS + i_c * 3)
+        c1 = tl.load(CHUNKS + i_c * 3 + 1)
+        return c0, c1, tl.load(CHUNKS + i_c * 3 + 2)
+    else:
+        c0 = i_c * L
+        return c0, tl.minimum(c0 + L, T), 0
+
+
+@triton.jit
 def states_fwd_kernel(
-    K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A, CMAX,
-    T, H, K, V, L, NT,
+    K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A, CMAX, CO, CHUNKS,
+    T, H, K, V, L, NT, NSEQ,
     BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
-    TRACK_N: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
+    TRACK_N: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, B·H). Stores the state entering each chunk (ST [BH,NT,K,V],
     NS [BH,NT,K], MC [BH,NT+1]) and the final state (ST_T, NS_T, MC[:, NT]). CMAX [BH,NT]:
-    each chunk's max over s of (a_s − b_s), the chunk's own candidate for the max state."""
-    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    each chunk's max over s of (a_s − b_s), the chunk's own candidate for the max state. The max
+    state of chunk i_c of sequence n sits at MC[row, i_c + n] (NSEQ + NT slots per row)."""
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -83,21 +112,21 @@ def states_fwd_kernel(
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
     p_st = ST + i_bh * NT * K * V
     if HAS_S0:
-        b_C = _state_tile(S0 + i_bh * K * V, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)  # [BK, BV]
+        b_C = _state_tile(S0 + i_st * K * V, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)  # [BK, BV]
     else:
         b_C = tl.zeros([BK, BV], dtype=tl.float32)
     if TRACK_N and HAS_S0:
-        b_n = _vec(N0 + i_bh * K, o_k, m_k)  # [BK]
+        b_n = _vec(N0 + i_st * K, o_k, m_k)  # [BK]
     else:
         b_n = tl.zeros([BK], dtype=tl.float32)
     if STAB and HAS_S0:
-        b_m = tl.load(M0 + i_bh).to(tl.float32)
+        b_m = tl.load(M0 + i_st).to(tl.float32)
     else:  # m_0 = −∞ (no state yet), as a tensor so the loop carries one type
         b_m = tl.max(tl.full([2], float("-inf"), tl.float32), 0)
     head = (i_k == 0) & (i_v == 0)
-    for i_c in range(NT):
-        c0 = i_c * L
-        c1 = tl.minimum(c0 + L, T)
+    p_mc = MC + i_bh * (NT + NSEQ) + i_n
+    for i_c in range(c_lo, c_hi):
+        c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
         p_c = p_st + i_c * K * V
         tl.store(
             p_c + o_k[:, None] * V + o_v[None, :], b_C.to(ST.dtype.element_ty),
@@ -107,7 +136,7 @@ def states_fwd_kernel(
             tl.store(NS + (i_bh * NT + i_c) * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
         b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
         if STAB:
-            tl.store(MC + i_bh * (NT + 1) + i_c, b_m, mask=head)
+            tl.store(p_mc + i_c, b_m, mask=head)
             m_next = b_last + tl.maximum(b_m, tl.load(CMAX + i_bh * NT + i_c))
             decay = tl.exp(b_last + b_m - m_next)
         elif HAS_DECAY:
@@ -135,13 +164,13 @@ def states_fwd_kernel(
                 b_n += tl.sum(b_kw, 1)
         b_m = m_next
     tl.store(
-        ST_T + i_bh * K * V + o_k[:, None] * V + o_v[None, :], b_C.to(ST_T.dtype.element_ty),
+        ST_T + i_st * K * V + o_k[:, None] * V + o_v[None, :], b_C.to(ST_T.dtype.element_ty),
         mask=m_k[:, None] & m_v[None, :],
     )  # fmt: skip
     if TRACK_N:
-        tl.store(NS_T + i_bh * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
+        tl.store(NS_T + i_st * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
     if STAB:
-        tl.store(MC + i_bh * (NT + 1) + NT, b_m, mask=head)
+        tl.store(p_mc + c_hi, b_m, mask=head)
 
 
 @triton.jit
@@ -163,11 +192,12 @@ def _log_weights(b_r, b_s, a_s, m_r, causal, HAS_DECAY: tl.constexpr, HAS_IGATE:
 
 @triton.jit
 def rows_kernel(
-    X, Y, Z, OUT, ST, NS, MC, G_B, G_A, M_ROW, DEN, R_A, R_D, QD, PART,
-    T, H, D, O, L, NT, NQ, s_sd, s_so, scale, eps,
+    X, Y, Z, OUT, ST, NS, MC, G_B, G_A, M_ROW, DEN, R_A, R_D, QD, PART, CHUNKS,
+    T, H, D, O, L, NT, NQ, NSEQ, s_sd, s_so, scale, eps,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     IS_DQ: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
     STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (chunks × query tiles, output tiles, B·H). Rows r of one query tile:
 
@@ -179,8 +209,7 @@ def rows_kernel(
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, i_q = i_cq // NQ, i_cq % NQ
-    c0 = i_c * L
-    c1 = tl.minimum(c0 + L, T)
+    c0, c1, i_n = _bounds(CHUNKS, i_c, L, T, VARLEN)
     r0 = c0 + i_q * BQ
     if r0 >= c1:
         return
@@ -197,7 +226,7 @@ def rows_kernel(
     b_br = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
     b_mr = tl.zeros([BQ], dtype=tl.float32)
     if STAB:
-        m_c = tl.load(MC + i_bh * (NT + 1) + i_c)
+        m_c = tl.load(MC + i_bh * (NT + NSEQ) + i_c + i_n)
         if IS_DQ:
             b_mr = _vec(M_ROW + i_bh * T, o_r, m_r)
         else:  # the exact row max, from the scalar gates alone (no matmul)
@@ -333,15 +362,16 @@ def norm_bwd_kernel(
 
 @triton.jit
 def states_bwd_kernel(
-    Q, DH, DST, DNS, DS0, DN0, DS_T, DN_T, MC, G_B, M_ROW, R_A, R_D,
-    T, H, K, V, L, NT, scale,
+    Q, DH, DST, DNS, DS0, DN0, DS_T, DN_T, MC, G_B, M_ROW, R_A, R_D, CO, CHUNKS,
+    T, H, K, V, L, NT, NSEQ, scale,
     BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr,
     HAS_DECAY: tl.constexpr, STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
-    HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
+    HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, B·H). Walks the chunks backwards; stores the gradient of the
     state leaving each chunk (DST [BH,NT,K,V], DNS [BH,NT,K]) and of the initial state."""
-    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -350,17 +380,17 @@ def states_bwd_kernel(
     p_dh = DH + (i_b * T * H + i_h) * V
     G_B = G_B + i_bh * T
     if HAS_DST:
-        b_dC = _state_tile(DS_T + i_bh * K * V, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
+        b_dC = _state_tile(DS_T + i_st * K * V, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
     else:
         b_dC = tl.zeros([BK, BV], dtype=tl.float32)
     if TRACK_N and HAS_DST:
-        b_dn = _vec(DN_T + i_bh * K, o_k, m_k)
+        b_dn = _vec(DN_T + i_st * K, o_k, m_k)
     else:
         b_dn = tl.zeros([BK], dtype=tl.float32)
-    for j in range(NT):
-        i_c = NT - 1 - j
-        c0 = i_c * L
-        c1 = tl.minimum(c0 + L, T)
+    p_mc = MC + i_bh * (NT + NSEQ) + i_n
+    for j in range(c_hi - c_lo):
+        i_c = c_hi - 1 - j
+        c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
         tl.store(
             DST + (i_bh * NT + i_c) * K * V + o_k[:, None] * V + o_v[None, :], b_dC,
             mask=m_k[:, None] & m_v[None, :],
@@ -369,8 +399,8 @@ def states_bwd_kernel(
             tl.store(DNS + (i_bh * NT + i_c) * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
         b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
         if STAB:
-            m_c = tl.load(MC + i_bh * (NT + 1) + i_c)
-            decay = tl.exp(b_last + m_c - tl.load(MC + i_bh * (NT + 1) + i_c + 1))
+            m_c = tl.load(p_mc + i_c)
+            decay = tl.exp(b_last + m_c - tl.load(p_mc + i_c + 1))
         elif HAS_DECAY:
             decay = tl.exp(b_last)
         else:
@@ -396,20 +426,21 @@ def states_bwd_kernel(
             else:
                 b_dC += tl.dot((b_qt * f[None, :]).to(b_dh.dtype), b_dh, input_precision=DOT_PREC)
     tl.store(
-        DS0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :], b_dC,
+        DS0 + i_st * K * V + o_k[:, None] * V + o_v[None, :], b_dC,
         mask=m_k[:, None] & m_v[None, :],
     )  # fmt: skip
     if TRACK_N:
-        tl.store(DN0 + i_bh * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
+        tl.store(DN0 + i_st * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
 
 
 @triton.jit
 def cols_kernel(
-    X, Y, Z, OUT, DST, DNS, MC, G_B, G_A, M_ROW, R_A, R_D, KD, PART,
-    T, H, D, O, L, NT, NS_, s_sd, s_so, scale,
+    X, Y, Z, OUT, DST, DNS, MC, G_B, G_A, M_ROW, R_A, R_D, KD, PART, CHUNKS,
+    T, H, D, O, L, NT, NS_, NSEQ, s_sd, s_so, scale,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     IS_DK: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
     STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (chunks × key tiles, output tiles, B·H). Columns s of one key tile:
 
@@ -420,8 +451,7 @@ def cols_kernel(
     i_cs, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, i_s = i_cs // NS_, i_cs % NS_
-    c0 = i_c * L
-    c1 = tl.minimum(c0 + L, T)
+    c0, c1, i_n = _bounds(CHUNKS, i_c, L, T, VARLEN)
     s0 = c0 + i_s * BS
     if s0 >= c1:
         return
@@ -440,7 +470,7 @@ def cols_kernel(
     if HAS_DECAY:
         lw += tl.load(G_B + c1 - 1)
     if STAB:
-        lw -= tl.load(MC + i_bh * (NT + 1) + i_c + 1)
+        lw -= tl.load(MC + i_bh * (NT + NSEQ) + i_c + i_n + 1)
     w_s = tl.exp(tl.where(m_s, lw, float("-inf")))  # [BS], ≤ 1
 
     # One pass over depth: the inter-chunk product X_s·dS_c+1 and the diagonal query tile's

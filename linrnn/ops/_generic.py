@@ -228,33 +228,9 @@ def _run_triton(fn, family, q, k, v, *, g, gv, gi, u, S0, n0, m0, cu_seqlens, **
         )
     f32 = lambda x: None if x is None else x.float()  # noqa: E731
     g, gi = f32(g), f32(gi)
-    if cu_seqlens is None:
-        o, S, n, m = fn(q, k, v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, **switches)
-        return o, (S, n, m)
-    # Packed sequences: one call per sequence for now (native varlen kernels are issue 5).
-    lengths = [cu_seqlens[i + 1] - cu_seqlens[i] for i in range(len(cu_seqlens) - 1)]
-    split = lambda x: [None] * len(lengths) if x is None else x.split(lengths, dim=1)  # noqa: E731
-    per = lambda x: [None] * len(lengths) if x is None else x.split(1)  # noqa: E731
-    outs, finals = [], []
-    B, H, K, V = 1, q.shape[2], q.shape[3], v.shape[3]
-    for i, (qi, ki, vi, gj, gij, S0i, n0i, m0i) in enumerate(
-        zip(split(q), split(k), split(v), split(g), split(gi), per(S0), per(n0), per(m0))
-    ):
-        if lengths[i] == 0:  # the state passes through unchanged
-            outs.append(vi)
-            zero = q.new_zeros(B, H, K, dtype=torch.float32)
-            finals.append((
-                S0i if S0i is not None else q.new_zeros(B, H, K, V, dtype=torch.float32),
-                (n0i if n0i is not None else zero) if switches["track_n"] else None,
-                (m0i if m0i is not None else zero[..., 0] - torch.inf)
-                if switches["stabilize"] else None,
-            ))  # fmt: skip
-            continue
-        o, S, n, m = fn(qi, ki, vi, g=gj, gi=gij, S0=S0i, n0=n0i, m0=m0i, **switches)
-        outs.append(o)
-        finals.append((S, n, m))
-    cat = lambda j: None if finals[0][j] is None else torch.cat([f[j] for f in finals])  # noqa: E731
-    return torch.cat(outs, dim=1), (cat(0), cat(1), cat(2))
+    offsets = None if cu_seqlens is None else [int(x) for x in cu_seqlens]
+    o, S, n, m = fn(q, k, v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, offsets=offsets, **switches)
+    return o, (S, n, m)
 
 
 def _packed(impl, q, k, v, scale, gates, S0, m0, offsets):
