@@ -3,6 +3,8 @@
 Commands (the default is ``selfcheck``):
 
 - ``selfcheck`` — every family and torch mode in fp32 against the fp64 reference, timed.
+- ``bench`` — the benchmark suite (:mod:`linrnn.bench`): every family and mode with peers,
+  FLOP/s, bytes/s, × floor, JSON and plots; on a CPU-only machine the quick suite, torch path.
 
 A command is a module with ``add_arguments(parser)`` and ``main(args) -> exit code``; adding one
 is one entry in :data:`COMMANDS`.
@@ -14,9 +16,11 @@ import argparse
 import sys
 
 from linrnn import selfcheck
+from linrnn.bench import cli as bench_cli
 
 COMMANDS = {
     "selfcheck": (selfcheck, "check every family and mode against the fp64 reference"),
+    "bench": (bench_cli, "benchmark every family and mode, with peers (see linrnn.bench)"),
 }
 DEFAULT_COMMAND = "selfcheck"
 
