@@ -66,7 +66,7 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
 
 
 def dtype_name(dtype) -> str:
-    """"bf16", "fp16", "fp32" or "fp64" for a torch dtype or such a string."""
+    """ "bf16", "fp16", "fp32" or "fp64" for a torch dtype or such a string."""
     text = str(dtype).replace("torch.", "")
     name = _DTYPE_NAMES.get(text, text)
     if name not in flops.DTYPE_BYTES:
@@ -200,7 +200,9 @@ def chunk_size_choice(
         why = f"fastest measured {objective} at {entry['shape']}"
         if memory_budget is not None:
             m = registry.parse_shape(entry["shape"])
-            scale = 1.0 if call_shape is None else math.prod(call_shape) / (m["B"] * m["T"] * m["H"])
+            scale = (
+                1.0 if call_shape is None else math.prod(call_shape) / (m["B"] * m["T"] * m["H"])
+            )
 
             def peak(L):
                 f = measured[L]
@@ -214,7 +216,7 @@ def chunk_size_choice(
             elif known:
                 best = min(known, key=peak)
                 return Choice(
-                    best, "measured", f"no measured L fits the budget; smallest peak", key,
+                    best, "measured", "no measured L fits the budget; smallest peak", key,
                     measured,
                 )  # fmt: skip
             else:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from linrnn.bench import flops, peers, registry, report, worker
 
+
 def tasks() -> dict:
     from linrnn.bench import timing
 

@@ -47,7 +47,7 @@ DISTRIBUTIONS = {"fla": "fla-core", "mlstm_kernels": "mlstm-kernels", "torch": "
 
 
 def library_of(op: str) -> str:
-    """"linrnn" for a registry op, else the peer's library."""
+    """ "linrnn" for a registry op, else the peer's library."""
     return "linrnn" if op in registry.OPS else PEERS[op].library
 
 

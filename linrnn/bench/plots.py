@@ -107,9 +107,10 @@ def roofline_chart(rows: list[dict], spec: dict | None, out_dir: Path) -> list[P
         ax.scatter(*zip(*xy), label=label, s=18)
     if spec:
         lo = min(p["intensity"] for p in pts) / 4
-        hi = max(max(p["intensity"] for p in pts) * 4, 4 * spec["bf16_dense_flops"] / spec[
-            "bandwidth_Bps"
-        ])
+        hi = max(
+            max(p["intensity"] for p in pts) * 4,
+            4 * spec["bf16_dense_flops"] / spec["bandwidth_Bps"],
+        )
         xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
         ax.plot(xs, [flops.roofline(x, spec) / 1e12 for x in xs], "k-", lw=1,
                 label=f"{spec['matched']} roofline (spec sheet)")  # fmt: skip

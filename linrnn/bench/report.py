@@ -170,8 +170,8 @@ BENCH_NUMERIC = (0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0)
 
 def bench_cells(r: dict) -> tuple:
     """The table cells of one bench row."""
-    peak = r.get("peak_fwdbwd_mib") if r.get("peak_fwdbwd_mib") is not None else r.get(
-        "peak_fwd_mib"
+    peak = (
+        r.get("peak_fwdbwd_mib") if r.get("peak_fwdbwd_mib") is not None else r.get("peak_fwd_mib")
     )
     if r.get("first_call_s") is not None:
         first = f"{r['first_call_s']:.2f}" + ("" if r.get("first_in_process", True) else "*")
