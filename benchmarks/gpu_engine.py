@@ -1,5 +1,9 @@
 """GPU check and benchmark of the Triton chunkwise engine (issue 3), with its peers side by side.
 
+A thin user of :mod:`linrnn.bench` (the ops and inputs, peers, worker isolation, timing, FLOP and
+byte counts, reports); what stays here is the correctness check and this script's tables and
+targets. ``linrnn bench`` is the general command; this script keeps issue 3's run as it was.
+
     # on the GPU machine (peers from the wheels in .whl/, see GPU.md):
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
     PYTHONPATH=/tmp/site:$PWD python3 benchmarks/gpu_engine.py --commit <sha>
@@ -73,27 +77,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import datetime as dt
-import importlib.metadata
 import json
 import math
-import os
-import platform
-import queue
-import re
 import shlex
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +92,14 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout without install
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+from linrnn.bench import flops, registry, report, timing, worker  # noqa: E402
+from linrnn.bench import peers as bench_peers  # noqa: E402
+from linrnn.bench.flops import gpu_spec  # noqa: E402
+from linrnn.bench.peers import Peer, library_of  # noqa: E402, F401
+from linrnn.bench.registry import parse_shape  # noqa: E402
+from linrnn.bench.report import clean_json, format_table, ms, slug  # noqa: E402
+from linrnn.bench.worker import emit, worker_env  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Constants
@@ -124,65 +123,23 @@ QUICK_BENCH_SHAPE = "B2-T1024-H4-K128-V128"
 CPU_BENCH_SHAPE = "B1-T128-H2-K32-V32"
 TARGET_SHAPE = "B8-T8192-H16-K256-V256"  # the issue's targets are quoted here
 BENCH_DTYPE = "bf16"
+# Spec-sheet numbers: linrnn.bench.flops.GPU_SPECS (NVIDIA datasheets).
+GPU_SPECS = flops.GPU_SPECS
+WORKER_COMMAND = (sys.executable, str(Path(__file__).resolve()), "--worker")
 
-# Spec-sheet numbers (NVIDIA H100 / H200 datasheets): HBM bandwidth in B/s and dense
-# (no sparsity) BF16 tensor-core throughput in FLOP/s. Matched in order against the device
-# name, so "H100" (SXM5) comes after the PCIe and NVL variants.
-GPU_SPECS = (
-    ("H200", 4.8e12, 989e12),
-    ("H100 NVL", 3.9e12, 835e12),
-    ("H100 PCIe", 2.0e12, 756e12),
-    ("H100", 3.35e12, 989e12),
-)
-
-MARK = "@@gpu_engine@@ "  # prefix of the worker's event lines on stdout
-
-# linrnn variants: name -> (selfcheck variant, extra options, gradient names of the gates)
+# linrnn variants with Triton kernels: name -> (selfcheck variant, extra options, gradient
+# names of the gates), from linrnn.bench.registry.
 LINRNN_OPS = {
-    "linear_attn": ("linear_attn", {}, ()),
-    "linear_attn[normalize]": ("linear_attn[normalize]", {}, ()),
-    "retention": ("retention", {}, ("log_gamma",)),
-    "simple_gla": ("simple_gla", {}, ("g",)),
-    "mlstm[sigmoid]": ("mlstm[sigmoid]", {}, ("i", "f")),
-    "mlstm[sigmoid,normalize]": ("mlstm[sigmoid]", {"normalize": True}, ("i", "f")),
-    "mlstm[exp]": ("mlstm[exp]", {}, ("i", "f")),
+    name: (op.variant, dict(op.options), op.grad_names)
+    for name, op in registry.OPS.items()
+    if op.triton
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Peer:
-    """A peer op: the linrnn variant it matches (its inputs), its chunk size, and a note."""
-
-    library: str
-    like: str  # linrnn op whose inputs and floor it shares
-    chunk: int | None
-    note: str = ""
-
-
-PEERS = {
-    "mlstm_kernels:triton_xl_chunk_siging": Peer(
-        "mlstm_kernels", "mlstm[sigmoid]", 128, "normalize=False; [B,H,T,D]"
-    ),
-    "mlstm_kernels:triton_xl_chunk_siging[normalize]": Peer(
-        "mlstm_kernels", "mlstm[sigmoid,normalize]", 128, "normalize=True (default); [B,H,T,D]"
-    ),
-    "mlstm_kernels:triton_xl_chunk": Peer("mlstm_kernels", "mlstm[exp]", 128, "[B,H,T,D]"),
-    "mlstm_kernels:triton_limit_chunk": Peer("mlstm_kernels", "mlstm[exp]", 64, "[B,H,T,D]"),
-    "fla:chunk_simple_gla": Peer("fla", "simple_gla", 64),
-    "fla:chunk_retention": Peer("fla", "retention", 64),
-    "fla:chunk_linear_attn": Peer("fla", "linear_attn", 64, "normalize=False"),
-    "fla:chunk_linear_attn[normalize]": Peer("fla", "linear_attn[normalize]", 64),
-    "torch:sdpa_causal": Peer("torch", "linear_attn", None, "softmax baseline; [B,H,T,D]"),
-}
+# Peers whose linrnn counterpart is one of LINRNN_OPS (linrnn.bench.peers.PEERS).
+PEERS = {name: peer for name, peer in bench_peers.PEERS.items() if peer.like in LINRNN_OPS}
 N_GATES = {  # fp32 [B, T, H] gate tensors read by the op (for the floor's bytes)
-    "linear_attn": 0,
-    "linear_attn[normalize]": 0,
-    "retention": 0,
-    "simple_gla": 1,
-    "mlstm[sigmoid]": 2,
-    "mlstm[sigmoid,normalize]": 2,
-    "mlstm[exp]": 2,
+    name: registry.OPS[name].gate_elems(1, 1) for name in LINRNN_OPS
 }
+
 
 # The issue's targets: (label, linrnn ops, peer ops; the fastest peer that ran is used)
 TARGETS = (
@@ -207,14 +164,6 @@ TARGETS = (
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_shape(shape_id: str) -> dict:
-    """``"B8-T8192-H16-K256-V256"`` -> ``{"B": 8, "T": 8192, "H": 16, "K": 256, "V": 256}``."""
-    m = re.fullmatch(r"B(\d+)-T(\d+)-H(\d+)-K(\d+)-V(\d+)", shape_id)
-    if not m or min(map(int, m.groups())) < 1:
-        raise ValueError(f"shape {shape_id!r} is not of the form B8-T8192-H16-K256-V256")
-    return dict(zip("BTHKV", map(int, m.groups())))
-
-
 def rel_err(a, b) -> float:
     """RMS-relative error ``‖a − b‖ / ‖b‖`` in fp64 (absolute when ``b`` is all zeros)."""
     a, b = a.detach().double(), b.detach().double()
@@ -230,56 +179,19 @@ def state_parts(state) -> list:
     return list(state) if isinstance(state, (tuple, list)) else [state]
 
 
-def short_error(exc: BaseException) -> str:
-    """The first line of ``Type: message`` (the row's status)."""
-    lines = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return lines[0][:300] if lines else type(exc).__name__
-
-
-def error_detail(exc: BaseException) -> str:
-    """The whole exception text (kept in the JSON), at most 2000 characters."""
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]
-
-
-def ms(value) -> str:
-    return "—" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
-
-
 # ---------------------------------------------------------------------------------------------
-# Worker side: input recipes, op builders, checks and timings (runs in a subprocess)
+# Worker side: correctness (the benchmark itself is linrnn.bench.timing.bench_case)
 # ---------------------------------------------------------------------------------------------
-
-
-def emit(event: dict) -> None:
-    """One event line for the parent (the only stdout lines it reads)."""
-    print(MARK + json.dumps(event), flush=True)
 
 
 def linrnn_variant(name: str):
     """The :class:`linrnn.selfcheck.Variant` behind a linrnn op name, with its options."""
-    from linrnn.selfcheck import VARIANTS
-
-    base, extra, _ = LINRNN_OPS[name]
-    variant = next(v for v in VARIANTS if v.name == base)
-    return dataclasses.replace(variant, name=name, options={**variant.options, **extra})
+    return registry.selfcheck_variant(name)
 
 
 def variant_inputs(name: str, shape: dict, seed: int, device):
-    """Seeded fp32 inputs of a linrnn op (the self-check's recipe) on ``device``:
-    ``(args, kwargs)`` with q, k, v first. q, k, v come from a device generator (fast for the
-    benchmark shapes); the gates from the self-check's CPU recipe."""
-    import torch.nn.functional as F
-
-    variant = linrnn_variant(name)
-    B, T, H, K, V = (shape[d] for d in "BTHKV")
-    gen = torch.Generator(device=device).manual_seed(seed)
-    q, k = (torch.randn(B, T, H, K, device=device, generator=gen) for _ in range(2))
-    v = torch.randn(B, T, H, V, device=device, generator=gen)
-    if variant.positive_qk:
-        q, k = F.elu(q) + 1, F.elu(k) + 1
-    gates, tensor_kwargs = variant.make(torch.Generator().manual_seed(seed + 1), B, T, H, K, V)
-    move = lambda x: x.to(device)  # noqa: E731
-    return (q, k, v, *map(move, gates)), {n: move(x) for n, x in tensor_kwargs.items()}
+    """Seeded fp32 inputs of a linrnn op (:func:`linrnn.bench.registry.make_inputs`)."""
+    return registry.make_inputs(name, shape, seed, device)
 
 
 @contextlib.contextmanager
@@ -429,420 +341,26 @@ def summarize_errors(errors: dict, tol: float) -> dict:
     }
 
 
-# --- benchmark builders: each returns (leaves, fwd) with fwd() -> o ---------------------------
+def bench_case(case: dict, item: dict) -> dict:
+    """One benchmark row (:func:`linrnn.bench.timing.bench_case`, bf16 inputs)."""
+    return timing.bench_case(dict(case, dtype=BENCH_DTYPE), item)
 
 
-def bf16_inputs(case: dict, shape: dict):
-    """The benchmark inputs of the linrnn op that ``case["op"]`` is or matches: q, k, v in
-    bf16, gates fp32; ``(args, kwargs, gradient mask over args)``."""
-    like = case["op"] if case["op"] in LINRNN_OPS else PEERS[case["op"]].like
-    args, kwargs = variant_inputs(like, shape, case["seed"], torch.device(case["device"]))
-    dtype = DTYPES[BENCH_DTYPE]
-    args = (*(x.to(dtype) for x in args[:3]), *args[3:])
-    needs_grad = [like != "retention" or j < 3 for j in range(len(args))]
-    args = tuple(x.requires_grad_(n) for x, n in zip(args, needs_grad))
-    return args, kwargs, needs_grad
-
-
-def build_linrnn(case: dict, shape: dict):
-    from linrnn.selfcheck import run
-
-    args, kwargs, needs_grad = bf16_inputs(case, shape)
-    variant = linrnn_variant(case["op"])
-    opts = dict(mode=case["mode"], backend=case["backend"], chunk_size=case["chunk"])
-    leaves = [x for x, n in zip(args, needs_grad) if n]
-    return leaves, lambda: run(variant, args, kwargs, **opts)[0]
-
-
-def head_first(x):
-    """[B, T, H, ...] -> [B, H, T, ...], contiguous, as a new leaf (done before timing)."""
-    return x.detach().transpose(1, 2).contiguous().requires_grad_(x.requires_grad)
-
-
-def build_mlstm_kernels(case: dict, shape: dict):
-    (q, k, v, i, f), _, _ = bf16_inputs(case, shape)
-    kernel = case["op"].split(":")[1].split("[")[0]
-    if kernel == "triton_xl_chunk_siging":
-        from mlstm_kernels.torch.chunkwise.triton_xl_chunk_siging import (
-            mlstm_siging_chunkwise__xl_chunk as fn,
-        )
-
-        extra = {"normalize": case["op"].endswith("[normalize]")}
-    elif kernel == "triton_xl_chunk":
-        from mlstm_kernels.torch.chunkwise.triton_xl_chunk import mlstm_chunkwise__xl_chunk as fn
-
-        extra = {}
-    else:
-        from mlstm_kernels.torch.chunkwise.triton_limit_chunk import (
-            mlstm_chunkwise__limit_chunk as fn,
-        )
-
-        extra = {}
-    leaves = [head_first(x) for x in (q, k, v, i, f)]
-    chunk = PEERS[case["op"]].chunk
-    return leaves, lambda: fn(*leaves, chunk_size=chunk, return_last_states=False, **extra)
-
-
-def build_fla(case: dict, shape: dict):
-    args, _, needs_grad = bf16_inputs(case, shape)
-    leaves = [x for x, n in zip(args, needs_grad) if n]
-    op = case["op"].split(":")[1]
-    if op == "chunk_simple_gla":
-        from fla.ops.simple_gla import chunk_simple_gla
-
-        q, k, v, g = args
-        return leaves, lambda: chunk_simple_gla(q, k, v, g=g)[0]
-    if op == "chunk_retention":
-        from fla.ops.retention import chunk_retention
-
-        q, k, v, _ = args  # fla makes the same per-head decays itself
-        return leaves, lambda: chunk_retention(q, k, v)[0]
-    from fla.ops.linear_attn import chunk_linear_attn
-
-    q, k, v = args
-    normalize = op.endswith("[normalize]")
-    return leaves, lambda: chunk_linear_attn(q, k, v, normalize=normalize)[0]
-
-
-def build_sdpa(case: dict, shape: dict):
-    import torch.nn.functional as F
-
-    (q, k, v), _, _ = bf16_inputs(case, shape)
-    q, k, v = map(head_first, (q, k, v))
-    return [q, k, v], lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-BUILDERS = {
-    "linrnn": build_linrnn,
-    "mlstm_kernels": build_mlstm_kernels,
-    "fla": build_fla,
-    "torch": build_sdpa,
+TASKS = {
+    "check": check_case,
+    "bench": bench_case,
+    "info": report.info_case,
+    "selftest": worker.selftest_case,
 }
 
 
-def library_of(op: str) -> str:
-    return "linrnn" if op in LINRNN_OPS else PEERS[op].library
-
-
-# --- benchmark measurements -------------------------------------------------------------------
-
-
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, device) -> float:
-    """Seconds of one call, synchronized."""
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
-
-
-def median_ms(fn, case: dict, device) -> float:
-    """Median time of ``fn`` in ms: ``triton.testing.do_bench`` on CUDA (its warm-up
-    excluded), else ``time.perf_counter`` over ``cpu_repeats`` calls after one warm-up."""
-    if device.type == "cuda":
-        import triton.testing
-
-        return float(
-            triton.testing.do_bench(
-                fn, warmup=case["warmup_ms"], rep=case["rep_ms"], return_mode="median"
-            )
-        )
-    fn()
-    return 1e3 * statistics.median(timed(fn, device) for _ in range(case["cpu_repeats"]))
-
-
-def peak_mib(fn, device) -> tuple[float | None, float | None]:
-    """``(peak, peak − allocated before the call)`` in MiB for one call of ``fn`` (CUDA)."""
-    if device.type != "cuda":
-        return None, None
-    sync(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    fn()
-    sync(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    return peak / 2**20, (peak - before) / 2**20
-
-
-def bench_case(case: dict, item: dict) -> dict:
-    """Figures for one op × mode × chunk size × shape. A stage that raises ends the row (a
-    backward that raises still leaves the forward to time); the figures measured before it
-    are kept, and the exception becomes the status."""
-    row: dict = {"status": "ok"}
-    where = {"stage": "inputs"}
-
-    def stage(name: str) -> None:
-        where["stage"] = name
-        emit({"event": "stage", "stage": name})
-
-    try:
-        bench_stages(case, parse_shape(item["shape"]), row, stage)
-    except Exception as exc:
-        traceback.print_exc()
-        row["status"] = f"error ({where['stage']}): {short_error(exc)}"
-        row["error_detail"] = error_detail(exc)
-    return row
-
-
-def bench_stages(case: dict, shape: dict, row: dict, stage) -> None:
-    device = torch.device(case["device"])
-    stage("inputs")
-    leaves, fwd = BUILDERS[library_of(case["op"])](case, shape)
-    sync(device)
-    if device.type == "cuda":
-        row["inputs_mib"] = torch.cuda.memory_allocated(device) / 2**20
-
-    stage("first forward")  # with autograd, as in training; its graph feeds the first backward
-    sync(device)
-    t0 = time.perf_counter()
-    o = fwd()
-    sync(device)
-    row["first_fwd_s"] = time.perf_counter() - t0
-    do = torch.randn_like(o.detach())
-
-    def fwd_bwd():
-        torch.autograd.grad(fwd(), leaves, do)
-
-    def fwd_nograd():
-        with torch.no_grad():
-            fwd()
-
-    stage("first backward")
-    try:
-        row["first_bwd_s"] = timed(partial(torch.autograd.grad, o, leaves, do), device)
-        row["first_call_s"] = row["first_fwd_s"] + row["first_bwd_s"]
-    except Exception as exc:  # e.g. fla's simple-GLA backward on Triton < 3.7.1
-        traceback.print_exc()
-        row["status"] = f"error (first backward): {short_error(exc)}"
-        row["error_detail"] = error_detail(exc)
-    del o  # the first call's graph
-
-    stage("timing forward")
-    row["fwd_ms"] = median_ms(fwd_nograd, case, device)
-    row["peak_fwd_mib"], row["extra_fwd_mib"] = peak_mib(fwd_nograd, device)
-    if row["status"] == "ok":
-        stage("timing forward+backward")
-        row["fwdbwd_ms"] = median_ms(fwd_bwd, case, device)
-        row["peak_fwdbwd_mib"], row["extra_fwdbwd_mib"] = peak_mib(fwd_bwd, device)
-
-
-# --- worker entry point ---------------------------------------------------------------------
-
-
-def info_case(case: dict, item: dict) -> dict:
-    """Versions and the device as the worker sees them (the parent never touches CUDA)."""
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:  # CPU machines may lack it
-        triton_version = None
-    info = {
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "cuda_runtime": torch.version.cuda,
-        "cuda_available": torch.cuda.is_available(),
-        "python": platform.python_version(),
-    }
-    for dist in ("fla-core", "mlstm-kernels"):
-        try:
-            info[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            info[dist] = None
-    if torch.cuda.is_available() and case["device"] == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        info.update(
-            gpu=props.name,
-            capability=f"{props.major}.{props.minor}",
-            sm_count=props.multi_processor_count,
-            gpu_memory_gib=round(props.total_memory / 2**30, 1),
-        )
-    return info
-
-
-def selftest_case(case: dict, item: dict) -> dict:
-    """Failure modes on demand, for the test of the subprocess handling (item ``do``: ok,
-    raise, abort, sleep)."""
-    emit({"event": "stage", "stage": "first forward"})
-    if item["do"] == "raise":
-        raise RuntimeError("raised on purpose")
-    if item["do"] == "abort":
-        os.kill(os.getpid(), signal.SIGABRT)  # as Triton's compiler does
-    if item["do"] == "sleep":
-        time.sleep(3600)
-    return {"status": "ok"}
-
-
-TASKS = {"check": check_case, "bench": bench_case, "info": info_case, "selftest": selftest_case}
-
-
 def _worker(case_json: str) -> int:
-    """Run every item of one case, emitting ``start``, ``stage`` and ``row`` events. An
-    exception fails its item only; a crash of the process is handled by the parent."""
-    case = json.loads(case_json)
-    if case.get("threads"):
-        torch.set_num_threads(case["threads"])
-    if case.get("fresh_triton_cache"):  # compile from scratch: first calls include it
-        base = os.environ.get("TRITON_CACHE_DIR") or tempfile.gettempdir()
-        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_cache_", dir=base)
-    task = TASKS[case["task"]]
-    for index, item in enumerate(case["items"]):
-        emit({"event": "start", "item": item})
-        try:
-            row = task(case, item)
-        except Exception as exc:  # the item's status; the worker goes on to the next one
-            traceback.print_exc()
-            row = {"status": f"error: {short_error(exc)}", "error_detail": error_detail(exc)}
-        row["first_in_process"] = index == 0
-        emit({"event": "row", "item": item, "row": row})
-        if case["device"] == "cuda":
-            torch.cuda.empty_cache()
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Parent side: subprocess management
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Launch:
-    """What one worker process reported before it ended."""
-
-    rows: list  # (item, row) pairs
-    current: dict | None = None  # the item in progress when the process ended
-    stage: str | None = None
-    stage_elapsed_s: float | None = None
-    item_elapsed_s: float | None = None
-    failure: str | None = None  # status for ``current`` (None: clean exit)
-    stderr_tail: str = ""
-
-
-def _read_lines(stream, sink: queue.Queue) -> None:
-    for line in stream:
-        sink.put(line)
-    sink.put(None)
-
-
-def _exit_status(rc: int, stderr_tail: str) -> str:
-    if rc < 0:
-        try:
-            name = signal.Signals(-rc).name
-        except ValueError:
-            name = "?"
-        return f"aborted: signal {-rc} ({name})"
-    last = next((ln for ln in reversed(stderr_tail.splitlines()) if ln.strip()), "")
-    return f"error: exit {rc}: {last.strip()[:200]}"
-
-
-def launch(case: dict, timeout: float, env: dict, verbose: bool) -> Launch:
-    """Run the worker on ``case`` until it exits, crashes or spends ``timeout`` seconds on one
-    item (or on starting up); the process group is killed on timeout."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(case)]
-    result = Launch(rows=[])
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=env,
-            cwd=ROOT,
-            start_new_session=True,
-        )
-        lines: queue.Queue = queue.Queue()
-        reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
-        reader.start()
-        now = time.monotonic()
-        deadline, item_t0, stage_t0 = now + timeout, now, now
-        timed_out = False
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                timed_out = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the worker's own process group
-                break
-            if line is None:
-                break
-            if not line.startswith(MARK):
-                if verbose:
-                    print(f"    | {line.rstrip()}", file=sys.stderr)
-                continue
-            event = json.loads(line[len(MARK) :])
-            now = time.monotonic()
-            if event["event"] == "start":
-                result.current, result.stage = event["item"], "startup"
-                deadline, item_t0, stage_t0 = now + timeout, now, now
-            elif event["event"] == "stage":
-                result.stage, stage_t0 = event["stage"], now
-            elif event["event"] == "row":
-                result.rows.append((event["item"], event["row"]))
-                result.current = result.stage = None
-                deadline = now + timeout
-        rc = proc.wait()
-        reader.join(timeout=5)
-        end = time.monotonic()
-        err.seek(0)
-        result.stderr_tail = err.read()[-4000:]
-    if verbose and result.stderr_tail.strip():
-        print(result.stderr_tail, file=sys.stderr)
-    if timed_out:
-        result.failure = f"timeout ({timeout:g} s)"
-    elif rc != 0:
-        result.failure = _exit_status(rc, result.stderr_tail)
-    if result.failure:
-        result.stage_elapsed_s = end - stage_t0
-        result.item_elapsed_s = end - item_t0
-    return result
-
-
-def item_key(item: dict) -> str:
-    return json.dumps(item, sort_keys=True)
-
-
-def failure_row(launch_result: Launch) -> dict:
-    where = f" in {launch_result.stage}" if launch_result.stage else " at startup"
-    status = f"{launch_result.failure}{where} after {launch_result.stage_elapsed_s:.1f} s"
-    row = {"status": status, "died_after_s": launch_result.item_elapsed_s}
-    row["stderr_tail"] = launch_result.stderr_tail[-1500:]  # e.g. the compiler's last words
-    if launch_result.stage in ("first forward", "first backward"):
-        row["first_call_s_at_least"] = launch_result.item_elapsed_s  # compile never finished
-    return row
+    return worker.serve(case_json, TASKS)
 
 
 def run_items(case: dict, items: list, timeout: float, env: dict, verbose: bool) -> list:
-    """Rows for every item of ``case``; after a crash, the item in progress gets the crash as
-    its status and the remaining items run in a new process."""
-    rows: dict = {}
-    pending = list(items)
-    while pending:
-        res = launch(dict(case, items=pending), timeout, env, verbose)
-        rows.update((item_key(item), row) for item, row in res.rows)
-        if res.failure is None:
-            break
-        if res.current is None:  # died outside any item: the rest cannot run either
-            for item in pending:
-                rows.setdefault(item_key(item), failure_row(res))
-            break
-        rows[item_key(res.current)] = failure_row(res)
-        pending = [it for it in pending if item_key(it) not in rows]
-    missing = {"status": "error: the worker returned no result"}
-    return [rows.get(item_key(item), missing) for item in items]
-
-
-def worker_env(cache_dir: str | None = None) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    if cache_dir:
-        env["TRITON_CACHE_DIR"] = cache_dir
-    return env
+    """:func:`linrnn.bench.worker.run_items` with this script as the worker."""
+    return worker.run_items(case, items, timeout, env, verbose, command=WORKER_COMMAND)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -983,27 +501,17 @@ def run_benchmarks(args, specs, flush=lambda rows: None) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
-def gpu_spec(name: str | None) -> dict | None:
-    for key, bw, peak in GPU_SPECS:
-        if name and key.lower() in name.lower():
-            return {
-                "matched": key,
-                "bandwidth_Bps": bw,
-                "bf16_dense_flops": peak,
-                "source": "NVIDIA datasheet (spec sheet, not measured)",
-            }
-    return None
-
-
 def floor_counts(op: str, shape: dict, chunk: int | None) -> tuple[float, float]:
-    """(bytes, FLOPs) of one forward: q, k, v read and o written in bf16 plus fp32 gates;
-    chunkwise FLOPs B·T·H·[2L(K+V)·½ + 4·K·V], causal attention B·H·T²·(K+V) for SDPA."""
+    """(bytes, FLOPs) of one forward: q, k, v read and o written in bf16 plus fp32 gates
+    (:func:`linrnn.bench.flops.min_bytes`); chunkwise FLOPs B·T·H·[2L(K+V)·½ + 4·K·V]
+    (:func:`~linrnn.bench.flops.chunkwise_flops_leading`), causal attention B·H·T²·(K+V)
+    for SDPA (:func:`~linrnn.bench.flops.attention_flops`)."""
     B, T, H, K, V = (shape[d] for d in "BTHKV")
     like = op if op in LINRNN_OPS else PEERS[op].like
-    n_bytes = 2 * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * N_GATES[like]
+    n_bytes = flops.min_bytes(B, T, H, K, V, elt=2, gate_elems=N_GATES[like])
     if op == "torch:sdpa_causal":
-        return n_bytes, B * H * T * T * (K + V)
-    return n_bytes, B * T * H * (2 * chunk * (K + V) * 0.5 + 4 * K * V)
+        return n_bytes, flops.attention_flops(B, T, H, K, V)
+    return n_bytes, flops.chunkwise_flops_leading(B, T, H, K, V, chunk)
 
 
 def floor(row: dict, specs: dict | None) -> dict:
@@ -1017,67 +525,10 @@ def floor(row: dict, specs: dict | None) -> dict:
     return out
 
 
-def git_commit(override: str | None) -> tuple[str | None, bool | None]:
-    if override:
-        return override, None
-
-    def git(*cmd):
-        try:
-            out = subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True)
-        except OSError:
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return git("rev-parse", "HEAD"), None if status is None else bool(status)
-
-
-def driver_version() -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
-
-
 def machine_info(args) -> dict:
     case = dict(task="info", device=args.device)
     (row,) = run_items(case, [{"what": "info"}], args.timeout, worker_env(), args.verbose)
-    row.pop("first_in_process", None)
-    commit, dirty = git_commit(args.commit)
-    return {
-        **row,
-        "device": args.device,
-        "gpu": row.get("gpu") if args.device == "cuda" else None,
-        "driver": driver_version() if args.device == "cuda" else None,
-        "host": platform.node(),
-        "cpu_count": os.cpu_count(),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def slug(text: str | None) -> str:
-    text = re.sub(r"^nvidia\s+", "", (text or "cpu").strip(), flags=re.I)
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "gpu"
-
-
-def format_table(header, rows, numeric, width: int = 100) -> str:
-    """Aligned plain text; columns flagged in ``numeric`` are right-aligned; cells are cut at
-    ``width`` characters (the JSON keeps the full text)."""
-    cut = lambda c: c if len(c) <= width else c[: width - 1] + "…"  # noqa: E731
-    rows = [[cut(str(c)) for c in r] for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    line = lambda cells: "  ".join(  # noqa: E731
-        c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric)
-    ).rstrip()
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+    return report.machine_info(row, args.device, args.commit)
 
 
 def correctness_table(rows: list[dict]) -> str:
@@ -1220,17 +671,6 @@ def ratio_lines(ratios: list[dict]) -> list[str]:
         lines.append(head + text)
         lines += [f"    not ok: {w}" for w in e["not_ok"]]
     return lines
-
-
-def clean_json(x):
-    """Non-finite floats as strings ("nan", "inf"): the JSON stays standard."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return repr(x)
-    if isinstance(x, dict):
-        return {k: clean_json(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [clean_json(v) for v in x]
-    return x
 
 
 # ---------------------------------------------------------------------------------------------

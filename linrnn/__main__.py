@@ -4,6 +4,8 @@ Commands (the default is ``selfcheck``):
 
 - ``selfcheck`` — every family and torch mode in fp32 against the fp64 reference, timed.
 - ``train`` — a small byte-level language model on the shipped corpus (``linrnn.train``).
+- ``bench`` — the benchmark suite (:mod:`linrnn.bench`): every family and mode with peers,
+  FLOP/s, bytes/s, × floor, JSON and plots; on a CPU-only machine the quick suite, torch path.
 
 A command is a module with ``add_arguments(parser)`` and ``main(args) -> exit code``; adding one
 is one entry in :data:`COMMANDS`.
@@ -15,10 +17,12 @@ import argparse
 import sys
 
 from linrnn import selfcheck, train
+from linrnn.bench import cli as bench_cli
 
 COMMANDS = {
     "selfcheck": (selfcheck, "check every family and mode against the fp64 reference"),
     "train": (train, "train a small byte-level language model on the shipped corpus"),
+    "bench": (bench_cli, "benchmark every family and mode, with peers (see linrnn.bench)"),
 }
 DEFAULT_COMMAND = "selfcheck"
 

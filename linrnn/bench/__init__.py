@@ -1,0 +1,22 @@
+"""``linrnn bench``: the benchmark suite (registry, counts, isolation, peers, reports, plots).
+
+One job per module:
+
+- :mod:`~linrnn.bench.registry` — the linrnn ops, input recipe, shapes and named suites
+  (``quick``, ``paper``, ``headdim``, ``chunksize``, ``decode``);
+- :mod:`~linrnn.bench.flops` — FLOP and byte formulas (seed 003, App. F/G), GPU specs, the
+  roofline floor and the runtime-optimal chunk size;
+- :mod:`~linrnn.bench.worker` — subprocess isolation with a timeout per item;
+- :mod:`~linrnn.bench.timing` — do_bench / perf_counter medians, peak memory, first call;
+- :mod:`~linrnn.bench.peers` — fla, mlstm_kernels and torch SDPA beside linrnn;
+- :mod:`~linrnn.bench.report` — machine info, tables (rich or plain), JSON, progress bar;
+- :mod:`~linrnn.bench.plots` — runtime vs length, memory vs chunk size, roofline (matplotlib);
+- :mod:`~linrnn.bench.autotune` — ``choose_chunk_size`` for ``chunk_size="auto"``;
+- :mod:`~linrnn.bench.cli` — the command line (``linrnn bench``, ``python -m linrnn.bench``).
+
+Importing this package is light: torch only (no Triton, matplotlib, rich or tqdm).
+"""
+
+from linrnn.bench.autotune import choose_chunk_size
+
+__all__ = ["choose_chunk_size"]

@@ -1,0 +1,311 @@
+"""FLOP and byte counts, GPU specs, the roofline floor and the runtime-optimal chunk size.
+
+Every count is an explicit formula with its derivation in the docstring. Notation (seed 003,
+App. F, Table 7): B batch, T sequence length, H heads, K = d_qk, V = d_hv, L chunk size,
+F_c = ½ the causal factor (the fraction of a chunk's L × L score matrix that is computed),
+``elt`` the bytes of one q/k/v/o element (2 for bf16), ``bytes_C`` the bytes of one state
+element (4: states are fp32). A multiply–accumulate counts as 2 FLOPs.
+
+The main count is App. G's forward of the chunkwise mLSTM-sig (TFLA), per head and chunk::
+
+    FLOPs(L) = L²·F_c·(2K + 2V + 6) + L² + L·(4KV + 2K + V + 11) + 2KV + 5
+    Bytes(L) = 6·L·(K + V) + 8·L + 2·bytes_C·K·V                (bf16 inputs, 2 fp32 gates)
+
+It serves every family: the families differ only in gate and normalizer terms of order L² and
+L·(K + V), which App. F (Table 17) puts at < 2 % of the total at head dim 64 and ~0.2 % at 512.
+"""
+
+from __future__ import annotations
+
+import math
+
+F_CAUSAL = 0.5
+STATE_BYTES = 4  # fp32 states (bytes_C)
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
+
+# Spec-sheet numbers (NVIDIA datasheets): HBM bandwidth in B/s and dense (no sparsity) BF16
+# tensor-core throughput in FLOP/s. Matched in order against the device name, so "H100" (SXM5)
+# comes after the PCIe and NVL variants.
+GPU_SPECS = (
+    ("H200", 4.8e12, 989e12),
+    ("H100 NVL", 3.9e12, 835e12),
+    ("H100 PCIe", 2.0e12, 756e12),
+    ("H100", 3.35e12, 989e12),
+    ("A100", 2.0e12, 312e12),
+)
+
+# Accelerator intensity (FLOP/byte) assumed for a CPU in the analytical chunk-size estimate
+# only: ~1 TFLOP/s fp32 over ~100 GB/s, a nominal server CPU (never used for floors).
+NOMINAL_CPU_INTENSITY = 10.0
+
+
+def gpu_spec(name: str | None) -> dict | None:
+    """The spec-sheet entry whose key is in ``name`` (case-insensitive), or None."""
+    for key, bw, peak in GPU_SPECS:
+        if name and key.lower() in name.lower():
+            return {
+                "matched": key,
+                "bandwidth_Bps": bw,
+                "bf16_dense_flops": peak,
+                "source": "NVIDIA datasheet (spec sheet, not measured)",
+            }
+    return None
+
+
+# --- forward FLOPs --------------------------------------------------------------------------
+
+
+def chunk_flops_per_chunk(L: int, K: int, V: int, f_causal: float = F_CAUSAL) -> float:
+    """Forward FLOPs of one chunk of length ``L`` for one head (seed 003, App. G, eq. 118)::
+
+        L²·F_c·(2K + 2V + 6) + L² + L·(4KV + 2K + V + 11) + 2KV + 5
+
+    ``L²·F_c·2K`` is Q Kᵀ, ``L²·F_c·2V`` the gated scores times V, ``L·2KV`` the inter-chunk
+    ``Q̄ C_{k−1}`` and ``L·2KV`` the state update ``(ā ⊙ K)ᵀ V``; the rest are gates and
+    pointwise terms."""
+    return (
+        L * L * f_causal * (2 * K + 2 * V + 6)
+        + L * L
+        + L * (4 * K * V + 2 * K + V + 11)
+        + 2 * K * V
+        + 5
+    )
+
+
+def chunkwise_flops(B: int, T: int, H: int, K: int, V: int, L: int) -> float:
+    """Forward FLOPs of the chunkwise form: ``B·H·Σ_chunks chunk_flops_per_chunk``.
+
+    With ``n = T // L`` full chunks and a last chunk of ``r = T mod L`` steps this is
+    ``B·H·(n·F(L) + F(r))``, which equals App. G's ``B·H·(T/L)·F(L)`` when L divides T."""
+    L = max(1, min(L, T))
+    n, r = divmod(T, L)
+    per_head = n * chunk_flops_per_chunk(L, K, V) + (chunk_flops_per_chunk(r, K, V) if r else 0)
+    return B * H * per_head
+
+
+def chunkwise_flops_leading(B: int, T: int, H: int, K: int, V: int, L: int) -> float:
+    """The matmul terms only (DESIGN.md §4): ``B·T·H·[2L(K + V)·½ + 4·K·V]`` — App. G's count
+    without its gate and pointwise terms, per token (``T/L`` chunks of ``L²·F_c·(2K+2V) +
+    4LKV``)."""
+    return B * T * H * (2 * L * (K + V) * F_CAUSAL + 4 * K * V)
+
+
+def parallel_flops(B: int, T: int, H: int, K: int, V: int) -> float:
+    """Forward FLOPs of the quadratic (parallel) form: App. G's count with one chunk of length T
+    and no state: ``B·H·[T²·F_c·(2K + 2V + 6) + T²]``."""
+    return B * H * (T * T * F_CAUSAL * (2 * K + 2 * V + 6) + T * T)
+
+
+def recurrent_flops(B: int, T: int, H: int, K: int, V: int) -> float:
+    """Forward FLOPs of the step-by-step form, ``B·T·H·(5KV + 2K + V)`` (derived here): per step
+    the decay ``diag(α) S`` (KV), the update ``+ ι k vᵀ`` (2KV: a multiply and an add per state
+    element) and the readout ``qᵀ S`` (2KV), plus scaling q (K), ι·k (K) and the output (V)."""
+    return B * T * H * (5 * K * V + 2 * K + V)
+
+
+def attention_flops(B: int, T: int, H: int, K: int, V: int) -> float:
+    """Causal softmax attention (SDPA): ``B·H·T²·F_c·(2K + 2V)`` = Q Kᵀ and P V on the causal
+    half (softmax itself not counted)."""
+    return B * H * T * T * F_CAUSAL * (2 * K + 2 * V)
+
+
+def forward_flops(kind: str, B: int, T: int, H: int, K: int, V: int, L: int | None) -> float:
+    """Forward FLOPs of ``kind``: "chunk" and "fused_chunk" (chunkwise at L), "parallel",
+    "recurrent" and "reference" (the step loop), "attention" (softmax, SDPA)."""
+    if kind in ("chunk", "fused_chunk"):
+        return chunkwise_flops(B, T, H, K, V, L or 64)
+    if kind == "parallel":
+        return parallel_flops(B, T, H, K, V)
+    if kind in ("recurrent", "reference"):
+        return recurrent_flops(B, T, H, K, V)
+    if kind == "attention":
+        return attention_flops(B, T, H, K, V)
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def fwdbwd_flops(forward: float) -> float:
+    """Forward + backward FLOPs ``= 3 × forward``: every forward matmul ``C = A B`` has two
+    gradient matmuls of its size (``dA = dC Bᵀ``, ``dB = Aᵀ dC``; App. C.3 maps dQ, dK, dV to
+    matmuls of the forward's shapes), so the backward is 2 × the forward. Recomputation inside
+    the backward kernels is not counted (as in App. F)."""
+    return 3.0 * forward
+
+
+# --- bytes ----------------------------------------------------------------------------------
+
+
+def min_bytes(
+    B: int,
+    T: int,
+    H: int,
+    K: int,
+    V: int,
+    elt: int = 2,
+    gate_elems: int = 0,
+    state_in: bool = False,
+    state_out: bool = False,
+    state_elems: int | None = None,
+) -> float:
+    """The fewest bytes one forward must move (the floor; DESIGN.md §4)::
+
+        B·T·H·[elt·(2K + 2V) + 4·g] + (state_in + state_out)·B·H·bytes_C·s
+
+    q, k, v read and o written in the input dtype, ``g = gate_elems`` fp32 gate values per
+    token and head read (1 for simple GLA, 2 for mLSTM, K for GLA/RWKV6, 0 for retention's
+    per-head constant), and the initial state read / final state written when the call takes /
+    returns one (``s = state_elems``, default K·V; decoding must do both every step)."""
+    s = K * V if state_elems is None else state_elems
+    n_state = int(state_in) + int(state_out)
+    return B * T * H * (elt * (2 * K + 2 * V) + 4 * gate_elems) + n_state * B * H * STATE_BYTES * s
+
+
+def min_bytes_fwdbwd(
+    B: int, T: int, H: int, K: int, V: int, elt: int = 2, gate_elems: int = 0
+) -> float:
+    """Fewest bytes of forward + backward: the forward's :func:`min_bytes`, then the backward
+    reads q, k, v, the gates and dO and writes dq, dk, dv and the gate gradients::
+
+        min_bytes + B·T·H·[elt·(2K + 2V) + elt·(2K + V) + 8·g]"""
+    fwd = min_bytes(B, T, H, K, V, elt, gate_elems)
+    return fwd + B * T * H * (elt * (2 * K + 2 * V) + elt * (2 * K + V) + 8 * gate_elems)
+
+
+def chunk_bytes_per_chunk(
+    L: int, K: int, V: int, elt: int = 2, gate_elems: int = 2, state_bytes: int = STATE_BYTES
+) -> float:
+    """HBM bytes of one chunk and head in the two-kernel TFLA forward (App. G, eq. 118,
+    generalized from bf16 and mLSTM's two gates)::
+
+        3·elt·L·(K + V) + 4·g·L + 2·bytes_C·K·V
+
+    The recurrent kernel reads k, v (``elt·L·(K+V)``) and writes the state ``C_k``; the
+    parallel kernel reads q, k, v, writes o (``2·elt·L·(K+V)``) and reads ``C_{k−1}``; the
+    gates are read once (``4·g·L``). With elt = 2, g = 2: ``6L(K + V) + 8L + 2·bytes_C·KV``."""
+    return 3 * elt * L * (K + V) + 4 * gate_elems * L + 2 * state_bytes * K * V
+
+
+def algorithm_bytes(
+    kind: str,
+    B: int,
+    T: int,
+    H: int,
+    K: int,
+    V: int,
+    L: int | None,
+    elt: int = 2,
+    gate_elems: int = 0,
+    state_in: bool = False,
+    state_out: bool = False,
+) -> float:
+    """HBM bytes the algorithm moves in one forward (the x-axis of the roofline and the
+    "achieved GB/s"):
+
+    * "chunk": ``B·H·Σ_chunks chunk_bytes_per_chunk`` (states materialized in HBM);
+    * "fused_chunk", "attention": :func:`min_bytes` (the state or scores stay on chip);
+    * "recurrent"/"reference": the state read and written every step (App. F, Table 13, the
+      decoding setting): ``min_bytes + B·T·H·2·bytes_C·K·V``;
+    * "parallel": ``min_bytes`` plus the fp32 T × T score and decay matrices written and read
+      once each, ``B·H·4·T²·4``."""
+    base = min_bytes(B, T, H, K, V, elt, gate_elems, state_in, state_out)
+    if kind == "chunk":
+        L = max(1, min(L or 64, T))
+        n, r = divmod(T, L)
+        per = lambda n_steps: chunk_bytes_per_chunk(n_steps, K, V, elt, gate_elems)  # noqa: E731
+        state_io = base - min_bytes(B, T, H, K, V, elt, gate_elems)
+        return B * H * (n * per(L) + (per(r) if r else 0)) + state_io
+    if kind in ("fused_chunk", "attention"):
+        return base
+    if kind in ("recurrent", "reference"):
+        return base + B * T * H * 2 * STATE_BYTES * K * V
+    if kind == "parallel":
+        return base + B * H * 4 * T * T * 4
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def chunk_memory_bytes(
+    B: int, T: int, H: int, K: int, V: int, L: int, elt: int = 2, gate_elems: int = 0
+) -> float:
+    """Analytical peak memory of one chunkwise forward + backward (used by the chunk-size
+    choice when nothing is measured)::
+
+        B·T·H·[elt·(2·(2K + 2V)) + 8·g] + 2·B·H·⌈T/L⌉·bytes_C·K·V
+
+    inputs, output, dO and the input gradients, plus the materialized chunk states and their
+    gradients (the term that shrinks as L grows). Intra-chunk tiles are not counted."""
+    tokens = B * T * H * (elt * 2 * (2 * K + 2 * V) + 8 * gate_elems)
+    return tokens + 2 * B * H * math.ceil(T / L) * STATE_BYTES * K * V
+
+
+# --- floor, roofline and chunk size ---------------------------------------------------------
+
+
+def floor_ms(flops: float, n_bytes: float, spec: dict) -> float:
+    """The roofline floor ``max(bytes / bandwidth, FLOPs / peak)`` in ms."""
+    return 1e3 * max(n_bytes / spec["bandwidth_Bps"], flops / spec["bf16_dense_flops"])
+
+
+def roofline(intensity: float, spec: dict) -> float:
+    """Attainable FLOP/s at arithmetic intensity ``I`` (FLOP/byte): ``min(β·I, α)``
+    (App. G, roofline model)."""
+    return min(spec["bandwidth_Bps"] * intensity, spec["bf16_dense_flops"])
+
+
+def runtime_optimal_chunk(
+    K: int,
+    V: int,
+    intensity_acc: float,
+    state_bytes: int = STATE_BYTES,
+    f_causal: float = F_CAUSAL,
+) -> float:
+    """Runtime-optimal chunk size of seed 003, App. G (dτ/dL = 0 for τ = FLOPs/α + Bytes/β,
+    with d_hv² p_qk = K·V)::
+
+        L_opt = sqrt( (2KV + 5 + 2·I_acc·KV·bytes_C) / (2·F_c·(K + V + 3) + 1) )
+
+    ``I_acc = α/β`` is the accelerator's FLOP/byte ratio. With ``I_acc = 0`` this is the
+    FLOP-optimal L of eq. 113. The model ignores the slower pointwise work, so it overestimates
+    the measured optimum (TFLA measured ~256 on H100 where the model gives more)."""
+    num = 2 * K * V + 5 + 2 * intensity_acc * K * V * state_bytes
+    den = 2 * f_causal * (K + V + 3) + 1
+    return math.sqrt(num / den)
+
+
+def case_figures(
+    kind: str,
+    shape: dict,
+    L: int | None,
+    elt: int,
+    gate_elems: int,
+    fwd_ms: float | None,
+    fwdbwd_ms: float | None,
+    spec: dict | None,
+    state_in: bool = False,
+    state_out: bool = False,
+) -> dict:
+    """The counts and rates of one measured case: forward and forward + backward FLOPs, the
+    algorithm's bytes and the minimum bytes, arithmetic intensity, achieved TFLOP/s and GB/s,
+    and with a spec the floor and "× floor" (measured time / floor; forward and fwd+bwd)."""
+    B, T, H, K, V = (shape[d] for d in "BTHKV")
+    f = forward_flops(kind, B, T, H, K, V, L)
+    alg = algorithm_bytes(kind, B, T, H, K, V, L, elt, gate_elems, state_in, state_out)
+    least = min_bytes(B, T, H, K, V, elt, gate_elems, state_in, state_out)
+    out = {
+        "fwd_flops": f,
+        "fwdbwd_flops": fwdbwd_flops(f),
+        "fwd_bytes": alg,
+        "min_bytes": least,
+        "min_bytes_fwdbwd": min_bytes_fwdbwd(B, T, H, K, V, elt, gate_elems),
+        "intensity": f / alg,
+        "fwd_tflops": f / (fwd_ms * 1e9) if fwd_ms else None,
+        "fwdbwd_tflops": fwdbwd_flops(f) / (fwdbwd_ms * 1e9) if fwdbwd_ms else None,
+        "fwd_gbps": alg / (fwd_ms * 1e6) if fwd_ms else None,
+        "floor_ms": None,
+        "x_floor": None,
+        "x_floor_fwdbwd": None,
+    }
+    if spec:
+        out["floor_ms"] = floor_ms(f, least, spec)
+        out["floor_fwdbwd_ms"] = floor_ms(fwdbwd_flops(f), out["min_bytes_fwdbwd"], spec)
+        out["x_floor"] = fwd_ms / out["floor_ms"] if fwd_ms else None
+        out["x_floor_fwdbwd"] = fwdbwd_ms / out["floor_fwdbwd_ms"] if fwdbwd_ms else None
+    return out

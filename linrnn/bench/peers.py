@@ -1,0 +1,143 @@
+"""Peer ops timed beside linrnn: fla (fla-core), mlstm_kernels and torch SDPA.
+
+Each peer names the linrnn op whose inputs, shapes and FLOP/byte counts it shares (``like``).
+A peer runs only when its library imports (:func:`available`); fla and mlstm_kernels need
+CUDA. Builders return ``(leaves, fwd)`` like :func:`linrnn.bench.registry.build_linrnn`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+from linrnn.bench import registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """A peer op: its library, the linrnn op it matches, its chunk size, and a note."""
+
+    library: str
+    like: str  # linrnn op whose inputs and counts it shares
+    chunk: int | None
+    note: str = ""
+    cuda_only: bool = True
+
+
+PEERS = {
+    "mlstm_kernels:triton_xl_chunk_siging": Peer(
+        "mlstm_kernels", "mlstm[sigmoid]", 128, "normalize=False; [B,H,T,D]"
+    ),
+    "mlstm_kernels:triton_xl_chunk_siging[normalize]": Peer(
+        "mlstm_kernels", "mlstm[sigmoid,normalize]", 128, "normalize=True (default); [B,H,T,D]"
+    ),
+    "mlstm_kernels:triton_xl_chunk": Peer("mlstm_kernels", "mlstm[exp]", 128, "[B,H,T,D]"),
+    "mlstm_kernels:triton_limit_chunk": Peer("mlstm_kernels", "mlstm[exp]", 64, "[B,H,T,D]"),
+    "fla:chunk_simple_gla": Peer("fla", "simple_gla", 64),
+    "fla:chunk_retention": Peer("fla", "retention", 64),
+    "fla:chunk_linear_attn": Peer("fla", "linear_attn", 64, "normalize=False"),
+    "fla:chunk_linear_attn[normalize]": Peer("fla", "linear_attn[normalize]", 64),
+    "fla:chunk_gla": Peer("fla", "gla", 64, "g = log decay [B,T,H,K]"),
+    "fla:chunk_rwkv6": Peer("fla", "rwkv6", 64, "w = log decay; scale=1.0"),
+    "torch:sdpa_causal": Peer(
+        "torch", "linear_attn", None, "softmax baseline; [B,H,T,D]", cuda_only=False
+    ),
+}
+DISTRIBUTIONS = {"fla": "fla-core", "mlstm_kernels": "mlstm-kernels", "torch": "torch"}
+
+
+def library_of(op: str) -> str:
+    """ "linrnn" for a registry op, else the peer's library."""
+    return "linrnn" if op in registry.OPS else PEERS[op].library
+
+
+def like_of(op: str) -> str:
+    """The linrnn op whose inputs and counts ``op`` uses (itself for a linrnn op)."""
+    return op if op in registry.OPS else PEERS[op].like
+
+
+def available(library: str) -> bool:
+    """Whether the peer library can be imported here (without importing it)."""
+    return importlib.util.find_spec(library) is not None
+
+
+def head_first(x):
+    """[B, T, H, ...] -> [B, H, T, ...], contiguous, as a new leaf (done before timing)."""
+    return x.detach().transpose(1, 2).contiguous().requires_grad_(x.requires_grad)
+
+
+def _inputs(case: dict, shape: dict):
+    like = PEERS[case["op"]].like
+    dtype = case.get("dtype", "bf16")
+    return registry.bench_inputs(like, shape, dtype, case["seed"], case["device"])
+
+
+def build_mlstm_kernels(case: dict, shape: dict):
+    (q, k, v, i, f), _, _ = _inputs(case, shape)
+    kernel = case["op"].split(":")[1].split("[")[0]
+    if kernel == "triton_xl_chunk_siging":
+        from mlstm_kernels.torch.chunkwise.triton_xl_chunk_siging import (
+            mlstm_siging_chunkwise__xl_chunk as fn,
+        )
+
+        extra = {"normalize": case["op"].endswith("[normalize]")}
+    elif kernel == "triton_xl_chunk":
+        from mlstm_kernels.torch.chunkwise.triton_xl_chunk import mlstm_chunkwise__xl_chunk as fn
+
+        extra = {}
+    else:
+        from mlstm_kernels.torch.chunkwise.triton_limit_chunk import (
+            mlstm_chunkwise__limit_chunk as fn,
+        )
+
+        extra = {}
+    leaves = [head_first(x) for x in (q, k, v, i, f)]
+    chunk = PEERS[case["op"]].chunk
+    return leaves, lambda: fn(*leaves, chunk_size=chunk, return_last_states=False, **extra)
+
+
+def build_fla(case: dict, shape: dict):
+    args, _, needs_grad = _inputs(case, shape)
+    leaves = [x for x, n in zip(args, needs_grad) if n]
+    op = case["op"].split(":")[1]
+    if op == "chunk_simple_gla":
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        q, k, v, g = args
+        return leaves, lambda: chunk_simple_gla(q, k, v, g=g)[0]
+    if op == "chunk_retention":
+        from fla.ops.retention import chunk_retention
+
+        q, k, v, _ = args  # fla makes the same per-head decays itself
+        return leaves, lambda: chunk_retention(q, k, v)[0]
+    if op == "chunk_gla":
+        from fla.ops.gla import chunk_gla
+
+        q, k, v, g = args
+        return leaves, lambda: chunk_gla(q, k, v, g)[0]
+    if op == "chunk_rwkv6":
+        from fla.ops.rwkv6 import chunk_rwkv6
+
+        r, k, v, w, u = args
+        return leaves, lambda: chunk_rwkv6(r, k, v, w, u, scale=1.0)[0]
+    from fla.ops.linear_attn import chunk_linear_attn
+
+    q, k, v = args
+    normalize = op.endswith("[normalize]")
+    return leaves, lambda: chunk_linear_attn(q, k, v, normalize=normalize)[0]
+
+
+def build_sdpa(case: dict, shape: dict):
+    import torch.nn.functional as F
+
+    (q, k, v), _, _ = _inputs(case, shape)
+    q, k, v = map(head_first, (q, k, v))
+    return [q, k, v], lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+BUILDERS = {
+    "linrnn": registry.build_linrnn,
+    "mlstm_kernels": build_mlstm_kernels,
+    "fla": build_fla,
+    "torch": build_sdpa,
+}

@@ -1,0 +1,247 @@
+"""Reports: the machine (GPU name, driver, torch/Triton versions, git commit), terminal tables
+(rich when installed, else plain text), JSON written atomically after every case, and a
+progress bar (tqdm when installed, else one plain line per step on stderr)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from linrnn.bench.worker import ROOT
+
+SCHEMA_VERSION = 1
+ROW_KEYS = (  # every bench row has these keys (None where not measured)
+    "op", "library", "family", "mode", "backend", "chunk", "shape", "dtype", "status",
+    "fwd_ms", "fwdbwd_ms", "peak_fwd_mib", "peak_fwdbwd_mib", "first_call_s",
+    "fwd_flops", "fwdbwd_flops", "fwd_bytes", "min_bytes", "intensity",
+    "fwd_tflops", "fwdbwd_tflops", "fwd_gbps", "floor_ms", "x_floor", "x_floor_fwdbwd",
+)  # fmt: skip
+
+
+def info_case(case: dict, item: dict) -> dict:
+    """Versions and the device as the worker sees them (the parent need not touch CUDA)."""
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:  # CPU machines may lack it
+        triton_version = None
+    import linrnn
+
+    info = {
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "linrnn": linrnn.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "python": platform.python_version(),
+    }
+    for dist in ("fla-core", "mlstm-kernels", "matplotlib"):
+        try:
+            info[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            info[dist] = None
+    if torch.cuda.is_available() and case["device"] == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            gpu=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sm_count=props.multi_processor_count,
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+        )
+    return info
+
+
+def git_commit(override: str | None = None) -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` of the checkout holding linrnn (None outside a git checkout)."""
+    if override:
+        return override, None
+
+    def git(*cmd):
+        try:
+            out = subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True)
+        except OSError:
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "HEAD"), None if status is None else bool(status)
+
+
+def driver_version() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
+
+
+def machine_info(info: dict, device: str, commit: str | None = None) -> dict:
+    """The report's ``machine`` block: the worker's :func:`info_case` plus host, driver,
+    git commit and date."""
+    sha, dirty = git_commit(commit)
+    info = {k: v for k, v in info.items() if k != "first_in_process"}
+    return {
+        **info,
+        "device": device,
+        "gpu": info.get("gpu") if device == "cuda" else None,
+        "driver": driver_version() if device == "cuda" else None,
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "git_commit": sha,
+        "git_dirty": dirty,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def slug(text: str | None) -> str:
+    """A file-name piece for a device name: "NVIDIA H200" -> "h200", None -> "cpu"."""
+    text = re.sub(r"^nvidia\s+", "", (text or "cpu").strip(), flags=re.I)
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "gpu"
+
+
+def clean_json(x):
+    """Non-finite floats as strings ("nan", "inf"): the JSON stays standard."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return repr(x)
+    if isinstance(x, dict):
+        return {k: clean_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean_json(v) for v in x]
+    return x
+
+
+def write_json(path: Path, report: dict) -> Path:
+    """Write ``report`` to ``path`` through a temporary file and a rename, so a run cut off
+    mid-write still leaves the previous complete file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(clean_json(report), indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+# --- tables ---------------------------------------------------------------------------------
+
+
+def format_table(header, rows, numeric, width: int = 100) -> str:
+    """Aligned plain text; columns flagged in ``numeric`` are right-aligned; cells are cut at
+    ``width`` characters (the JSON keeps the full text)."""
+    cut = lambda c: c if len(c) <= width else c[: width - 1] + "…"  # noqa: E731
+    rows = [[cut(str(c)) for c in r] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(  # noqa: E731
+        c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric)
+    ).rstrip()
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def ms(value) -> str:
+    return "—" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
+def _num(value, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+BENCH_HEADER = (
+    "op", "mode", "backend", "L", "shape", "fwd ms", "fwd+bwd ms", "peak MiB", "first s",
+    "TFLOP/s", "GB/s", "× floor", "status",
+)  # fmt: skip
+BENCH_NUMERIC = (0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0)
+
+
+def bench_cells(r: dict) -> tuple:
+    """The table cells of one bench row."""
+    peak = (
+        r.get("peak_fwdbwd_mib") if r.get("peak_fwdbwd_mib") is not None else r.get("peak_fwd_mib")
+    )
+    if r.get("first_call_s") is not None:
+        first = f"{r['first_call_s']:.2f}" + ("" if r.get("first_in_process", True) else "*")
+    elif r.get("first_call_s_at_least") is not None:
+        first = f">{r['first_call_s_at_least']:.1f}"
+    else:
+        first = "—"
+    return (
+        r["op"],
+        r.get("mode") or "",
+        r.get("backend") or "",
+        r.get("chunk") or "",
+        r["shape"],
+        ms(r.get("fwd_ms")),
+        ms(r.get("fwdbwd_ms")),
+        _num(peak, ".0f"),
+        first,
+        _num(r.get("fwd_tflops"), ".3g"),
+        _num(r.get("fwd_gbps"), ".3g"),
+        _num(r.get("x_floor"), ".1f"),
+        r["status"],
+    )
+
+
+def bench_table(rows: list[dict], use_rich: bool | None = None) -> str:
+    """The rows as a table: rich's when rich imports (and ``use_rich`` is not False), else
+    plain text. Returned as a string."""
+    body = [bench_cells(r) for r in rows]
+    if use_rich is None:
+        use_rich = importlib.util.find_spec("rich") is not None
+    if use_rich:
+        import io
+
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(show_edge=False, pad_edge=False)
+        for name, numeric in zip(BENCH_HEADER, BENCH_NUMERIC):
+            table.add_column(name, justify="right" if numeric else "left")
+        for cells in body:
+            table.add_row(*map(str, cells))
+        buf = io.StringIO()
+        Console(file=buf, width=220, force_terminal=False).print(table)
+        return buf.getvalue().rstrip()
+    return format_table(BENCH_HEADER, body, BENCH_NUMERIC)
+
+
+# --- progress -------------------------------------------------------------------------------
+
+
+class Progress:
+    """A progress bar over ``total`` steps: tqdm's when tqdm imports (and stderr is a
+    terminal or ``force``), else one plain line per step on stderr."""
+
+    def __init__(self, total: int, desc: str = "bench", enabled: bool = True):
+        self.total, self.n, self.enabled = total, 0, enabled
+        self.bar = None
+        if enabled and importlib.util.find_spec("tqdm") is not None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+
+    def step(self, text: str) -> None:
+        self.n += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(text[:60])
+            self.bar.update(1)
+        elif self.enabled:
+            print(f"  [{self.n}/{self.total}] {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
