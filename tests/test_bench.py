@@ -334,3 +334,29 @@ def test_save_cache_from_the_command_line(tmp_path):
 
 def test_cli_module_has_a_worker_entry():
     assert set(cli.tasks()) == {"bench", "info", "selftest"}
+
+
+def test_ops_take_chunk_size_auto(monkeypatch):
+    """chunk_size="auto" asks linrnn.bench.autotune for L (with the family, head dims, dtype,
+    device and shape), runs with it, and equals the reference; a bad string is a TypeError."""
+    import linrnn
+    from linrnn.engine import torch_chunk
+
+    asked, used = [], []
+    monkeypatch.setattr(autotune, "choose_chunk_size",
+                        lambda *a, **k: asked.append((a, k)) or 7)  # fmt: skip
+    real_chunk = torch_chunk.chunk
+    monkeypatch.setattr(torch_chunk, "chunk",
+                        lambda *a, chunk_size, **k: used.append(chunk_size)
+                        or real_chunk(*a, chunk_size=chunk_size, **k))  # fmt: skip
+    q = torch.randn(1, 30, 2, 8, dtype=torch.float64)
+    gk = torch.nn.functional.logsigmoid(torch.randn(1, 30, 2, 8, dtype=torch.float64))
+    o, _ = linrnn.gla(q, q, q, gk, chunk_size="auto", backend="torch")
+    ref, _ = linrnn.gla(q, q, q, gk, mode="reference")
+    assert torch.allclose(o, ref, rtol=1e-10, atol=1e-12)
+    assert used == [7]
+    (family, K, V, dtype, device), options = asked[0]
+    assert (family, K, V, dtype, device.type) == ("gla", 8, 8, torch.float64, "cpu")
+    assert options["shape"] == (1, 30, 2)
+    with pytest.raises(TypeError, match="'auto'"):
+        linrnn.gla(q, q, q, gk, chunk_size="fastest")

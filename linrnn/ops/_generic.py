@@ -45,8 +45,10 @@ else:
 def _chunk_size(value) -> int:
     if value is None:
         return DEFAULT_CHUNK_SIZE
+    if value == "auto":  # resolved per call in run(); validation only here
+        return DEFAULT_CHUNK_SIZE
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"chunk_size must be a positive int or None, got {value!r}")
+        raise TypeError(f"chunk_size must be a positive int, 'auto' or None, got {value!r}")
     if value < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {value}")
     return int(value)
@@ -116,6 +118,8 @@ def run(
     """Run the generic recurrence; returns ``(o, (S_T, n_T, m_T))`` with o in q's dtype and the
     states in fp32 (fp64 for fp64 inputs). ``n_T`` is None unless ``track_n``, ``m_T`` unless
     ``stabilize``. Inputs are assumed validated."""
+    if isinstance(chunk_size, str):  # "auto" (validated in prepare)
+        chunk_size = _auto_chunk_size(family, q, v, mode)
     impl = select(family, mode, backend, q.device, chunk_size)
     if backend is None and impl in _TRITON.values() and not _triton_takes(impl, q, g, gv, u):
         impl = select(family, mode, "torch", q.device, chunk_size)  # e.g. GLA on CUDA, for now
@@ -175,6 +179,17 @@ def run(
 # Set by linrnn.step(inplace=True): the state tensors the Triton recurrent kernel writes the
 # final state into (they may alias the initial state; the kernel reads each tile first).
 OUT_STATE: contextvars.ContextVar = contextvars.ContextVar("linrnn_out_state", default=None)
+
+
+def _auto_chunk_size(family: str, q: Tensor, v: Tensor, mode) -> int:
+    """``chunk_size="auto"``: linrnn.bench.autotune's choice for this family, head dims, dtype
+    and device — measured timings cached by ``linrnn bench --suite chunksize --save-cache``,
+    else seed 003 App. G's runtime-optimal estimate; fused_chunk keeps L ≤ 128."""
+    from linrnn.bench.autotune import choose_chunk_size
+
+    B, T, H, K = q.shape
+    L = choose_chunk_size(family, K, v.shape[-1], q.dtype, q.device, shape=(B, T, H))
+    return min(L, 128) if mode == "fused_chunk" else L
 
 
 def _triton_takes(impl, q, g, gv, u) -> bool:
@@ -332,9 +347,11 @@ scale: multiplier of the query, default ``K ** -0.5``.
             step at a time), ``"parallel"`` (quadratic log-space reference), ``"reference"``
             (the step-by-step reference loop), ``"fused_chunk"`` (Triton only; no chunk
             states stored, the lowest memory).
-        chunk_size: chunk length L (any L ≥ 1; T need not be a multiple). Default 64 on the
-            PyTorch path; on the Triton path 128 when K or V ≥ 128, else 64; ``fused_chunk``
-            takes L ≤ 128 (default 64).
+        chunk_size: chunk length L (any L ≥ 1; T need not be a multiple), or ``"auto"`` (the
+            fastest L measured by ``linrnn bench --suite chunksize --save-cache`` for this
+            family, head dims, dtype and GPU, else the analytical optimum of TFLA App. G).
+            Default 64 on the PyTorch path; on the Triton path 128 when K or V ≥ 128, else 64;
+            ``fused_chunk`` takes L ≤ 128 (default 64).
         backend: ``"torch"``, ``"triton"`` (fp16/bf16/fp32 inputs) or None (Triton on CUDA
             tensors where a kernel exists, PyTorch otherwise).
 
