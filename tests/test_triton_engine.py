@@ -208,7 +208,7 @@ def test_rejects_what_it_cannot_run():
         linrnn.linear_attn(q.double(), q.double(), q.double(), backend="triton")
     gk = torch.zeros(1, 8, 1, 4, device=DEVICE)
     with pytest.raises(NotImplementedError, match="vector-gate"):
-        linrnn.gla(q, q, q, gk, backend="triton")
+        linrnn.gla(q, q, q, gk, backend="triton", mode="chunk")
     with pytest.raises(ValueError, match=r"chunk_size must be ≤ 128, got 256"):
         linrnn.linear_attn(q, q, q, backend="triton", mode="fused_chunk", chunk_size=256)
 

@@ -119,3 +119,28 @@ def test_recurrent_triton_is_forward_only():
     o, _ = linrnn.linear_attn(q, q, q, mode="recurrent")
     o.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_mode_none_rule(monkeypatch):
+    """mode=None: the recurrent kernel for short sequences without gradients on the Triton path,
+    the chunk engine otherwise (longer sequences, gradients, the PyTorch path)."""
+    from linrnn.ops import _generic
+
+    picked = []
+    real = _generic.select
+
+    def spy(family, mode, backend, device, chunk_size):
+        picked.append(mode)
+        return real(family, mode, backend, device, chunk_size)
+
+    monkeypatch.setattr(_generic, "select", spy)
+    short = torch.randn(1, 64, 1, 8, device=DEVICE)
+    long = torch.randn(1, 65, 1, 8, device=DEVICE)
+    with torch.no_grad():
+        linrnn.linear_attn(short, short, short, backend="triton")
+        linrnn.linear_attn(long, long, long, backend="triton")
+        linrnn.linear_attn(long, long, long, backend="triton", cu_seqlens=torch.tensor([0, 60, 65]))
+        linrnn.linear_attn(short, short, short, backend="torch")
+    grad = short.clone().requires_grad_()
+    linrnn.linear_attn(grad, grad, grad, backend="triton")
+    assert picked == ["recurrent", "chunk", "recurrent", "chunk", "chunk"]

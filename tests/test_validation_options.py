@@ -94,13 +94,22 @@ def test_fused_chunk_without_triton(op_id, backend):
         pytest.param(0, ValueError, r"^chunk_size must be ≥ 1, got 0$", id="0"),
         pytest.param(-16, ValueError, r"^chunk_size must be ≥ 1, got -16$", id="neg"),
         pytest.param(
-            2.5, TypeError, r"^chunk_size must be a positive int or None, got 2\.5$", id="float"
+            2.5,
+            TypeError,
+            r"^chunk_size must be a positive int, 'auto' or None, got 2\.5$",
+            id="float",
         ),
         pytest.param(
-            "64", TypeError, r"^chunk_size must be a positive int or None, got '64'$", id="str"
+            "64",
+            TypeError,
+            r"^chunk_size must be a positive int, 'auto' or None, got '64'$",
+            id="str",
         ),
         pytest.param(
-            True, TypeError, r"^chunk_size must be a positive int or None, got True$", id="bool"
+            True,
+            TypeError,
+            r"^chunk_size must be a positive int, 'auto' or None, got True$",
+            id="bool",
         ),
     ],
 )

@@ -118,6 +118,8 @@ def run(
     """Run the generic recurrence; returns ``(o, (S_T, n_T, m_T))`` with o in q's dtype and the
     states in fp32 (fp64 for fp64 inputs). ``n_T`` is None unless ``track_n``, ``m_T`` unless
     ``stabilize``. Inputs are assumed validated."""
+    if mode is None:
+        mode = _default_mode(q, backend, cu_seqlens, (q, k, v, g, gv, gi, u, S0, n0, m0))
     if isinstance(chunk_size, str):  # "auto" (validated in prepare)
         chunk_size = _auto_chunk_size(family, q, v, mode)
     impl = select(family, mode, backend, q.device, chunk_size)
@@ -179,6 +181,28 @@ def run(
 # Set by linrnn.step(inplace=True): the state tensors the Triton recurrent kernel writes the
 # final state into (they may alias the initial state; the kernel reads each tile first).
 OUT_STATE: contextvars.ContextVar = contextvars.ContextVar("linrnn_out_state", default=None)
+
+
+# mode=None picks the recurrent kernel for sequences up to this long (decoding, short prompts).
+RECURRENT_MAX_T = 64
+
+
+def _default_mode(q: Tensor, backend, cu_seqlens, tensors) -> str:
+    """``mode=None``: ``"recurrent"`` when the Triton recurrent kernel can serve the call (CUDA
+    or backend="triton", no gradient needed) and every sequence has at most
+    :data:`RECURRENT_MAX_T` steps — one launch, no chunk states, the fastest for decoding and
+    short prompts; ``"chunk"`` otherwise (on the PyTorch path a Python loop over steps never
+    beats the chunked matmuls)."""
+    triton_ok = "recurrent" in _TRITON and (
+        backend == "triton" or (backend is None and q.device.type == "cuda")
+    )
+    if not triton_ok or _needs_grad(*tensors):
+        return "chunk"
+    if cu_seqlens is None:
+        longest = q.shape[1]
+    else:
+        longest = max(cu_seqlens[i + 1] - cu_seqlens[i] for i in range(len(cu_seqlens) - 1))
+    return "recurrent" if longest <= RECURRENT_MAX_T else "chunk"
 
 
 def _auto_chunk_size(family: str, q: Tensor, v: Tensor, mode) -> int:
@@ -343,10 +367,11 @@ scale: multiplier of the query, default ``K ** -0.5``.
             inputs). Passing it back as ``initial_state`` continues the sequence exactly.
         cu_seqlens: ``[N + 1]`` integer offsets of N sequences packed along T (B must be 1);
             each sequence starts from its own initial state and returns its own final state.
-        mode: ``"chunk"`` (default; chunkwise-parallel, matmul-based), ``"recurrent"`` (one
-            step at a time), ``"parallel"`` (quadratic log-space reference), ``"reference"``
-            (the step-by-step reference loop), ``"fused_chunk"`` (Triton only; no chunk
-            states stored, the lowest memory).
+        mode: ``"chunk"`` (chunkwise-parallel, matmul-based), ``"recurrent"`` (one step at a
+            time), ``"parallel"`` (quadratic log-space reference), ``"reference"`` (the
+            step-by-step reference loop), ``"fused_chunk"`` (Triton only; no chunk states
+            stored, the lowest memory). None (default): ``"recurrent"`` on the Triton path
+            when no gradient is needed and every sequence has ≤ 64 steps, else ``"chunk"``.
         chunk_size: chunk length L (any L ≥ 1; T need not be a multiple), or ``"auto"`` (the
             fastest L measured by ``linrnn bench --suite chunksize --save-cache`` for this
             family, head dims, dtype and GPU, else the analytical optimum of TFLA App. G).
