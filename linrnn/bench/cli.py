@@ -134,7 +134,7 @@ def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, lis
         )
     if suite.peers and not args.no_peers:
         for name, peer in peers.PEERS.items():
-            if not chosen(name):
+            if not chosen(name) or peer.kind != "ops":
                 continue
             if peer.cuda_only and device != "cuda":
                 continue

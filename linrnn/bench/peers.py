@@ -13,6 +13,9 @@ import importlib.util
 from linrnn.bench import registry
 
 
+_FLA_STEP = "T=1 per call, initial_state [B,H,K,V] fp32, output_final_state=True"
+
+
 @dataclasses.dataclass(frozen=True)
 class Peer:
     """A peer op: its library, the linrnn op it matches, its chunk size, and a note."""
@@ -22,6 +25,7 @@ class Peer:
     chunk: int | None
     note: str = ""
     cuda_only: bool = True
+    kind: str = "ops"  # the suites it joins: "ops" (op × mode sweeps), "decode" or "varlen"
 
 
 PEERS = {
@@ -41,6 +45,30 @@ PEERS = {
     "fla:chunk_rwkv6": Peer("fla", "rwkv6", 64, "w = log decay; scale=1.0"),
     "torch:sdpa_causal": Peer(
         "torch", "linear_attn", None, "softmax baseline; [B,H,T,D]", cuda_only=False
+    ),
+    # decode suite (linrnn.bench.decode): one token per call from an fp32 state
+    "fla:fused_recurrent_linear_attn": Peer(
+        "fla", "linear_attn", None, _FLA_STEP + "; normalize=False", kind="decode"
+    ),
+    "fla:fused_recurrent_retention": Peer("fla", "retention", None, _FLA_STEP, kind="decode"),
+    "fla:fused_recurrent_simple_gla": Peer("fla", "simple_gla", None, _FLA_STEP, kind="decode"),
+    "fla:fused_recurrent_gla": Peer("fla", "gla", None, _FLA_STEP + "; gk", kind="decode"),
+    "fla:fused_recurrent_rwkv6": Peer("fla", "rwkv6", None, _FLA_STEP + "; u [H,K]",
+                                      kind="decode"),  # fmt: skip
+    "mlstm_kernels:triton_step": Peer(
+        "mlstm_kernels", "mlstm[exp]", None,
+        "get_mlstm_step_kernel('triton') = mlstm_recurrent_step__triton; [B,NH,D], i/f/m "
+        "[B,NH,1]; new state into a second buffer set (ping-pong); its source says 'This kernel "
+        "fails in the tests'", kind="decode",
+    ),  # fmt: skip
+    "mlstm_kernels:native_step": Peer(
+        "mlstm_kernels", "mlstm[exp]", None,
+        "get_mlstm_step_kernel('native') = mlstm_recurrent_step__native (PyTorch eager)",
+        kind="decode",
+    ),
+    # varlen suite (linrnn.bench.varlen): packed documents
+    "fla:chunk_simple_gla[varlen]": Peer(
+        "fla", "simple_gla", 64, "cu_seqlens (int64 on the GPU) + cu_seqlens_cpu", kind="varlen"
     ),
 }
 DISTRIBUTIONS = {"fla": "fla-core", "mlstm_kernels": "mlstm-kernels", "torch": "torch"}

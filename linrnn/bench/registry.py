@@ -197,7 +197,9 @@ class Suite:
     """A named sweep. ``shapes`` (GPU) and ``cpu_shapes`` are shape ids for every op; an entry
     of ``family_shapes`` replaces them for that family. ``modes`` are tried in order (a mode no
     backend runs on the device is skipped); ``chunk_sizes`` None means the op's default.
-    ``fwdbwd`` False times the forward only; ``initial_state`` passes a state (decoding)."""
+    ``fwdbwd`` False times the forward only; ``initial_state`` passes a state (decoding).
+    ``kind`` "decode" and "varlen" are run by :mod:`linrnn.bench.decode` and
+    :mod:`linrnn.bench.varlen`."""
 
     name: str
     description: str
@@ -209,8 +211,10 @@ class Suite:
     peers: bool = True
     fwdbwd: bool = True
     initial_state: bool = False
-    backend: str | None = None  # force a backend (decode: torch)
+    backend: str | None = None  # force a backend
     note: str = ""
+    kind: str = "ops"  # "ops": the op × mode sweep; "decode" and "varlen": their own tasks
+    docs: int = 8  # varlen: documents packed into the shape's T tokens
 
     def shapes_for(self, family: str, device: str) -> tuple:
         if device != "cuda" and self.cpu_shapes is not None:
@@ -256,17 +260,25 @@ SUITES = {
         ),
         Suite(
             "decode",
-            "placeholder rows for the step kernels of a later issue: mode='recurrent', T=1, "
-            "from an initial state, torch path, forward only",
-            shapes=tuple(shape_id(B, 1, 16, 256, 256) for B in (1, 8, 64)),
-            cpu_shapes=tuple(shape_id(B, 1, 4, 64, 64) for B in (1, 8)),
-            family_shapes={"rwkv6": tuple(shape_id(B, 1, 64, 64, 64) for B in (1, 8, 64))},
+            "tokens/s of one-token steps: B=64 sequences, T=1 per call, linrnn.step(inplace=True) "
+            "on an fp32 state, a loop of --steps calls timed; H=16, K=V=256 and H=64, K=V=64 for "
+            "every family; with the peers' fused recurrent / step kernels",
+            shapes=(shape_id(64, 1, 16, 256, 256), shape_id(64, 1, 64, 64, 64)),
+            cpu_shapes=(shape_id(2, 1, 2, 8, 8),),
             modes=("recurrent",),
-            peers=False,
             fwdbwd=False,
             initial_state=True,
-            backend="torch",
-            note="placeholder: torch recurrent loop until the step kernels land",
+            kind="decode",
+        ),
+        Suite(
+            "varlen",
+            "forward+backward of 8 packed documents of seeded random lengths, 65,536 tokens in "
+            "all (cu_seqlens, B=1) vs the same documents right-padded to [8, max_len]; H=16, "
+            "K=V=256; the scalar-gate families (native cu_seqlens in the Triton chunk kernels)",
+            shapes=(shape_id(1, 65_536, 16, 256, 256),),
+            cpu_shapes=(shape_id(1, 96, 2, 8, 8),),
+            modes=("chunk",),
+            kind="varlen",
         ),
     )
 }

@@ -386,7 +386,7 @@ def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T
     B, T, H = b_shape
     sq = _Seqs(c, B, T, H, q_dq.device if q_dq is not None else k_dk.device)
     NH = sq.N * H
-    dF = sq.spread(q_dq - k_dk) if c.has_decay else None
+    dF = sq.spread(q_dq.double() - k_dk) if c.has_decay else None
     da = sq.spread(k_dk.clone()) if c.has_igate else None
     end = None  # ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩: the final state's own dependence on its scale
     if dS_T is not None:
@@ -396,7 +396,7 @@ def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T
         if dF is not None:
             sq.add_at_last(dF, end)
     if c.stab:
-        dm = sq.spread(R_M.clone()) if c.norm else torch.zeros_like(dF)
+        dm = sq.spread(R_M.clone()) if c.norm else torch.zeros(dF.shape, device=dF.device)
         tail = torch.zeros(NH, device=dF.device)
         if dm_T is not None:
             tail = tail + dm_T.float().reshape(NH)
@@ -417,7 +417,9 @@ def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T
             dm0 = dm0 + dz[:, 0].view(sq.N, H) + tail.view(sq.N, H) * empty
     dg = None
     if dF is not None:
-        dg = sq.gather(dF.flip(-1).cumsum(-1).flip(-1)).reshape(B, H, T).transpose(1, 2)
+        # The reverse sum runs over whole sequences (up to 10⁵ terms that largely cancel): fp64.
+        rev = dF.double().flip(-1).cumsum(-1).flip(-1).float()
+        dg = sq.gather(rev).reshape(B, H, T).transpose(1, 2)
     if da is not None:
         da = sq.gather(da).reshape(B, H, T).transpose(1, 2)
     return dg, da, dm0
