@@ -22,7 +22,7 @@ from linrnn.bench import autotune, cli, flops, peers, registry, report, worker
 def test_registry_covers_every_family_and_suite():
     families = {op.family for op in registry.OPS.values()}
     assert families == {"linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm"}
-    assert set(registry.SUITES) == {"quick", "paper", "headdim", "chunksize", "decode"}
+    assert set(registry.SUITES) == {"quick", "paper", "headdim", "chunksize", "decode", "varlen"}
     assert set(registry.SUITES["quick"].modes) == set(registry.ALL_MODES)
     for name, peer in peers.PEERS.items():
         assert peer.like in registry.OPS, name
@@ -40,7 +40,7 @@ def test_registry_covers_every_family_and_suite():
     assert all(d["B"] == 4 and d["T"] == 8192 and d["H"] * d["K"] == 4096 for d in dims)
     assert registry.SUITES["chunksize"].chunk_sizes == (64, 128, 256, 512, 1024, 2048, 4096)
     decode = registry.SUITES["decode"]
-    assert decode.modes == ("recurrent",) and decode.backend == "torch"
+    assert decode.modes == ("recurrent",) and decode.kind == "decode"
     assert all(registry.parse_shape(s)["T"] == 1 for s in decode.shapes)
 
 
@@ -178,16 +178,6 @@ def test_cli_quick_run_writes_the_report(tmp_path, capsys):
         assert r["fwd_flops"] > 0 and r["fwd_tflops"] > 0 and r["fwd_gbps"] > 0
     chunk = next(r for r in rows if r["op"] == "simple_gla" and r["mode"] == "chunk")
     assert chunk["chunk"] == 64 and chunk["chunk_requested"] is None
-
-
-def test_cli_decode_suite_forward_only(tmp_path):
-    code, rep = run_cli(tmp_path, "--suite", "decode", "--device", "cpu", "--ops", "mlstm[exp]",
-                        "--shapes", "B2-T1-H2-K8-V8", "--repeats", "1")  # fmt: skip
-    assert code == 0
-    (row,) = rep["bench"]
-    assert row["mode"] == "recurrent" and row["backend"] == "torch" and row["fwdbwd_ms"] is None
-    # the state is read and written: 2·4·(8·8) bytes per head on top of q, k, v, o and gates
-    assert row["min_bytes"] == flops.min_bytes(2, 1, 2, 8, 8, 4, 2, True, True)
 
 
 @pytest.mark.parametrize(
@@ -333,7 +323,7 @@ def test_save_cache_from_the_command_line(tmp_path):
 
 
 def test_cli_module_has_a_worker_entry():
-    assert set(cli.tasks()) == {"bench", "info", "selftest"}
+    assert set(cli.tasks()) == {"bench", "decode", "varlen", "info", "selftest"}
 
 
 def test_ops_take_chunk_size_auto(monkeypatch):

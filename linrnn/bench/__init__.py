@@ -3,7 +3,9 @@
 One job per module:
 
 - :mod:`~linrnn.bench.registry` — the linrnn ops, input recipe, shapes and named suites
-  (``quick``, ``paper``, ``headdim``, ``chunksize``, ``decode``);
+  (``quick``, ``paper``, ``headdim``, ``chunksize``, ``decode``, ``varlen``);
+- :mod:`~linrnn.bench.decode` — the decode suite (tokens/s of one-token steps, step peers);
+- :mod:`~linrnn.bench.varlen` — the varlen suite (packed documents vs padded);
 - :mod:`~linrnn.bench.flops` — FLOP and byte formulas (seed 003, App. F/G), GPU specs, the
   roofline floor and the runtime-optimal chunk size;
 - :mod:`~linrnn.bench.worker` — subprocess isolation with a timeout per item;

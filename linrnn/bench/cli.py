@@ -4,6 +4,8 @@
     linrnn bench --suite paper --plots        # TFLA's 65,536-token shapes, peers side by side
     linrnn bench --suite chunksize --save-cache   # fills the chunk_size="auto" cache
     linrnn bench --suite headdim --ops mlstm fla --modes chunk
+    linrnn bench --suite decode                   # tokens/s of one-token steps, with peers
+    linrnn bench --suite varlen                   # 8 packed documents vs padded, fwd+bwd
     linrnn bench --list                       # suites, ops, peers
 
 Each case (op × mode × chunk size, its shapes in order) runs in its own worker subprocess on
@@ -29,9 +31,15 @@ from linrnn.bench import flops, peers, registry, report, worker
 
 
 def tasks() -> dict:
-    from linrnn.bench import timing
+    from linrnn.bench import decode, timing, varlen
 
-    return {"bench": timing.bench_case, "info": report.info_case, "selftest": worker.selftest_case}
+    return {
+        "bench": timing.bench_case,
+        "decode": decode.decode_case,
+        "varlen": varlen.varlen_case,
+        "info": report.info_case,
+        "selftest": worker.selftest_case,
+    }
 
 
 def default_out_dir() -> Path:
@@ -66,6 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rep-ms", type=float, default=100, help="do_bench repetition time (100)")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per figure on CPU (3)")
     p.add_argument("--threads", type=int, help="torch threads (CPU)")
+    p.add_argument("--steps", type=int, help="decode: one-token calls per timed loop (32)")
+    p.add_argument("--docs", type=int, help="varlen: documents packed into T tokens (8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, help=f"report folder (default {default_out_dir()})")
     p.add_argument("--out", type=Path, help="JSON path (default OUT_DIR/<date>-<gpu>-<suite>.json)")
@@ -109,6 +119,14 @@ def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, lis
         fresh_triton_cache=True, fwdbwd=suite.fwdbwd, initial_state=suite.initial_state,
         suite=suite.name, in_process=args.isolate == "none",
     )  # fmt: skip
+    if suite.kind == "decode":
+        from linrnn.bench import decode
+
+        return decode.plan(args, suite, device, common, chosen)
+    if suite.kind == "varlen":
+        from linrnn.bench import varlen
+
+        return varlen.plan(args, suite, device, common, chosen)
     cases, notes, unsupported = [], [], set()
     for name, op in registry.OPS.items():
         if not chosen(name):
@@ -151,7 +169,12 @@ def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, lis
 
 
 def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
-    """A report row: the case, its measurements and the counts of :mod:`linrnn.bench.flops`."""
+    """A report row: the case, its measurements and the counts of :mod:`linrnn.bench.flops`
+    (the decode and varlen suites: their own rows)."""
+    if case["task"] in ("decode", "varlen"):
+        from linrnn.bench import decode, varlen
+
+        return {"decode": decode, "varlen": varlen}[case["task"]].full_row(case, item, row, spec)
     op, library = case["op"], peers.library_of(case["op"])
     like = peers.like_of(op)
     shape = registry.parse_shape(item["shape"])
@@ -222,6 +245,9 @@ def main(args) -> int:
         parser.error("--chunk-sizes must be ≥ 1")
     if args.repeats < 1:
         parser.error("--repeats must be ≥ 1")
+    for flag in ("steps", "docs"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be ≥ 1")
 
     import torch
 
@@ -253,7 +279,10 @@ def main(args) -> int:
         (info,) = worker.run_items(info_case, [{"what": "info"}], args.timeout, env, args.verbose)
     machine = report.machine_info(info, device, args.commit)
     spec = flops.gpu_spec(machine.get("gpu")) if device == "cuda" else None
-    cases, notes = plan(args, suite, device)
+    try:
+        cases, notes = plan(args, suite, device)
+    except ValueError as exc:  # e.g. a varlen shape with B > 1
+        parser.error(str(exc))
     out_dir = args.out_dir or default_out_dir()
     out = args.out or out_dir / (
         f"{machine['date'][:10]}-{report.slug(machine.get('gpu'))}-{suite.name}.json"
@@ -309,12 +338,21 @@ def main(args) -> int:
         else "no floor (no GPU spec)"
     )
     timing = "do_bench medians" if device == "cuda" else f"perf_counter medians of {args.repeats}"
-    print(
-        f"\n{suite.name}, {cases[0][0]['dtype'] if cases else '-'}, {timing} in ms; peak = "
-        f"fwd+bwd call; first s = first fwd+bwd incl. compile; TFLOP/s and GB/s of the forward; "
-        f"× floor = fwd / floor; {spec_text}"
-    )
-    print(report.bench_table(rows))
+    dtype = cases[0][0]["dtype"] if cases else "-"
+    if suite.kind in ("decode", "varlen"):
+        from linrnn.bench import decode, varlen
+
+        module = decode if suite.kind == "decode" else varlen
+        print("\n" + module.SUMMARY.format(dtype=dtype, timing=timing, steps=args.steps or 32)
+              + f"; {spec_text}")  # fmt: skip
+        print(module.table(rows))
+    else:
+        print(
+            f"\n{suite.name}, {dtype}, {timing} in ms; peak = "
+            f"fwd+bwd call; first s = first fwd+bwd incl. compile; TFLOP/s and GB/s of the "
+            f"forward; × floor = fwd / floor; {spec_text}"
+        )
+        print(report.bench_table(rows))
     failed = [r for r in rows if r["library"] == "linrnn" and not _ok_status(r["status"])]
     if args.plots:
         try:

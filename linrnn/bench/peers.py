@@ -12,7 +12,6 @@ import importlib.util
 
 from linrnn.bench import registry
 
-
 _FLA_STEP = "T=1 per call, initial_state [B,H,K,V] fp32, output_final_state=True"
 
 
@@ -53,16 +52,20 @@ PEERS = {
     "fla:fused_recurrent_retention": Peer("fla", "retention", None, _FLA_STEP, kind="decode"),
     "fla:fused_recurrent_simple_gla": Peer("fla", "simple_gla", None, _FLA_STEP, kind="decode"),
     "fla:fused_recurrent_gla": Peer("fla", "gla", None, _FLA_STEP + "; gk", kind="decode"),
-    "fla:fused_recurrent_rwkv6": Peer("fla", "rwkv6", None, _FLA_STEP + "; u [H,K]",
-                                      kind="decode"),  # fmt: skip
+    "fla:fused_recurrent_rwkv6": Peer("fla", "rwkv6", None, _FLA_STEP + "; u [H,K]", kind="decode"),
     "mlstm_kernels:triton_step": Peer(
-        "mlstm_kernels", "mlstm[exp]", None,
+        "mlstm_kernels",
+        "mlstm[exp]",
+        None,
         "get_mlstm_step_kernel('triton') = mlstm_recurrent_step__triton; [B,NH,D], i/f/m "
         "[B,NH,1]; new state into a second buffer set (ping-pong); its source says 'This kernel "
-        "fails in the tests'", kind="decode",
-    ),  # fmt: skip
+        "fails in the tests'",
+        kind="decode",
+    ),
     "mlstm_kernels:native_step": Peer(
-        "mlstm_kernels", "mlstm[exp]", None,
+        "mlstm_kernels",
+        "mlstm[exp]",
+        None,
         "get_mlstm_step_kernel('native') = mlstm_recurrent_step__native (PyTorch eager)",
         kind="decode",
     ),

@@ -164,8 +164,8 @@ def bench_inputs(name: str, shape: dict, dtype: str, seed: int, device):
 
 def build_linrnn(case: dict, shape: dict):
     """``(leaves, fwd)`` for a linrnn case: ``fwd()`` returns the output. With
-    ``case["initial_state"]`` (the decode suite) the call continues from the final state of a
-    4-step prefix and returns its own final state, as a decoding step does."""
+    ``case["initial_state"]`` (no named suite sets it now) the call continues from the final
+    state of a 4-step prefix and returns its own final state, as a decoding step does."""
     from linrnn.selfcheck import run
 
     dtype = case.get("dtype", "bf16")

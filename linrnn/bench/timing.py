@@ -65,8 +65,10 @@ def peak_mib(fn, device) -> tuple[float | None, float | None]:
     return peak / 2**20, (peak - before) / 2**20
 
 
-def bench_case(case: dict, item: dict) -> dict:
-    """Figures for one op × mode × chunk size × shape. A stage that raises ends the row (a
+def bench_case(case: dict, item: dict, build=None) -> dict:
+    """Figures for one op × mode × chunk size × shape. ``build(case, shape)`` returns
+    ``(leaves, fwd)`` (default: the builder of the op's library in :data:`peers.BUILDERS`;
+    the varlen suite passes its own). A stage that raises ends the row (a
     backward that raises still leaves the forward to time); the figures measured before it
     are kept, and the exception becomes the status (``NotImplementedError``: "not
     implemented", which is not a failure)."""
@@ -79,7 +81,7 @@ def bench_case(case: dict, item: dict) -> dict:
             emit({"event": "stage", "stage": name})
 
     try:
-        bench_stages(case, registry.parse_shape(item["shape"]), row, stage)
+        bench_stages(case, registry.parse_shape(item["shape"]), row, stage, build)
     except NotImplementedError as exc:
         row["status"] = f"not implemented: {short_error(exc)}"
     except Exception as exc:
@@ -90,10 +92,11 @@ def bench_case(case: dict, item: dict) -> dict:
     return row
 
 
-def bench_stages(case: dict, shape: dict, row: dict, stage) -> None:
+def bench_stages(case: dict, shape: dict, row: dict, stage, build=None) -> None:
     device = torch.device(case["device"])
     stage("inputs")
-    leaves, fwd = peers.BUILDERS[peers.library_of(case["op"])](case, shape)
+    build = build or peers.BUILDERS[peers.library_of(case["op"])]
+    leaves, fwd = build(case, shape)
     sync(device)
     if device.type == "cuda":
         row["inputs_mib"] = torch.cuda.memory_allocated(device) / 2**20
