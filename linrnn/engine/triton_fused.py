@@ -49,7 +49,7 @@ def _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY: tl.constexpr, STAB: t
     return tl.exp(tl.where(m_t, lw, float("-inf")))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_fwd_kernel(
     Q, K_, V_, O_, S0, N0, M0, ST_T, NS_T, MC, G_B, G_A, CMAX, M_ROW, DEN, CO, CHUNKS,
     T, H, K, V, L, NT, NSEQ, scale, eps,
@@ -145,7 +145,7 @@ def fused_fwd_kernel(
         tl.store(MC + i_bh * (NT + NSEQ) + i_n + c_hi, b_m, mask=first)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_dq_kernel(
     Q, K_, V_, DH, DQ, S0, N0, MC, G_B, G_A, M_ROW, R_A, R_D, PART, CO, CHUNKS,
     T, H, K, V, L, NT, NSEQ, scale,
@@ -227,7 +227,7 @@ def _state_grad_step(b_dC, b_dn, b_qt, b_dh, f, fd, decay, TRACK_N: tl.constexpr
     return b_dC, b_dn
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_dk_kernel(
     Q, K_, V_, DH, DK, DS0, DN0, DS_T, DN_T, MC, G_B, G_A, M_ROW, R_A, R_D, PART, CO, CHUNKS,
     T, H, K, V, L, NT, NSEQ, scale,
@@ -309,7 +309,7 @@ def fused_dk_kernel(
         tl.store(DN0 + i_st * K + o_k, b_dn, mask=m_k)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_dv_kernel(
     Q, K_, DH, DV, DS_T, MC, G_B, G_A, M_ROW, R_A, CO, CHUNKS,
     T, H, K, V, L, NT, NSEQ, scale,

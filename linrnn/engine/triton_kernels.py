@@ -89,7 +89,7 @@ def _bounds(CHUNKS, i_c, L, T, VARLEN: tl.constexpr):
         return c0, tl.minimum(c0 + L, T), 0
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_fwd_kernel(
     K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A, CMAX, CO, CHUNKS,
     T, H, K, V, L, NT, NSEQ,
@@ -190,7 +190,7 @@ def _log_weights(b_r, b_s, a_s, m_r, causal, HAS_DECAY: tl.constexpr, HAS_IGATE:
         return tl.where(causal, 1.0, 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
 def rows_kernel(
     X, Y, Z, OUT, ST, NS, MC, G_B, G_A, M_ROW, DEN, R_A, R_D, QD, PART, CHUNKS,
     T, H, D, O, L, NT, NQ, NSEQ, s_sd, s_so, scale, eps,
@@ -323,7 +323,7 @@ def rows_kernel(
         tl.store(p_out, b_acc.to(OUT.dtype.element_ty), mask=m_out)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def norm_bwd_kernel(
     DH, O_, DEN, M_ROW, R_A, R_D, R_M, T, H, V, eps,
     BT: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr, STAB: tl.constexpr,
@@ -360,7 +360,7 @@ def norm_bwd_kernel(
         tl.store(R_M + i_bh * T + o_t, -dot * eps / p, mask=m_t)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_bwd_kernel(
     Q, DH, DST, DNS, DS0, DN0, DS_T, DN_T, MC, G_B, M_ROW, R_A, R_D, CO, CHUNKS,
     T, H, K, V, L, NT, NSEQ, scale,
@@ -433,7 +433,7 @@ def states_bwd_kernel(
         tl.store(DN0 + i_st * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "NS_", "NSEQ"])
 def cols_kernel(
     X, Y, Z, OUT, DST, DNS, MC, G_B, G_A, M_ROW, R_A, R_D, KD, PART, CHUNKS,
     T, H, D, O, L, NT, NS_, NSEQ, s_sd, s_so, scale,

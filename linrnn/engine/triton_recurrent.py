@@ -24,7 +24,7 @@ import triton.language as tl
 DECAY_NONE, DECAY_SCALAR, DECAY_VECTOR = 0, 1, 2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def recurrent_fwd_kernel(
     Q, K_, V_, O_, G, GV, GI, U, S0, N0, M0, ST, NS, MT, OFFSETS,
     T, H, K, V, scale, eps,
