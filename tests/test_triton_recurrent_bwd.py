@@ -89,3 +89,11 @@ def test_direct_call_without_state_outputs():
     o, *_ = triton_recurrent_bwd.recurrent(q, q, q, scale=0.5, g=g)
     o.sum().backward()
     assert torch.isfinite(q.grad).all() and torch.isfinite(g.grad).all()
+
+
+@pytest.mark.parametrize("family", ["linear_attn_norm", "gla_gv", "rwkv6", "mlstm_exp"])
+def test_recurrent_backward_several_tiles(family):
+    """K = V = 80: two K tiles in the dq/dk walks and two V tiles in the dv walk."""
+    fam = FAMILIES[family]
+    inputs = _inputs(fam, 1, 5, 1, 80, 80)
+    _check(fam, inputs, _state(fam, 1, 1, 80, 80))
