@@ -111,14 +111,15 @@ def test_family_step_functions_and_errors():
                           state=tuple(s.double() for s in st))  # fmt: skip
 
 
-def test_recurrent_triton_is_forward_only():
-    """With gradients needed, backend='triton' says so; backend=None uses the PyTorch loop."""
+def test_recurrent_triton_with_gradients():
+    """With gradients needed, backend='triton' runs the Triton backward (the same gradients as
+    the PyTorch loop); the PyTorch path still serves backend='torch'."""
     q = torch.randn(1, 4, 1, 8, device=DEVICE, requires_grad=True)
-    with pytest.raises(NotImplementedError, match="forward-only"):
-        linrnn.linear_attn(q, q, q, mode="recurrent", backend="triton")
-    o, _ = linrnn.linear_attn(q, q, q, mode="recurrent")
-    o.sum().backward()
-    assert q.grad is not None and torch.isfinite(q.grad).all()
+    o, _ = linrnn.linear_attn(q, q, q, mode="recurrent", backend="triton")
+    (dq,) = torch.autograd.grad(o.sum(), q)
+    o_ref, _ = linrnn.linear_attn(q, q, q, mode="recurrent", backend="torch")
+    (dq_ref,) = torch.autograd.grad(o_ref.sum(), q)
+    assert_close("dq", dq, dq_ref, torch.float32)
 
 
 def test_mode_none_rule(monkeypatch):

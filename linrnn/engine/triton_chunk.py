@@ -382,7 +382,9 @@ class _Seqs:
 def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T, m0, dm0,
                 c: Config):  # fmt: skip
     """∂L/∂g, ∂L/∂gi ([B, T, H]) and the routed part of ∂L/∂m_0 (see the module docstring).
-    Everything runs per sequence ([N·H, Lmax]), so packed sequences stay independent."""
+    Everything runs per sequence ([N·H, Lmax]), so packed sequences stay independent. Shared
+    with triton_recurrent_bwd: ``c`` needs only has_decay, has_igate, stab, track_n, norm,
+    varlen, N and (packed) offsets."""
     B, T, H = b_shape
     sq = _Seqs(c, B, T, H, q_dq.device if q_dq is not None else k_dk.device)
     NH = sq.N * H

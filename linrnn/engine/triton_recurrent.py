@@ -6,8 +6,8 @@ mLSTM max state, RWKV6's exclusive read with the bonus u, and the normalizer.
     S_t = diag(α_t) S_{t-1} (·diag(β_t)) + ι_t k_t v_tᵀ,   o_t = scale · q_tᵀ S_t
     (exclusive: o_t = scale · q_tᵀ (S_{t-1} + diag(u) k_t v_tᵀ))
 
-Forward only: it serves decoding and inference-time prefill of short prompts; calls that need
-gradients use the PyTorch recurrence (backend=None) or raise (backend="triton").
+Its backward (triton_recurrent_bwd) serves mode="recurrent" with gradients; the forward alone
+serves decoding and inference-time prefill of short prompts.
 
 The final state may be written over the initial state (``in place``): each program reads its
 tile of the state before the loop and writes the same tile after it. Packed sequences
@@ -26,13 +26,15 @@ DECAY_NONE, DECAY_SCALAR, DECAY_VECTOR = 0, 1, 2
 
 @triton.jit(do_not_specialize=["T"])
 def recurrent_fwd_kernel(
-    Q, K_, V_, O_, G, GV, GI, U, S0, N0, M0, ST, NS, MT, OFFSETS,
+    Q, K_, V_, O_, G, GV, GI, U, S0, N0, M0, ST, NS, MT, OFFSETS, DEN, M_ROW,
     T, H, K, V, scale, eps,
     BK: tl.constexpr, BV: tl.constexpr, DECAY: tl.constexpr, HAS_GV: tl.constexpr,
     HAS_IGATE: tl.constexpr, STAB: tl.constexpr, EXCLUSIVE: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, VARLEN: tl.constexpr,
+    SAVE: tl.constexpr = False,
 ):  # fmt: skip
-    """Grid (V tiles, N·H). The whole key dimension is held (BK ≥ K)."""
+    """Grid (V tiles, N·H). The whole key dimension is held (BK ≥ K). ``SAVE`` (for the
+    backward): store each step's normalizer denominator and max state m_t in [B·H, T] rows."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:  # B == 1: sequence i_n spans tokens [bos, eos) of the packed batch
@@ -62,6 +64,7 @@ def recurrent_fwd_kernel(
         b_u = tl.load(U + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
     for t in range(n_steps):
         row = row0 + t  # token index in [B·T]
+        rid = (row // T * H + i_h) * T + row % T  # its [B·H, T] row index
         b_q = tl.load(Q + (row * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
         b_k = tl.load(K_ + (row * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
         b_v = tl.load(V_ + (row * H + i_h) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
@@ -75,6 +78,8 @@ def recurrent_fwd_kernel(
             b_n *= f
             w_in = tl.exp(b_i - m_new)
             b_m = m_new
+            if SAVE:
+                tl.store(M_ROW + rid, b_m, mask=i_v == 0)
         else:
             if EXCLUSIVE:  # RWKV6 reads the state before this step's update, plus the bonus
                 b_o = tl.sum(b_q[:, None] * b_S, 0) + tl.sum(b_q * b_u * b_k) * b_v
@@ -100,6 +105,8 @@ def recurrent_fwd_kernel(
         b_o *= scale  # [BV]
         if NORM != 0:
             b_den = tl.sum(b_q * b_n) * scale
+            if SAVE:
+                tl.store(DEN + rid, b_den, mask=i_v == 0)
             if NORM == 1:
                 b_o = b_o / (b_den + eps)
             elif NORM == 2:
@@ -116,12 +123,14 @@ def recurrent_fwd_kernel(
 
 def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
               track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None,
-              offsets=None, out_state=None):  # fmt: skip
+              offsets=None, out_state=None, saved=None):  # fmt: skip
     """Forward recurrence. q, k ``[B, T, H, K]``, v ``[B, T, H, V]`` (fp16/bf16/fp32); g
     ``[B, T, H]`` or ``[B, T, H, K]``, gv ``[B, T, H, V]``, gi ``[B, T, H]``, u ``[H, K]`` (all
     fp32); S0/n0/m0 the initial state (N = B, or the number of packed sequences with
     ``offsets``). ``out_state=(S, n, m)``: write the final state into these fp32 tensors (they
-    may be the initial state itself: an in-place step). Returns ``(o, S_T, n_T, m_T)``."""
+    may be the initial state itself: an in-place step). ``saved=(den, m_row)``: fp32
+    ``[B·H, T]`` buffers for the per-step denominators and max states (or None each).
+    Returns ``(o, S_T, n_T, m_T)``."""
     B, T, H, K = q.shape
     V = v.shape[3]
     N = B if offsets is None else len(offsets) - 1
@@ -151,12 +160,13 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
         n0.float().contiguous() if (has_s0 and track_n) else dummy,
         m0.float().contiguous() if (has_s0 and stabilize) else dummy,
         S_T, n_buf, m_buf, offsets if offsets is not None else dummy,
+        *[dummy if x is None else x for x in (saved or (None, None))],
         T, H, K, V, float(scale), float(eps),
         BK=BK, BV=BV,
         DECAY=0 if g is None else (DECAY_VECTOR if g.dim() == 4 else DECAY_SCALAR),
         HAS_GV=gv is not None, HAS_IGATE=gi is not None, STAB=stabilize,
         EXCLUSIVE=u is not None, TRACK_N=track_n, NORM=norm, HAS_S0=has_s0,
-        VARLEN=offsets is not None, num_warps=4,
+        VARLEN=offsets is not None, SAVE=saved is not None, num_warps=4,
     )  # fmt: skip
     n_out = m_out = None
     if track_n:

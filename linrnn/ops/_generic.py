@@ -33,9 +33,9 @@ DEFAULT_CHUNK_SIZE = 64
 # family's switches instead of the generic matrix recurrence.
 _TRITON: dict[str, Callable] = {}
 try:
-    from linrnn.engine import triton_chunk, triton_recurrent
+    from linrnn.engine import triton_chunk, triton_recurrent, triton_recurrent_bwd
 except ImportError:  # no Triton: the PyTorch path serves every call
-    triton_chunk = triton_recurrent = None
+    triton_chunk = triton_recurrent = triton_recurrent_bwd = None
 else:
     _TRITON["chunk"] = triton_chunk.chunk
     _TRITON["fused_chunk"] = functools.partial(triton_chunk.chunk, fused=True)
@@ -126,19 +126,12 @@ def run(
     if backend is None and impl in _TRITON.values() and not _triton_takes(impl, q, g, gv, u):
         impl = select(family, mode, "torch", q.device, chunk_size)  # e.g. GLA on CUDA, for now
     if impl is _TRITON.get("recurrent"):
-        if not _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0):
-            return _run_triton_recurrent(
-                impl, family, q, k, v, scale=scale, g=g, gv=gv, gi=gi, u=u,
-                stabilize=stabilize, track_n=track_n, normalizer=normalizer, eps=eps, S0=S0,
-                n0=n0, m0=m0, cu_seqlens=cu_seqlens,
-            )  # fmt: skip
-        if backend == "triton":
-            raise NotImplementedError(
-                f"{family}: the Triton recurrent kernel is forward-only (decoding, inference); "
-                "for gradients use mode='chunk', or backend=None / 'torch' for the PyTorch "
-                "recurrence"
-            )
-        impl = recurrent  # gradients needed: the PyTorch step loop (autograd)
+        grad = _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0)
+        return _run_triton_recurrent(
+            triton_recurrent_bwd.recurrent if grad else impl, family, q, k, v, scale=scale,
+            g=g, gv=gv, gi=gi, u=u, stabilize=stabilize, track_n=track_n,
+            normalizer=normalizer, eps=eps, S0=S0, n0=n0, m0=m0, cu_seqlens=cu_seqlens,
+        )  # fmt: skip
     elif impl in _TRITON.values():
         return _run_triton(
             impl, family, q, k, v, scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize,
@@ -231,7 +224,8 @@ def _needs_grad(*tensors) -> bool:
 
 
 def _run_triton_recurrent(fn, family, q, k, v, *, cu_seqlens, **kw):
-    """The Triton recurrent kernel (forward): every family, packed sequences native."""
+    """The Triton recurrent kernel: every family, packed sequences native; with gradients the
+    autograd Function of triton_recurrent_bwd (no in-place final state then)."""
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(
             f"{family}: the Triton kernels take float16, bfloat16 or float32 inputs, got "
@@ -240,6 +234,9 @@ def _run_triton_recurrent(fn, family, q, k, v, *, cu_seqlens, **kw):
     f32 = lambda x: None if x is None else x.float()  # noqa: E731
     for name in ("g", "gv", "gi", "u"):
         kw[name] = f32(kw[name])
+    if fn is not triton_recurrent.recurrent:  # with gradients: the autograd Function
+        o, S, n, m = fn(q, k, v, offsets=cu_seqlens, **kw)
+        return o, (S, n, m)
     out = OUT_STATE.get()
     if out is not None:  # an in-place step: write where the caller's state lives
         B, H, K, V = q.shape[0], q.shape[2], q.shape[3], v.shape[3]
