@@ -46,7 +46,7 @@ def _step_gates(G, GV, GI, row, i_h, o_k, m_k, o_v, m_v, K, V, H,
     return a_k, a_v, w
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def recurrent_dq_kernel(
     Q, K_, V_, DO, G, GV, GI, U, S0, N0, M0, M_ROW, R_A, R_D, DQ, QDQ, OFFSETS,
     T, H, K, V, scale,
@@ -116,7 +116,7 @@ def recurrent_dq_kernel(
         tl.store(DQ + (row * H + i_h) * K + o_k, b_dq, mask=m_k)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def recurrent_dkv_kernel(
     Q, K_, V_, DO, G, GV, GI, U, M0, M_ROW, R_A, R_D, DS_T, DN_T, DK, DV, KDK, VDV, DU, DS0,
     DN0, OFFSETS, T, H, K, V, scale,
