@@ -21,7 +21,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _bounds, _log_weights, _tile, _tile_t, _vec, _walk
+from linrnn.engine.triton_kernels import (
+    _bounds,
+    _denominator,
+    _log_weights,
+    _tile,
+    _tile_t,
+    _vec,
+    _walk,
+)
 
 
 @triton.jit
@@ -47,6 +55,22 @@ def _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY: tl.constexpr, STAB: t
     if STAB:
         lw -= m_next
     return tl.exp(tl.where(m_t, lw, float("-inf")))
+
+
+@triton.jit
+def _chunk_decays(MC, M_ROW, b_b, b_last, m_t, i_mc, i_row, BT: tl.constexpr,
+                  HAS_DECAY: tl.constexpr, STAB: tl.constexpr):  # fmt: skip
+    """For a backward walk: the row max m_r, the log of the inter-chunk row factor
+    b_r + m_c − m_r, the chunk's state decay exp(b_L + m_c − m_c+1) and m_c+1 (max states at
+    slots i_mc and i_mc + 1 of MC; the chunk's row maxima start at M_ROW + i_row)."""
+    if STAB:
+        m_c = tl.load(MC + i_mc)
+        m_next = tl.load(MC + i_mc + 1)
+        b_mr = _vec(M_ROW + i_row, tl.arange(0, BT), m_t)
+        return b_mr, b_b + m_c - b_mr, tl.exp(b_last + m_c - m_next), m_next
+    else:
+        decay = tl.exp(b_last) if HAS_DECAY else 1.0
+        return tl.zeros([BT], dtype=tl.float32), b_b, decay, 0.0
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
@@ -110,13 +134,7 @@ def fused_fwd_kernel(
             b_qn = tl.sum(tl.dot(b_q, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 16)
             b_den = b_qn * e_r + tl.sum(b_p, 1)
             b_den *= scale
-            if NORM == 1:
-                b_dp = b_den + eps
-            elif NORM == 2:
-                b_dp = tl.maximum(tl.abs(b_den), 1.0) + eps
-            else:
-                b_dp = tl.maximum(tl.abs(b_den), tl.exp(-b_mr)) + eps
-            b_o = b_o / b_dp[:, None]
+            b_o = b_o / _denominator(b_den, b_mr, eps, NORM)[:, None]
             tl.store(DEN + i_bh * T + o_t, b_den, mask=m_t & ((o_t * 0 + i_v) == 0))
         if STAB:
             tl.store(M_ROW + i_bh * T + o_t, b_mr, mask=m_t & ((o_t * 0 + i_v) == 0))
@@ -182,17 +200,11 @@ def fused_dq_kernel(
         b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
         b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
         causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
-        b_mr = tl.zeros([BT], dtype=tl.float32)
-        if STAB:
-            m_c = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c)
-            m_next = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c + 1)
-            b_mr = _vec(M_ROW + i_bh * T, o_t, m_t)
-            e_r = tl.exp(tl.where(m_t, b_b + m_c - b_mr, float("-inf")))
-            decay = tl.exp(b_last + m_c - m_next)
-        else:
-            m_next = 0.0
-            e_r = tl.exp(b_b)
-            decay = tl.exp(b_last) if HAS_DECAY else 1.0
+        b_mr, lf, decay, m_next = _chunk_decays(
+            MC, M_ROW, b_b, b_last, m_t, i_bh * (NT + NSEQ) + i_n + i_c, i_bh * T + c0, BT,
+            HAS_DECAY, STAB,
+        )  # fmt: skip
+        e_r = tl.exp(tl.where(m_t, lf, float("-inf")))
         b_dq = tl.dot(b_dh, tl.trans(b_C).to(b_dh.dtype), input_precision=DOT_PREC)  # [BT, BK]
         b_dp = tl.dot(b_dh, tl.trans(b_v), input_precision=DOT_PREC)  # [BT, BT]
         if NORM != 0:
@@ -265,17 +277,10 @@ def fused_dk_kernel(
         b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
         b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
         b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
-        b_mr = tl.zeros([BT], dtype=tl.float32)
-        if STAB:
-            m_c = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c)
-            m_next = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c + 1)
-            b_mr = _vec(M_ROW + i_bh * T, o_t, m_t)
-            lf = b_b + m_c - b_mr
-            decay = tl.exp(b_last + m_c - m_next)
-        else:
-            m_next = 0.0
-            lf = b_b
-            decay = tl.exp(b_last) if HAS_DECAY else 1.0
+        b_mr, lf, decay, m_next = _chunk_decays(
+            MC, M_ROW, b_b, b_last, m_t, i_bh * (NT + NSEQ) + i_n + i_c, i_bh * T + c0, BT,
+            HAS_DECAY, STAB,
+        )  # fmt: skip
         w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
         b_dk = tl.dot(b_v, tl.trans(b_dC).to(b_v.dtype), input_precision=DOT_PREC)  # [BT, BK]
         if TRACK_N:
@@ -341,17 +346,10 @@ def fused_dv_kernel(
         b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
         b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
         b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
-        b_mr = tl.zeros([BT], dtype=tl.float32)
-        if STAB:
-            m_c = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c)
-            m_next = tl.load(MC + i_bh * (NT + NSEQ) + i_n + i_c + 1)
-            b_mr = _vec(M_ROW + i_bh * T, o_t, m_t)
-            lf = b_b + m_c - b_mr
-            decay = tl.exp(b_last + m_c - m_next)
-        else:
-            m_next = 0.0
-            lf = b_b
-            decay = tl.exp(b_last) if HAS_DECAY else 1.0
+        b_mr, lf, decay, m_next = _chunk_decays(
+            MC, M_ROW, b_b, b_last, m_t, i_bh * (NT + NSEQ) + i_n + i_c, i_bh * T + c0, BT,
+            HAS_DECAY, STAB,
+        )  # fmt: skip
         w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
         b_dv = tl.dot(b_k, b_dC.to(b_k.dtype), input_precision=DOT_PREC) * w[:, None]
         b_pt = tl.dot(b_k, b_qt, input_precision=DOT_PREC)  # [BT(s), BT(r)]

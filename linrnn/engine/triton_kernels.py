@@ -63,6 +63,18 @@ def _state_tile(ptr, o_d, o_o, s_d, s_o, m_d, m_o):
 
 
 @triton.jit
+def _denominator(b_den, b_mr, eps, NORM: tl.constexpr):
+    """The normalizer's denominator from den = scale·q·n: den + eps (sum), max(|den|, 1) + eps
+    (mLSTM, sigmoid gate) or max(|den|, exp(−m_r)) + eps (mLSTM, max state)."""
+    if NORM == 1:
+        return b_den + eps
+    elif NORM == 2:
+        return tl.maximum(tl.abs(b_den), 1.0) + eps
+    else:
+        return tl.maximum(tl.abs(b_den), tl.exp(-b_mr)) + eps
+
+
+@triton.jit
 def _walk(CO, i_nh, H, NT, VARLEN: tl.constexpr):
     """A walking program's (row i_bh of the gates and chunk states, state index i_st, first and
     end chunk, sequence). Packed sequences (B = 1): program i_nh = n·H + h walks sequence n's
@@ -310,13 +322,7 @@ def rows_kernel(
     else:
         if NORM != 0:
             b_den *= scale
-            if NORM == 1:
-                b_dp = b_den + eps
-            elif NORM == 2:
-                b_dp = tl.maximum(tl.abs(b_den), 1.0) + eps
-            else:
-                b_dp = tl.maximum(tl.abs(b_den), tl.exp(-b_mr)) + eps
-            b_acc = b_acc / b_dp[:, None]
+            b_acc = b_acc / _denominator(b_den, b_mr, eps, NORM)[:, None]
             tl.store(DEN + i_bh * T + o_r, b_den, mask=m_r & ((o_r * 0 + i_o) == 0))
         if STAB:
             tl.store(M_ROW + i_bh * T + o_r, b_mr, mask=m_r & ((o_r * 0 + i_o) == 0))

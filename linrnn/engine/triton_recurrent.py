@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from linrnn.engine.triton_kernels import _denominator
+
 # Decay kinds (the DECAY switch).
 DECAY_NONE, DECAY_SCALAR, DECAY_VECTOR = 0, 1, 2
 
@@ -107,12 +109,7 @@ def recurrent_fwd_kernel(
             b_den = tl.sum(b_q * b_n) * scale
             if SAVE:
                 tl.store(DEN + rid, b_den, mask=i_v == 0)
-            if NORM == 1:
-                b_o = b_o / (b_den + eps)
-            elif NORM == 2:
-                b_o = b_o / (tl.maximum(tl.abs(b_den), 1.0) + eps)
-            else:
-                b_o = b_o / (tl.maximum(tl.abs(b_den), tl.exp(-b_m)) + eps)
+            b_o = b_o / _denominator(b_den, b_m, eps, NORM)
         tl.store(O_ + (row * H + i_h) * V + o_v, b_o.to(O_.dtype.element_ty), mask=m_v)
     tl.store(ST + i_nh * K * V + p_s, b_S, mask=m_kv)
     if TRACK_N:
