@@ -7,7 +7,10 @@ cumulative sum F_t, with +F_t beside q_t and −F_t beside k_t, so
     ∂L/∂F_t = q_t·dq_t − k_t·dk_t  (+ ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩ at the last step),
     ∂L/∂g_u = Σ_{t≥u} ∂L/∂F_t,       ∂L/∂a_s = k_s·dk_s  (a: log input gate).
 
-The kernels return the per-tile partial sums of q·dq and k·dk. mLSTM-exp adds the gradient
+The kernels return the per-tile partial sums of q·dq and k·dk. In chunk mode the reverse sum
+restarts at every chunk end from the exact value ⟨dC, C⟩ + ⟨dn, n⟩ of the state there (the
+materialized states and their gradients give it), so rounding errors in the largely cancelling
+terms do not pile up over the sequence. mLSTM-exp adds the gradient
 through m itself: m_t = F_t + max(m_0, max_{s≤t}(a_s − F_s)) reaches the output only through
 eps (and the final state through its stabilized scale), and routes to F_t and to the argmax.
 """
@@ -254,7 +257,7 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None
     q_dq = q_part.sum(0) if c.has_decay else None
-    return dq, dk, dv, dS0, (dn0 if c.track_n else None), q_dq, k_dk, R_M, dS_T, dn_T
+    return dq, dk, dv, dS0, (dn0 if c.track_n else None), q_dq, k_dk, R_M, dS_T, dn_T, None
 
 
 def _norm_rows(do, o, den, m_row, c: Config):
@@ -286,7 +289,7 @@ def _final_grads(dS_T, dn_T, q, K, V, c: Config):
     return has_dst, dS_T, dn_T
 
 
-def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
+def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     states, ns, mc, den, m_row = saved
     T, H, K = q.shape[1:]
     V = v.shape[3]
@@ -300,10 +303,13 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
     dS0 = torch.empty(N, H, K, V, **f32)
     dn0 = torch.empty(N, H, K, **f32) if c.track_n else dummy
     BQ, BK, BV, launch = c.tiles("states_bwd", K, V)
-    kern.states_bwd_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), c.walkers)](
+    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), c.walkers)
+    bnd = torch.zeros(BH, NT, grid[0] * grid[1], **f32) if c.has_decay else dummy
+    kern.states_bwd_kernel[grid](
         q, do, dstates, dns, dS0, dn0,
         dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy,
-        mc, b, m_row, R_A, R_D, c.CO, c.CHUNKS, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        mc, b, m_row, R_A, R_D, c.CO, c.CHUNKS, states, ns, S_T,
+        n_T if c.track_n else dummy, bnd, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BK=BK, BV=BV, BQ=BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
         NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, **launch,
     )  # fmt: skip
@@ -338,7 +344,8 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, c: Config):
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None
     q_dq = q_part.sum(0) if c.has_decay else None
-    return dq, dk, dv, dS0, (dn0 if c.track_n else None), q_dq, k_dk, R_M, dS_T, dn_T
+    bnd = bnd.sum(-1) if c.has_decay else None
+    return dq, dk, dv, dS0, (dn0 if c.track_n else None), q_dq, k_dk, R_M, dS_T, dn_T, bnd
 
 
 class _Seqs:
@@ -379,23 +386,47 @@ class _Seqs:
         y.view(self.N, self.H, self.Lmax)[torch.arange(self.N), :, self.last] += vals
 
 
+def _chunk_local(dF, bnd, c: Config):
+    """The reverse sum of dF ([rows, T], token layout) restarted at every chunk's end, plus
+    that chunk's exact boundary value bnd ([rows, NT]): fp64."""
+    T = dF.shape[1]
+    G = F.pad(dF.double().flip(-1).cumsum(-1).flip(-1), (0, 1))  # G[:, T] = 0
+    if c.varlen:
+        chunk = c.tok_chunk
+        end = c.CHUNKS.view(-1, 3)[:, 1].long()[chunk]
+    else:
+        chunk = torch.arange(T, device=dF.device) // c.L
+        end = ((chunk + 1) * c.L).clamp_max(T)
+    return G[:, :T] - G[:, end] + bnd.double()[:, chunk]
+
+
 def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T, m0, dm0,
-                c: Config):  # fmt: skip
+                c: Config, bnd=None):  # fmt: skip
     """∂L/∂g, ∂L/∂gi ([B, T, H]) and the routed part of ∂L/∂m_0 (see the module docstring).
     Everything runs per sequence ([N·H, Lmax]), so packed sequences stay independent. Shared
     with triton_recurrent_bwd: ``c`` needs only has_decay, has_igate, stab, track_n, norm,
-    varlen, N and (packed) offsets."""
+    varlen, N and (packed) offsets.
+
+    ``bnd`` ([rows, NT], chunk mode): ⟨dC, C⟩ + ⟨dn, n⟩ of the state leaving each chunk, which
+    equals the reverse sum of q·dq − k·dk from the chunk's end on (final-state term included).
+    With it the long sum restarts at every chunk: its terms largely cancel, so over a whole
+    sequence their rounding errors (bf16 inputs to the kernels' products) would pile up."""
     B, T, H = b_shape
     sq = _Seqs(c, B, T, H, q_dq.device if q_dq is not None else k_dk.device)
     NH = sq.N * H
-    dF = sq.spread(q_dq.double() - k_dk) if c.has_decay else None
+    local = None
+    if c.has_decay and bnd is not None:
+        local = _chunk_local(q_dq.double() - k_dk, bnd, c)
+        dF = sq.spread(torch.zeros_like(local))  # only the max state's routing is left for dF
+    else:
+        dF = sq.spread(q_dq.double() - k_dk) if c.has_decay else None
     da = sq.spread(k_dk.clone()) if c.has_igate else None
     end = None  # ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩: the final state's own dependence on its scale
     if dS_T is not None:
         end = (dS_T * S_T).sum((-2, -1)).view(NH)
         if c.track_n:
             end = end + (dn_T * n_T).sum(-1).view(NH)
-        if dF is not None:
+        if dF is not None and local is None:
             sq.add_at_last(dF, end)
     if c.stab:
         dm = sq.spread(R_M.clone()) if c.norm else torch.zeros(dF.shape, device=dF.device)
@@ -420,8 +451,9 @@ def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T
     dg = None
     if dF is not None:
         # The reverse sum runs over whole sequences (up to 10⁵ terms that largely cancel): fp64.
-        rev = dF.double().flip(-1).cumsum(-1).flip(-1).float()
-        dg = sq.gather(rev).reshape(B, H, T).transpose(1, 2)
+        rev = dF.double().flip(-1).cumsum(-1).flip(-1)
+        rev = sq.gather(rev) if local is None else sq.gather(rev) + local
+        dg = rev.float().reshape(B, H, T).transpose(1, 2)
     if da is not None:
         da = sq.gather(da).reshape(B, H, T).transpose(1, 2)
     return dg, da, dm0
@@ -453,8 +485,9 @@ class _ChunkFn(torch.autograd.Function):
             grads = _backward_fused(q, k, v, b, a, o, saved, do.contiguous(), dS_T, dn_T, S0,
                                     n0, c)  # fmt: skip
         else:
-            grads = _backward(q, k, v, b, a, o, saved, do.contiguous(), dS_T, dn_T, c)
-        dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T = grads
+            grads = _backward(q, k, v, b, a, o, saved, do.contiguous(), dS_T, dn_T, S_T, n_T,
+                              c)  # fmt: skip
+        dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd = grads
         dm0 = None
         if S0 is not None and c.stab:
             dm0 = (dS0 * S0).sum((-2, -1)) + (dn0 * n0).sum(-1)
@@ -462,7 +495,7 @@ class _ChunkFn(torch.autograd.Function):
         if c.has_decay or c.has_igate:
             dg, dgi, dm0 = _gate_grads(
                 g, gi, g.shape if g is not None else gi.shape, q_dq, k_dk, R_M, S_T, n_T,
-                None, dS_T, dn_T, dm_T, m0, dm0, c,
+                None, dS_T, dn_T, dm_T, m0, dm0, c, bnd=bnd,
             )  # fmt: skip
         if S0 is None:
             dS0 = dn0 = None

@@ -369,13 +369,18 @@ def norm_bwd_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_bwd_kernel(
     Q, DH, DST, DNS, DS0, DN0, DS_T, DN_T, MC, G_B, M_ROW, R_A, R_D, CO, CHUNKS,
+    ST, NS, ST_T, NS_T, BND,
     T, H, K, V, L, NT, NSEQ, scale,
     BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr,
     HAS_DECAY: tl.constexpr, STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
     HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, B·H). Walks the chunks backwards; stores the gradient of the
-    state leaving each chunk (DST [BH,NT,K,V], DNS [BH,NT,K]) and of the initial state."""
+    state leaving each chunk (DST [BH,NT,K,V], DNS [BH,NT,K]) and of the initial state.
+
+    With decay, also this tile's part of ⟨dC, C⟩ + ⟨dn, n⟩ for the state leaving each chunk
+    (BND [BH, NT, K tiles · V tiles]): the exact log-decay gradient at the chunk's end (the
+    next chunk's stored state, or the final state ST_T/NS_T after a sequence's last chunk)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
@@ -403,6 +408,19 @@ def states_bwd_kernel(
         )  # fmt: skip
         if TRACK_N:
             tl.store(DNS + (i_bh * NT + i_c) * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
+        if HAS_DECAY:
+            if i_c + 1 < c_hi:
+                p_nx = ST + (i_bh * NT + i_c + 1) * K * V
+                p_nn = NS + (i_bh * NT + i_c + 1) * K
+            else:
+                p_nx = ST_T + i_st * K * V
+                p_nn = NS_T + i_st * K
+            b_nx = _state_tile(p_nx, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
+            bnd = tl.sum(tl.sum(b_dC * b_nx, 1), 0)
+            if TRACK_N:
+                bnd += tl.where(i_v == 0, tl.sum(b_dn * _vec(p_nn, o_k, m_k), 0), 0.0)
+            n_tiles = tl.num_programs(0) * tl.num_programs(1)
+            tl.store(BND + (i_bh * NT + i_c) * n_tiles + i_k * tl.num_programs(1) + i_v, bnd)
         b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
         if STAB:
             m_c = tl.load(p_mc + i_c)
