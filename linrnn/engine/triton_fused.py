@@ -33,6 +33,19 @@ from linrnn.engine.triton_kernels import (
 
 
 @triton.jit
+def _dot_state(a, b_f32, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """a @ b for an fp32 state b and 16-bit a. SPLIT: b as b_hi + b_lo, both in a's dtype (two
+    products), so the state keeps about twice the mantissa. The gate gradients need it: their
+    terms q·dq and k·dk largely cancel, and in this mode they are summed over whole sequences,
+    where the state's rounding to 16 bits would otherwise dominate their error."""
+    b_hi = b_f32.to(a.dtype)
+    out = tl.dot(a, b_hi, input_precision=DOT_PREC)
+    if SPLIT:
+        out += tl.dot(a, (b_f32 - b_hi.to(tl.float32)).to(a.dtype), input_precision=DOT_PREC)
+    return out
+
+
+@triton.jit
 def _gates(G_B, G_A, o_t, m_t, c1, BT: tl.constexpr, HAS_DECAY: tl.constexpr,
            HAS_IGATE: tl.constexpr):  # fmt: skip
     """The chunk's b (per row), a (per row) and b_L (its total log decay)."""
@@ -130,8 +143,13 @@ def fused_fwd_kernel(
         if NORM != 0:
             # q·n on the tensor cores (n repeated over 16 columns): an elementwise [BT, K]
             # fp32 product here would spill registers at K = 256.
-            b_nn = tl.broadcast_to(b_n[:, None], [BK, 16]).to(b_q.dtype)
-            b_qn = tl.sum(tl.dot(b_q, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 16)
+            # n as n_hi + n_lo in q's dtype (8 columns each): den decides the normalizer's
+            # branch and scales the backward, so it keeps (nearly) fp32 precision.
+            b_hi = b_n.to(b_q.dtype)
+            b_lo = (b_n - b_hi.to(tl.float32)).to(b_q.dtype)
+            col = tl.arange(0, 16)[None, :]
+            b_nn = tl.where(col < 8, b_hi[:, None], b_lo[:, None])  # [BK, 16]
+            b_qn = tl.sum(tl.dot(b_q, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 8)
             b_den = b_qn * e_r + tl.sum(b_p, 1)
             b_den *= scale
             b_o = b_o / _denominator(b_den, b_mr, eps, NORM)[:, None]
@@ -170,7 +188,7 @@ def fused_dq_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
-    VARLEN: tl.constexpr,
+    VARLEN: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """dq_r = scale·[e_r (A_r dh_r Cᵀ + dd_r n) + Σ_{s≤r} D_rs (A_r dh_r·v_s + dd_r) k_s]."""
     i_k, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -205,7 +223,7 @@ def fused_dq_kernel(
             HAS_DECAY, STAB,
         )  # fmt: skip
         e_r = tl.exp(tl.where(m_t, lf, float("-inf")))
-        b_dq = tl.dot(b_dh, tl.trans(b_C).to(b_dh.dtype), input_precision=DOT_PREC)  # [BT, BK]
+        b_dq = _dot_state(b_dh, tl.trans(b_C), SPLIT, DOT_PREC)  # [BT, BK]
         b_dp = tl.dot(b_dh, tl.trans(b_v), input_precision=DOT_PREC)  # [BT, BT]
         if NORM != 0:
             b_A = _vec(R_A + i_bh * T, o_t, m_t)
@@ -246,7 +264,7 @@ def fused_dk_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
-    VARLEN: tl.constexpr,
+    VARLEN: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """dk_s = w_s (v_s dCᵀ + dn) + scale·Σ_{r≥s} D_rs (A_r v_s·dh_r + dd_r) q_r, walking back;
     also the gradient of the initial state (C and n)."""
@@ -282,7 +300,7 @@ def fused_dk_kernel(
             HAS_DECAY, STAB,
         )  # fmt: skip
         w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
-        b_dk = tl.dot(b_v, tl.trans(b_dC).to(b_v.dtype), input_precision=DOT_PREC)  # [BT, BK]
+        b_dk = _dot_state(b_v, tl.trans(b_dC), SPLIT, DOT_PREC)  # [BT, BK]
         if TRACK_N:
             b_dk += b_dn[None, :]
         b_dk *= w[:, None]
