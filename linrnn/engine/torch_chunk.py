@@ -188,8 +188,8 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale):
     U = k_w.transpose(-1, -2) @ vc  # [B, H, N, K, V]
     m_loc = b_end + a_max  # [B, H, N]: log of the largest key weight to the chunk end
     if stabilize:
-        m_in, m_T = _max_scan(b_end, m_loc, m0)
-        m_out = torch.cat([m_in[:, :, 1:], m_T[:, :, None]], dim=2)
+        m_all = _max_scan(b_end, m_loc, m0)  # [B, H, N + 1]: entering each chunk, then m_T
+        m_in, m_out, m_T = m_all[:, :, :-1], m_all[:, :, 1:], m_all[:, :, -1]
         log_d = (b_end + m_in - m_out)[..., None, None]
         states, S = _scan(exp(log_d), exp(m_loc - m_out)[..., None, None] * U, S0, log_d)
         row = torch.maximum(a.cummax(-1).values, m_in[..., None])  # m_r − b_r
@@ -226,19 +226,19 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale):
 
 def _max_scan(b_end, m_loc, m0):
     """mLSTM max state over chunks, m ← max(b_L + m, m_loc) (cheap: [B, H] per step). Returns
-    the stabilizer entering each chunk ``[B, H, N]`` and the final one ``[B, H]``."""
+    ``[B, H, N + 1]``: the stabilizer entering each chunk, then the final one."""
     B, H = b_end.shape[:2]
     m = torch.full((B, H), NINF, dtype=b_end.dtype, device=b_end.device) if m0 is None else m0
     if _runtime.tracing():  # no loop over N: m_n = F_n + max(m_0, max_{j<n}(m_loc_j − F_{j+1}))
         F_ = torch.cat([torch.zeros_like(b_end[:, :, :1]), b_end.double().cumsum(2)], dim=2)
         z = torch.cat([m.double()[:, :, None], m_loc.double() - F_[:, :, 1:]], dim=2)
-        m_all = (F_ + z.cummax(2).values).to(b_end.dtype)  # [B, H, N + 1]
-        return m_all[:, :, :-1], m_all[:, :, -1]
+        return (F_ + z.cummax(2).values).to(b_end.dtype)
     m_in = []
     for b_n, m_loc_n in zip(b_end.unbind(2), m_loc.unbind(2)):
         m_in.append(m)
         m = torch.maximum(b_n + m, m_loc_n)
-    return torch.stack(m_in, dim=2), m
+    m_in.append(m)
+    return torch.stack(m_in, dim=2)
 
 
 def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):

@@ -147,6 +147,8 @@ def run(
     cdt = compute_dtype(q)
     cast = lambda x: None if x is None else x.to(cdt)  # noqa: E731
     qc, kc, vc, g, gv, gi, u, S0, n0, m0 = map(cast, (q, k, v, g, gv, gi, u, S0, n0, m0))
+    if _runtime.tracing():
+        qc, kc, vc, g, gv, gi = map(_contiguous_grad, (qc, kc, vc, g, gv, gi))
     V = vc.shape[-1]
     if track_n:
         vc = torch.cat([vc, torch.ones_like(vc[..., :1])], dim=-1)
@@ -317,6 +319,26 @@ def _packed(impl, q, k, v, scale, gates, S0, m0, offsets):
     if gates["stabilize"]:
         return o, torch.cat(m_seqs, dim=1), S, torch.cat(m_Ts, dim=0)
     return o, None, S, None
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous. The PyTorch engine's input
+    gradients come back transposed ([B, H, T, ·] memory order); some ATen backward kernels
+    (e.g. ``elu_backward`` in torch 2.13) keep that layout on real tensors but claim a
+    contiguous one in their meta function, so a traced graph ``view``s them wrongly. Used only
+    while tracing; costs one copy of each gradient (fused away by inductor)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def _contiguous_grad(x):
+    return x if x is None or not x.requires_grad else _ContiguousGrad.apply(x)
 
 
 _STATE_DIMS = {"S": ("N", "H", "K", "V"), "n": ("N", "H", "K"), "m": ("N", "H")}
