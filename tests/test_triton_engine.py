@@ -81,12 +81,22 @@ def _sensitivity(fam, inputs, h0, dtype, ref, **kw):
     return worst
 
 
+def _m0_identity_scale(h0, grads):
+    """Size of the terms of the initial max state's gradient, ∂L/∂m_0 = ⟨dC_0, C_0⟩ +
+    ⟨dn_0, n_0⟩ (+ the routed max path): the stored state is C_0·e^{−m_0}. A normalized output
+    does not see a common scale of (C, n), so the two products cancel and the true value can be
+    ~1e-9 beside terms of ~5 (mLSTM-exp, gates at ±20, seed 11: fp32 error 1.1e-6, i.e. 1e-7
+    of the terms). An error ≤ tol·‖|⟨dC_0, C_0⟩| + |⟨dn_0, n_0⟩|‖ is what the identity can meet."""
+    S0, n0 = h0[0].double(), h0[1].double()
+    return (grads["h0[0]"] * S0).sum((-2, -1)).abs() + (grads["h0[1]"] * n0).sum(-1).abs()
+
+
 def _check(fam, inputs, h0, dtype, factor=1.0, cu_seqlens=None, decay_by_terms=False, **kw):
     """Triton run vs the fp64 reference loop; the tolerance is the dtype's, or 2× the error
     of the reference loop run in the same dtype (see helpers.assert_close), or
     SENSITIVITY_FACTOR × what rounding the inputs alone costs (:func:`_sensitivity`). With
     ``decay_by_terms`` the [B, T, H] log-decay gradient is held to the conditioning bound of
-    :func:`_identity_scale` instead."""
+    :func:`_identity_scale` instead, and mLSTM-exp's ∂L/∂m_0 to :func:`_m0_identity_scale`."""
     inputs, h0 = _on(inputs), _on(h0)
     if cu_seqlens is not None:
         kw["cu_seqlens"] = cu_seqlens
@@ -108,6 +118,11 @@ def _check(fam, inputs, h0, dtype, factor=1.0, cu_seqlens=None, decay_by_terms=F
             scale = _identity_scale(fam, {n: t.double() for n, t in inputs.items()}, ref[2])
             err = (got[2][name].double() - ref[2][name]).norm() / scale.norm()
             assert err <= RTOL[dtype] * factor, f"d{name}: {err:.2e} of the summed terms' size"
+            continue
+        if decay_by_terms and name == "h0[2]":
+            scale = _m0_identity_scale(h0, ref[2])
+            err = (got[2][name].double() - ref[2][name]).norm() / scale.norm()
+            assert err <= RTOL[dtype] * factor, f"dm0: {err:.2e} of its two terms' size"
             continue
         assert_close(f"d{name}", got[2][name], ref[2][name], dtype, fac(f"d{name}"),
                      low[2][name])  # fmt: skip
@@ -179,10 +194,12 @@ def test_decay_gradient_long_sequence_fp16(mode):
                                     "mlstm_sig_norm"])  # fmt: skip
 def test_extreme_gates(family, mode):
     """Log decay −30 per step, mLSTM input pre-activations ±20 and saturated forget gates:
-    finite, and equal to the reference. Factor 5 as in test_ops.test_extreme_gates (the fp32
-    gradient w.r.t. an initial m is a sum of cancelling terms). The log-decay gradient is held
-    to the conditioning of the identity that computes it (see _identity_scale): a known
-    weakness of the Triton engine against the PyTorch one, which differentiates chunk-locally.
+    finite, and equal to the reference. Factor 5 as in test_ops.test_extreme_gates. The fp32
+    gradient w.r.t. an initial m is a sum of cancelling terms and is held to their size (see
+    _m0_identity_scale; seed 11 failed the plain bound in fused_chunk). The log-decay
+    gradient is held to the conditioning of the identity that computes it (see
+    _identity_scale): with the chunk-end restart it meets the plain bound in most seeds, but
+    not all (3 of 31), against the PyTorch engine, which differentiates chunk-locally.
     Under the interpreter, any overflowing exp or inf·0 inside a kernel — even in a masked-off
     lane — is an error."""
     fam = FAMILIES[family]
