@@ -178,7 +178,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
         k, v, states, ns, mc,
         S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, b, a,
-        _chunk_max(b, a, L, c) if c.stab else dummy, c.CO, c.CHUNKS,
+        _chunk_max(b, a, L, c) if c.stab else dummy, c.CO, c.CHUNKS, dummy, dummy,
         T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(), **launch,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
@@ -188,7 +188,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
     NQ = triton.cdiv(L, BQ)
     kern.rows_kernel[(NT * NQ, triton.cdiv(V, BO), BH)](
         q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy, c.CHUNKS,
-        T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
+        *[dummy] * 5, T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=False, NORM=c.norm, **c.flags(), **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
@@ -309,7 +309,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
         q, do, dstates, dns, dS0, dn0,
         dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy,
         mc, b, m_row, R_A, R_D, c.CO, c.CHUNKS, states, ns, S_T,
-        n_T if c.track_n else dummy, bnd, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        n_T if c.track_n else dummy, bnd, *[dummy] * 4, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BK=BK, BV=BV, BQ=BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
         NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, **launch,
     )  # fmt: skip
@@ -322,7 +322,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     dq = torch.empty_like(q)
     kern.rows_kernel[(NT * nQ, nK, BH)](
         do, v, k, dq, states, ns, mc, b, a, m_row, dummy, R_A, R_D, q, q_part, c.CHUNKS,
-        T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
+        *[dummy] * 5, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dk", V, K)
@@ -331,7 +331,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     dk = torch.empty_like(k)
     kern.cols_kernel[(NT * nS, nK, BH)](
         v, do, q, dk, dstates, dns, mc, b, a, m_row, R_A, R_D, k, k_part, c.CHUNKS,
-        T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
+        *[dummy] * 5, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dv", K, V)
@@ -339,7 +339,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     dv = torch.empty_like(v)
     kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
         k, q, do, dv, dstates, dns, mc, b, a, m_row, R_A, R_D, dummy, dummy, c.CHUNKS,
-        T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
+        *[dummy] * 5, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=False, **common, **launch,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None
@@ -504,12 +504,23 @@ class _ChunkFn(torch.autograd.Function):
 
 def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, normalizer=None,
           eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False,
-          offsets=None):  # fmt: skip
+          offsets=None, gv=None, u=None):  # fmt: skip
     """Scalar-gate chunkwise forward (autograd-enabled). q, k, v ``[B, T, H, *]`` in one of
     fp16/bf16/fp32; g, gi ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial
     state (n0 with ``track_n``, m0 with ``stabilize``; N = B, or the number of sequences).
     ``fused``: the non-materializing kernels (triton_fused). ``offsets``: ``[N + 1]`` ints of
-    packed sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``."""
+    packed sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``.
+    Per-channel decays (g ``[B, T, H, K]``, gv, u) go to :mod:`triton_chunk_vec`."""
+    if (g is not None and g.dim() == 4) or gv is not None or u is not None:
+        from linrnn.engine import triton_chunk_vec
+
+        if gi is not None or stabilize or track_n or normalizer is not None:
+            raise NotImplementedError("vector gates with input gate / normalizer: no kernel")
+        o, S_T = triton_chunk_vec.chunk(
+            q, k, v, scale=scale, g=g, gv=gv, u=u, S0=S0, chunk_size=chunk_size, fused=fused,
+            offsets=offsets,
+        )  # fmt: skip
+        return o, S_T, None, None
     c = Config(
         q, k, v, scale=scale, has_decay=g is not None, has_igate=gi is not None,
         stabilize=stabilize, track_n=track_n, normalizer=normalizer, eps=eps,
