@@ -212,7 +212,8 @@ def _forward_fused(q, k, v, b, a, S0, n0, m0, c: Config):
         q, k, v, o, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, mc, b, a,
         _chunk_max(b, a, c.L, c) if c.stab else dummy, m_row, den, c.CO, c.CHUNKS,
-        T, H, K, V, c.L, NT, c.NSEQ, c.scale, c.eps, BT=c.BT, BK=c.KP, BV=c.BVf, NORM=c.norm,
+        *[dummy] * 4, T, H, K, V, c.L, NT, c.NSEQ, c.scale, c.eps,
+        BT=c.BT, BK=c.KP, BV=c.BVf, NORM=c.norm,
         HAS_S0=has_s0, **c.flags(), **c.launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
@@ -238,7 +239,8 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     dq = torch.empty_like(q)
     fused.fused_dq_kernel[(nK, c.walkers)](
         q, k, v, do, dq, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
-        mc, b, a, m_row, R_A, R_D, q_part, c.CO, c.CHUNKS, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        mc, b, a, m_row, R_A, R_D, q_part, c.CO, c.CHUNKS, *[dummy] * 4,
+        T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_S0=has_s0, **common,
     )  # fmt: skip
     dk = torch.empty_like(k)
@@ -247,13 +249,14 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     fused.fused_dk_kernel[(nK, c.walkers)](
         q, k, v, do, dk, dS0, dn0, dS_T if has_dst else dummy,
         dn_T if (has_dst and c.track_n) else dummy, mc, b, a, m_row, R_A, R_D, k_part,
-        c.CO, c.CHUNKS, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        c.CO, c.CHUNKS, *[dummy] * 4, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_DST=has_dst, **common,
     )  # fmt: skip
     dv = torch.empty_like(v)
     fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
         q, k, do, dv, dS_T if has_dst else dummy, mc, b, a, m_row, R_A, c.CO, c.CHUNKS,
-        T, H, K, V, L, NT, c.NSEQ, c.scale, BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
+        *[dummy] * 6, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None
     q_dq = q_part.sum(0) if c.has_decay else None

@@ -262,12 +262,60 @@ def chunk(q, k, v, *, scale, g, gv=None, u=None, S0=None, chunk_size=None, fused
     return _VecChunkFn.apply(q, k, v, g, gv, u, S0, c)
 
 
+def _fused_common(c: tc.Config, has_gv: bool):
+    BC, _, BD, _, nw, ns = VEC_TILES["fused"]
+    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, BC=BC, BD=BD, HAS_DECAY=False,
+                HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen,
+                num_warps=nw, num_stages=ns)  # fmt: skip
+
+
 def _forward_fused(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
-    raise NotImplementedError("fused_chunk with vector gates: not yet")
+    T, H, K = q.shape[1:]
+    V = v.shape[3]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    has_gv, has_s0 = bv is not None, S0 is not None
+    S_T = torch.empty(c.N, H, K, V, **f32)
+    o = torch.empty_like(v, dtype=q.dtype)
+    fused.fused_fwd_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
+        q, k, v, o, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy, dummy, dummy, dummy,
+        dummy, dummy, dummy, c.CO, c.CHUNKS, bk, bkx, bv if has_gv else dummy,
+        u if c.excl else dummy, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale, 0.0,
+        BK=c.KP, BV=c.BVf, TRACK_N=False, HAS_S0=has_s0, **_fused_common(c, has_gv),
+    )  # fmt: skip
+    return o, S_T, ()
 
 
 def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c: tc.Config):
-    raise NotImplementedError("fused_chunk with vector gates: not yet")
-
-
-__all__ = ["chunk", "fused"]
+    T, H, K = q.shape[1:]
+    V = v.shape[3]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    has_gv, has_s0 = bv is not None, S0 is not None
+    has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
+    gates = (bk, bkx, bv if has_gv else dummy, u if c.excl else dummy)
+    common = _fused_common(c, has_gv)
+    nK = triton.cdiv(K, c.BKf)
+    dq = torch.empty_like(q)
+    qdq = torch.empty(q.shape, **f32)
+    fused.fused_dq_kernel[(nK, c.walkers)](
+        q, k, v, do, dq, S0 if has_s0 else dummy, dummy, dummy, dummy, dummy, dummy, dummy,
+        dummy, qdq, c.CO, c.CHUNKS, *gates, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
+        BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_S0=has_s0, **common,
+    )  # fmt: skip
+    dk = torch.empty_like(k)
+    kdk = torch.empty(k.shape, **f32)
+    dS0 = torch.empty(c.N, H, K, V, **f32)
+    fused.fused_dk_kernel[(nK, c.walkers)](
+        q, k, v, do, dk, dS0, dummy, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy,
+        dummy, dummy, dummy, kdk, c.CO, c.CHUNKS, *gates, T, H, K, V, c.L, c.NT, c.NSEQ,
+        c.scale, BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_DST=has_dst, **common,
+    )  # fmt: skip
+    dv = torch.empty_like(v)
+    vdv = torch.empty(v.shape, **f32) if has_gv else dummy
+    fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
+        q, k, do, dv, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy, dummy, c.CO,
+        c.CHUNKS, *gates, v, vdv, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
+        BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
+    )  # fmt: skip
+    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, None, None
