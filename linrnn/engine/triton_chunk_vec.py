@@ -132,18 +132,19 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
     BS, BD, BO = _fit(BS, L), _fit(BD, K), _fit(BO, V)
     NQ = triton.cdiv(L, BC)
     gv_ = bv if has_gv else dummy
+    o32 = torch.empty(v.shape, **f32) if has_gv else dummy  # for gv's gradient
     kern.rows_kernel[(NT * NQ, triton.cdiv(V, BO), BH)](
         q, k, v, o, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy,
-        dummy, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy,
+        o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy,
         T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, 0.0,
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
         VEC_O=has_gv, EXCL=c.excl, num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    return o, S_T, (states,)
+    return o, S_T, (states, o32 if has_gv else None)
 
 
 def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
-    (states,) = saved
+    states = saved[0]
     T, H, K = q.shape[1:]
     V = v.shape[3]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
@@ -218,13 +219,13 @@ class _VecChunkFn(torch.autograd.Function):
         fwd = _forward_fused if c.fused else _forward
         o, S_T, saved = fwd(q, k, v, bk, bkx, bv, u, S0, c)
         ctx.c = c
-        ctx.save_for_backward(q, k, v, u, bk, bkx, bv, o, S0, S_T, *saved)
+        ctx.save_for_backward(q, k, v, u, bk, bkx, bv, S0, S_T, *saved)
         return o, S_T
 
     @staticmethod
     def backward(ctx, do, dS_T):
         c = ctx.c
-        q, k, v, u, bk, bkx, bv, o, S0, S_T, *saved = ctx.saved_tensors
+        q, k, v, u, bk, bkx, bv, S0, S_T, *saved = ctx.saved_tensors
         do = do.contiguous()
         if c.fused:
             grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c)
@@ -242,7 +243,7 @@ class _VecChunkFn(torch.autograd.Function):
             dgk = dgk - qdq + b_u
         dgv = None
         if bv is not None:
-            dgv = _revsum(o.float() * do.float() - vdv, Wv, endv, c)
+            dgv = _revsum(saved[1] * do.float() - vdv, Wv, endv, c)
         return dq, dk, dv, dgk, dgv, du, (dS0 if S0 is not None else None), None
 
 
@@ -277,13 +278,14 @@ def _forward_fused(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
     has_gv, has_s0 = bv is not None, S0 is not None
     S_T = torch.empty(c.N, H, K, V, **f32)
     o = torch.empty_like(v, dtype=q.dtype)
+    o32 = torch.empty(v.shape, **f32) if has_gv else dummy  # for gv's gradient
     fused.fused_fwd_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
         q, k, v, o, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy, dummy, dummy, dummy,
-        dummy, dummy, dummy, c.CO, c.CHUNKS, bk, bkx, bv if has_gv else dummy,
+        dummy, dummy, o32, c.CO, c.CHUNKS, bk, bkx, bv if has_gv else dummy,
         u if c.excl else dummy, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale, 0.0,
         BK=c.KP, BV=c.BVf, TRACK_N=False, HAS_S0=has_s0, **_fused_common(c, has_gv),
     )  # fmt: skip
-    return o, S_T, ()
+    return o, S_T, (None, o32 if has_gv else None)
 
 
 def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c: tc.Config):

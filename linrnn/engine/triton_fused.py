@@ -142,8 +142,12 @@ def fused_fwd_kernel(
                     p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, o_r, m_r, r0, c0, o_v, m_v, K, H * K,
                     H * V, BC, BT, BD, BV, True, VEC_V, DOT_PREC,
                 )  # fmt: skip
-                p = p_o + o_r.to(tl.int64)[:, None] * H * V + o_v[None, :]
-                tl.store(p, (b_o * scale).to(O_.dtype.element_ty), mask=m_r[:, None] & m_v[None, :])
+                b_o *= scale
+                p = o_r.to(tl.int64)[:, None] * H * V + o_v[None, :]
+                m_rv = m_r[:, None] & m_v[None, :]
+                tl.store(p_o + p, b_o.to(O_.dtype.element_ty), mask=m_rv)
+                if VEC_V:  # the fp32 output for gv's gradient (o ⊙ do), in DEN's place
+                    tl.store(DEN + (i_b * T * H + i_h) * V + p, b_o, mask=m_rv)
             b_C = _vec_state_fwd(
                 b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, BT, VEC_V, DOT_PREC
             )

@@ -241,7 +241,8 @@ def rows_kernel(
     ``VEC`` (per-channel decays, triton_vector): cumulative log decays over the depth (GDX query
     side, GDK key side; ``VEC_D``) and the output dimension (GOX, GOK; ``VEC_O``), u [H, ·] on
     the gated dimension (``EXCL``); BQ is the sub-chunk, BS the tile of earlier keys; dq also
-    stores QD ⊙ dq elementwise in PART ([B, T, H, O] fp32)."""
+    stores QD ⊙ dq elementwise in PART ([B, T, H, O] fp32), the forward with ``VEC_O`` its
+    fp32 output."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, i_q = i_cq // NQ, i_cq % NQ
@@ -384,6 +385,9 @@ def rows_kernel(
         if STAB:
             tl.store(M_ROW + i_bh * T + o_r, b_mr, mask=m_r & ((o_r * 0 + i_o) == 0))
         tl.store(p_out, b_acc.to(OUT.dtype.element_ty), mask=m_out)
+        if VEC_O:  # the fp32 output too, for gv's gradient (o ⊙ do)
+            p_pt = PART + (i_b * T * H + i_h) * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
+            tl.store(p_pt, b_acc, mask=m_out)
 
 
 @triton.jit(do_not_specialize=["T"])
