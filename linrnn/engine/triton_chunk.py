@@ -1,4 +1,5 @@
-"""Host side of the Triton chunk engine for scalar gates: tile choice, launches, the autograd
+"""Host side of the Triton chunk engine for scalar gates (per-channel decays: triton_chunk_vec,
+which reuses Config and the helpers here): tile choice, launches, the autograd
 Function and the gate gradients (which are cheap [B·H, T] reductions done in PyTorch).
 
 Gate gradients. With the max state m held fixed, every log decay g_t enters through the global

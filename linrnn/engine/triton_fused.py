@@ -14,6 +14,9 @@ every product it needs reduces over a dimension it holds entirely:
 
 The per-row values of the forward (normalizer denominator, row max m_r) and the max state at
 chunk boundaries (NT+1 scalars per head) are saved; they are O(T), not O(T·K·V).
+
+``VEC`` (per-channel decays): each walk steps through its chunk in sub-chunks of BC rows with the
+secondary chunking of triton_vector (the state stays whole in registers).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Triton kernels of the chunkwise engine for scalar gates (DESIGN.md §3, TFLA two-level).
+"""Triton kernels of the chunkwise engine (DESIGN.md §3, TFLA two-level).
 
 Per sequence and head, inside chunk c (rows r, columns s, both chunk-local; ``b`` the chunk-local
 cumulative log decay, ``a`` the log input gate, ``m`` the mLSTM max state)::
@@ -23,8 +23,12 @@ Five kernels serve every family through compile-time switches:
   (k, q, dh, dC) and dk with (v, dh, q, dCᵀ).
 * ``norm_bwd_kernel`` — per-row factors of the normalizer's backward.
 
+Per-channel decays (GLA's gk/gv, RWKV6's w and u) run the same kernels under ``VEC``, with
+GLA's secondary chunking inside each chunk (triton_vector; host side triton_chunk_vec).
+
 Layouts: q, k, v, o and their gradients ``[B, T, H, D]`` contiguous; gates and per-row values
-``[B·H, T]`` fp32; chunk states ``[B·H, NT(+1), K, V]``. Offsets are int64.
+``[B·H, T]`` fp32 (per-channel gate cumsums ``[B, T, H, D]`` fp32); chunk states
+``[B·H, NT(+1), K, V]``. Offsets are int64.
 """
 
 from __future__ import annotations
