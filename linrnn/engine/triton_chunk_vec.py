@@ -31,13 +31,16 @@ from linrnn.engine import triton_fused as fused
 from linrnn.engine import triton_kernels as kern
 
 # Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
-# num_stages). The diagonal sub-chunk is a [BC, BC, depth or output tile] fp32 product.
+# num_stages). The diagonal sub-chunk is a [BC, BC, depth or output tile] fp32 product; a kernel
+# whose output dimension carries a gate uses GATED_BO instead (a [16, 16, 64] fp32 block is
+# 128 registers per thread at 4 warps). Untuned first choices: tune on the GPU.
 VEC_TILES = {
     "states": (64, 64, 64, 4, 2),  # (time tile, K tile, V tile, ...)
     "rows": (16, 64, 32, 64, 4, 2),
     "cols": (16, 64, 32, 64, 4, 2),
     "fused": (16, 0, 32, 0, 4, 1),
 }
+GATED_BO = 32
 
 
 def _fit(x: int, n: int) -> int:
@@ -129,7 +132,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
-    BS, BD, BO = _fit(BS, L), _fit(BD, K), _fit(BO, V)
+    BS, BD, BO = _fit(BS, L), _fit(BD, K), _fit(GATED_BO if has_gv else BO, V)
     NQ = triton.cdiv(L, BC)
     gv_ = bv if has_gv else dummy
     o32 = torch.empty(v.shape, **f32) if has_gv else dummy  # for gv's gradient
@@ -171,7 +174,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     )  # fmt: skip
     common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
-    BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(BO, K)
+    BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
     nQ = triton.cdiv(L, BC)
     dq = torch.empty_like(q)
     qdq = torch.empty(q.shape, **f32)
@@ -182,7 +185,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
     BC, BQ, BD, BO, nw, ns = VEC_TILES["cols"]
-    BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(BO, K)
+    BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
     nS = triton.cdiv(L, BC)
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
@@ -192,7 +195,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
         BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=True, VEC_D=has_gv, VEC_O=True, **common,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    BD, BO = _fit(VEC_TILES["cols"][2], K), _fit(VEC_TILES["cols"][3], V)
+    BD, BO = _fit(BD, K), _fit(GATED_BO if has_gv else VEC_TILES["cols"][3], V)
     dv = torch.empty_like(v)
     vdv = torch.empty(v.shape, **f32) if has_gv else dummy
     kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
