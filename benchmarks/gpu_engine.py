@@ -509,6 +509,8 @@ def floor_counts(op: str, shape: dict, chunk: int | None) -> tuple[float, float]
     n_bytes = flops.min_bytes(B, T, H, K, V, elt=2, gate_elems=N_GATES[like])
     if op == "torch:sdpa_causal":
         return n_bytes, flops.attention_flops(B, T, H, K, V)
+    if chunk is None:  # a step/recurrent peer: 4·K·V per token and head
+        return n_bytes, 4.0 * B * T * H * K * V
     return n_bytes, flops.chunkwise_flops_leading(B, T, H, K, V, chunk)
 
 

@@ -222,9 +222,10 @@ def run_with_grads(fam: Family, inputs: dict, initial_state=None, dtype=torch.fl
     o, st = fam.call(leaves, initial_state=init, output_final_state=True, **kw)
     states = flat_state(st)
     gen = torch.Generator().manual_seed(1234)
-    loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64)).sum()
+    cot = lambda x: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.device)  # noqa: E731
+    loss = (o.double() * cot(o)).sum()
     for s in states:
-        loss = loss + (s.double() * torch.randn(s.shape, generator=gen, dtype=torch.float64)).sum()
+        loss = loss + (s.double() * cot(s)).sum()
     loss.backward()
     grads = {n: t.grad for n, t in leaves.items() if t.grad is not None}
     return o.detach(), [s.detach() for s in states], grads

@@ -228,6 +228,6 @@ def test_backend_none_falls_back_where_triton_cannot(monkeypatch):
         return impl
 
     monkeypatch.setattr(_generic, "select", as_if_on_cuda)
-    o, _ = linrnn.gla(q, q, q, gk)
+    o, _ = linrnn.gla(q, q, q, gk, mode="chunk")  # (mode=None on CUDA: the recurrent kernel)
     assert picked == [True, False]  # Triton chunk first, then the PyTorch chunk engine
     assert_close("o", o, ref, torch.float64)

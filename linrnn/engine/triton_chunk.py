@@ -237,12 +237,14 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
     common = dict(HAS_DECAY=c.has_decay, HAS_IGATE=c.has_igate, STAB=c.stab, NORM=c.norm,
                   DOT_PREC=c.prec, VARLEN=c.varlen, **c.launch)  # fmt: skip
+    # The log-decay gradient is a whole-sequence sum here: keep the states' products exact.
+    split = c.has_decay and q.dtype != torch.float32
     dq = torch.empty_like(q)
     fused.fused_dq_kernel[(nK, c.walkers)](
         q, k, v, do, dq, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         mc, b, a, m_row, R_A, R_D, q_part, c.CO, c.CHUNKS, *[dummy] * 4,
         T, H, K, V, L, NT, c.NSEQ, c.scale,
-        BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_S0=has_s0, **common,
+        BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_S0=has_s0, SPLIT=split, **common,
     )  # fmt: skip
     dk = torch.empty_like(k)
     dS0 = torch.empty(N, H, K, V, **f32)
@@ -251,7 +253,7 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
         q, k, v, do, dk, dS0, dn0, dS_T if has_dst else dummy,
         dn_T if (has_dst and c.track_n) else dummy, mc, b, a, m_row, R_A, R_D, k_part,
         c.CO, c.CHUNKS, *[dummy] * 4, T, H, K, V, L, NT, c.NSEQ, c.scale,
-        BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_DST=has_dst, **common,
+        BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_DST=has_dst, SPLIT=split, **common,
     )  # fmt: skip
     dv = torch.empty_like(v)
     fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](

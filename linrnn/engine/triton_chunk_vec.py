@@ -306,7 +306,7 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c: tc.Config):
     fused.fused_dq_kernel[(nK, c.walkers)](
         q, k, v, do, dq, S0 if has_s0 else dummy, dummy, dummy, dummy, dummy, dummy, dummy,
         dummy, qdq, c.CO, c.CHUNKS, *gates, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
-        BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_S0=has_s0, **common,
+        BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_S0=has_s0, SPLIT=False, **common,
     )  # fmt: skip
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
@@ -314,7 +314,7 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c: tc.Config):
     fused.fused_dk_kernel[(nK, c.walkers)](
         q, k, v, do, dk, dS0, dummy, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy,
         dummy, dummy, dummy, kdk, c.CO, c.CHUNKS, *gates, T, H, K, V, c.L, c.NT, c.NSEQ,
-        c.scale, BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_DST=has_dst, **common,
+        c.scale, BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_DST=has_dst, SPLIT=False, **common,
     )  # fmt: skip
     dv = torch.empty_like(v)
     vdv = torch.empty(v.shape, **f32) if has_gv else dummy

@@ -46,6 +46,19 @@ from linrnn.engine.triton_vector import (
 
 
 @triton.jit
+def _dot_state(a, b_f32, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """a @ b for an fp32 state b and 16-bit a. SPLIT: b as b_hi + b_lo, both in a's dtype (two
+    products), so the state keeps about twice the mantissa. The gate gradients need it: their
+    terms q·dq and k·dk largely cancel, and in this mode they are summed over whole sequences,
+    where the state's rounding to 16 bits would otherwise dominate their error."""
+    b_hi = b_f32.to(a.dtype)
+    out = tl.dot(a, b_hi, input_precision=DOT_PREC)
+    if SPLIT:
+        out += tl.dot(a, (b_f32 - b_hi.to(tl.float32)).to(a.dtype), input_precision=DOT_PREC)
+    return out
+
+
+@triton.jit
 def _gates(G_B, G_A, o_t, m_t, c1, BT: tl.constexpr, HAS_DECAY: tl.constexpr,
            HAS_IGATE: tl.constexpr):  # fmt: skip
     """The chunk's b (per row), a (per row) and b_L (its total log decay)."""
@@ -178,8 +191,13 @@ def fused_fwd_kernel(
             if NORM != 0:
                 # q·n on the tensor cores (n repeated over 16 columns): an elementwise [BT, K]
                 # fp32 product here would spill registers at K = 256.
-                b_nn = tl.broadcast_to(b_n[:, None], [BK, 16]).to(b_q.dtype)
-                b_qn = tl.sum(tl.dot(b_q, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 16)
+                # n as n_hi + n_lo in q's dtype (8 columns each): den decides the normalizer's
+                # branch and scales the backward, so it keeps (nearly) fp32 precision.
+                b_hi = b_n.to(b_q.dtype)
+                b_lo = (b_n - b_hi.to(tl.float32)).to(b_q.dtype)
+                col = tl.arange(0, 16)[None, :]
+                b_nn = tl.where(col < 8, b_hi[:, None], b_lo[:, None])  # [BK, 16]
+                b_qn = tl.sum(tl.dot(b_q, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 8)
                 b_den = b_qn * e_r + tl.sum(b_p, 1)
                 b_den *= scale
                 b_o = b_o / _denominator(b_den, b_mr, eps, NORM)[:, None]
@@ -219,7 +237,7 @@ def fused_dq_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
-    VARLEN: tl.constexpr,
+    VARLEN: tl.constexpr, SPLIT: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
     BC: tl.constexpr = 16, BD: tl.constexpr = 32,
 ):  # fmt: skip
@@ -287,24 +305,32 @@ def fused_dq_kernel(
                 HAS_DECAY, STAB,
             )  # fmt: skip
             e_r = tl.exp(tl.where(m_t, lf, float("-inf")))
-            b_dq = tl.dot(b_dh, tl.trans(b_C).to(b_dh.dtype), input_precision=DOT_PREC)  # [BT, BK]
+            b_x = _dot_state(b_dh, tl.trans(b_C), SPLIT, DOT_PREC)  # dh_r Cᵀ [BT, BK]
+            f = scale * e_r  # the inter-chunk row factor, as in fused_dk_kernel's dC update
             b_dp = tl.dot(b_dh, tl.trans(b_v), input_precision=DOT_PREC)  # [BT, BT]
             if NORM != 0:
                 b_A = _vec(R_A + i_bh * T, o_t, m_t)
                 b_dd = _vec(R_D + i_bh * T, o_t, m_t)
-                b_dq = b_dq * b_A[:, None] + b_dd[:, None] * b_n[None, :]
+                f = f * b_A
                 b_dp = b_dp * b_A[:, None] + b_dd[:, None]
-            b_dq *= e_r[:, None]
             b_dp *= _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
-            b_dq += tl.dot(b_dp.to(b_k.dtype), b_k, input_precision=DOT_PREC)
-            b_dq *= scale
-            p = DQ + (i_b * T * H + i_h) * K + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
-            tl.store(p, b_dq.to(DQ.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            b_dq = scale * tl.dot(b_dp.to(b_k.dtype), b_k, input_precision=DOT_PREC)
+            if NORM != 0:
+                b_dq += (scale * e_r * b_dd)[:, None] * b_n[None, :]
             if HAS_DECAY:
-                b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k)
-                part = tl.sum(b_q.to(tl.float32) * b_dq, 1)
+                # q·dq for the log-decay gradient. Its inter-chunk part takes q_r f_r rounded
+                # as fused_dk_kernel rounds it into dC (and C holds k_s w_s rounded as that
+                # kernel's k·dk takes it), so each cross-chunk pair enters q·dq and k·dk with
+                # the same value and cancels exactly in the whole-sequence sum instead of
+                # leaving its rounding there.
+                b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k).to(tl.float32)
+                b_qf = (b_q * f[:, None]).to(Q.dtype.element_ty).to(tl.float32)
+                part = tl.sum(b_qf * b_x, 1) + tl.sum(b_q * b_dq, 1)
                 p_pt = PART + (i_k * (tl.num_programs(1) // NSEQ) + i_bh) * T
                 tl.store(p_pt + o_t, part, mask=m_t)
+            b_dq += b_x * f[:, None]
+            p = DQ + (i_b * T * H + i_h) * K + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
+            tl.store(p, b_dq.to(DQ.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
             w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
             b_kw = tl.trans(b_k.to(tl.float32) * w[:, None])  # [BK, BT]
             b_C = b_C * decay + tl.dot(b_kw.to(b_v.dtype), b_v, input_precision=DOT_PREC)
@@ -330,7 +356,7 @@ def fused_dk_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
-    VARLEN: tl.constexpr,
+    VARLEN: tl.constexpr, SPLIT: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
     BC: tl.constexpr = 16, BD: tl.constexpr = 32,
 ):  # fmt: skip
@@ -400,10 +426,11 @@ def fused_dk_kernel(
                 HAS_DECAY, STAB,
             )  # fmt: skip
             w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
-            b_dk = tl.dot(b_v, tl.trans(b_dC).to(b_v.dtype), input_precision=DOT_PREC)  # [BT, BK]
+            b_y = _dot_state(b_v, tl.trans(b_dC), SPLIT, DOT_PREC)  # v_s dCᵀ [BT, BK]
             if TRACK_N:
-                b_dk += b_dn[None, :]
-            b_dk *= w[:, None]
+                b_dk = w[:, None] * b_dn[None, :]
+            else:
+                b_dk = tl.zeros([BT, BK], dtype=tl.float32)
             b_dpt = tl.dot(b_v, tl.trans(b_dh), input_precision=DOT_PREC)  # [BT(s), BT(r)]
             f = scale * tl.exp(tl.where(m_t, lf, float("-inf")))
             fd = tl.zeros([BT], dtype=tl.float32)
@@ -417,13 +444,17 @@ def fused_dk_kernel(
             b_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
             b_dpt *= tl.trans(b_d)
             b_dk += scale * tl.dot(b_dpt.to(b_qt.dtype), tl.trans(b_qt), input_precision=DOT_PREC)
-            p = DK + (i_b * T * H + i_h) * K + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
-            tl.store(p, b_dk.to(DK.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
             if HAS_DECAY or HAS_IGATE:
-                b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)
-                part = tl.sum(b_k.to(tl.float32) * b_dk, 1)
+                # k·dk with the inter-chunk part's k_s w_s rounded as fused_dq_kernel rounds it into
+                # C (see the q·dq there).
+                b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k).to(tl.float32)
+                b_kw = (b_k * w[:, None]).to(K_.dtype.element_ty).to(tl.float32)
+                part = tl.sum(b_kw * b_y, 1) + tl.sum(b_k * b_dk, 1)
                 p_pt = PART + (i_k * (tl.num_programs(1) // NSEQ) + i_bh) * T
                 tl.store(p_pt + o_t, part, mask=m_t)
+            b_dk += b_y * w[:, None]
+            p = DK + (i_b * T * H + i_h) * K + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
+            tl.store(p, b_dk.to(DK.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
             b_dC, b_dn = _state_grad_step(
                 b_dC, b_dn, b_qt.to(tl.float32), b_dh, f, fd, decay, TRACK_N, DOT_PREC
             )
