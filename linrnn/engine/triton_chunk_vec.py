@@ -300,13 +300,14 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c: tc.Config):
     has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
     gates = (bk, bkx, bv if has_gv else dummy, u if c.excl else dummy)
     common = _fused_common(c, has_gv)
+    split = q.dtype != torch.float32  # 16-bit products with the fp32 state as hi + lo
     nK = triton.cdiv(K, c.BKf)
     dq = torch.empty_like(q)
     qdq = torch.empty(q.shape, **f32)
     fused.fused_dq_kernel[(nK, c.walkers)](
         q, k, v, do, dq, S0 if has_s0 else dummy, dummy, dummy, dummy, dummy, dummy, dummy,
         dummy, qdq, c.CO, c.CHUNKS, *gates, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
-        BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_S0=has_s0, SPLIT=False, **common,
+        BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_S0=has_s0, SPLIT=split, **common,
     )  # fmt: skip
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
@@ -314,7 +315,7 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c: tc.Config):
     fused.fused_dk_kernel[(nK, c.walkers)](
         q, k, v, do, dk, dS0, dummy, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy,
         dummy, dummy, dummy, kdk, c.CO, c.CHUNKS, *gates, T, H, K, V, c.L, c.NT, c.NSEQ,
-        c.scale, BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_DST=has_dst, SPLIT=False, **common,
+        c.scale, BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_DST=has_dst, SPLIT=split, **common,
     )  # fmt: skip
     dv = torch.empty_like(v)
     vdv = torch.empty(v.shape, **f32) if has_gv else dummy

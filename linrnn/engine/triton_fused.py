@@ -35,6 +35,7 @@ from linrnn.engine.triton_kernels import (
 )
 from linrnn.engine.triton_vector import (
     _ld,
+    _ld_row,
     _vec_cols_off,
     _vec_diag,
     _vec_rows_off,
@@ -42,6 +43,7 @@ from linrnn.engine.triton_vector import (
     _vec_state_bwd,
     _vec_state_fwd,
     _vec_to_end,
+    _xp,
 )
 
 
@@ -273,9 +275,10 @@ def fused_dq_kernel(
                 b_dh = _tile(p_dh, o_r, o_v, H * V, m_r, m_v)  # [BC, BV]
                 if VEC_V:
                     b_dh = _vec_scale_rows(b_dh, p_gv, o_r, m_r, o_v, m_v, H * V)
-                b_dq = tl.dot(b_dh, tl.trans(b_C).to(b_dh.dtype), input_precision=DOT_PREC)
-                b_dq = _vec_scale_rows(b_dq, p_gkx, o_r, m_r, o_k, m_k, H * K)
-                b_dq += _vec_diag(
+                b_x = _dot_state(b_dh, tl.trans(b_C), SPLIT, DOT_PREC)  # dh_r Cᵀ [BC, BK]
+                m_rk = m_r[:, None] & m_k[None, :]
+                f = _xp(_ld(p_gkx, o_r, o_k, H * K, m_r, m_k), m_rk)  # exp(G^X_r) [BC, BK]
+                b_dq = _vec_diag(
                     p_dh, p_v, p_k, p_gv, p_gv, p_gkx, p_gk, p_u, o_r, m_r, o_k, m_k, V, H * V,
                     H * K, BC, BD, False, VEC_V, True, EXCL, DOT_PREC,
                 )  # fmt: skip
@@ -284,11 +287,15 @@ def fused_dq_kernel(
                     H * K, BC, BT, BD, BK, VEC_V, True, DOT_PREC,
                 )  # fmt: skip
                 b_dq *= scale
-                m_rk = m_r[:, None] & m_k[None, :]
+                b_x *= scale
                 p = o_r.to(tl.int64)[:, None] * H * K + o_k[None, :]
-                tl.store(DQ + (i_b * T * H + i_h) * K + p, b_dq.to(DQ.dtype.element_ty), mask=m_rk)
                 b_q = _ld(p_q, o_r, o_k, H * K, m_r, m_k).to(tl.float32)
-                tl.store(PART + (i_b * T * H + i_h) * K + p, b_q * b_dq, mask=m_rk)
+                # q ⊙ dq, its inter-chunk part with q_r·exp(G^X_r) rounded as fused_dk_kernel
+                # rounds it into dC (so cross-chunk pairs cancel against k ⊙ dk there).
+                b_qf = (b_q * f).to(Q.dtype.element_ty).to(tl.float32)
+                tl.store(PART + (i_b * T * H + i_h) * K + p, b_qf * b_x + b_q * b_dq, mask=m_rk)
+                b_dq += b_x * f
+                tl.store(DQ + (i_b * T * H + i_h) * K + p, b_dq.to(DQ.dtype.element_ty), mask=m_rk)
             b_C = _vec_state_fwd(
                 b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, BT, VEC_V, DOT_PREC
             )
@@ -394,8 +401,10 @@ def fused_dk_kernel(
                 b_v = _tile(p_v, o_s, o_v, H * V, m_s, m_v)  # [BC, BV]
                 if VEC_V:
                     b_v = _vec_to_end(b_v, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
-                b_dk = tl.dot(b_v, tl.trans(b_dC).to(b_v.dtype), input_precision=DOT_PREC)
-                b_dk = _vec_to_end(b_dk, p_gk, o_s, m_s, o_k, m_k, H * K, c1)
+                b_y = _dot_state(b_v, tl.trans(b_dC), SPLIT, DOT_PREC)  # v_s dCᵀ [BC, BK]
+                m_sk = m_s[:, None] & m_k[None, :]
+                g_last = _ld_row(p_gk, c1 - 1, o_k, H * K, m_k)
+                w = _xp(g_last[None, :] - _ld(p_gk, o_s, o_k, H * K, m_s, m_k), m_sk)  # [BC, BK]
                 b_in = _vec_diag(
                     p_v, p_dh, p_q, p_gv, p_gv, p_gkx, p_gk, p_u, o_s, m_s, o_k, m_k, V, H * V,
                     H * K, BC, BD, True, VEC_V, True, EXCL, DOT_PREC,
@@ -404,12 +413,15 @@ def fused_dk_kernel(
                     p_v, p_dh, p_q, p_gv, p_gv, p_gkx, p_gk, o_s, m_s, tl.minimum(s0 + BC, c1),
                     c1, o_k, m_k, V, H * V, H * K, BC, BT, BD, BK, VEC_V, True, DOT_PREC,
                 )  # fmt: skip
-                b_dk += scale * b_in
-                m_sk = m_s[:, None] & m_k[None, :]
+                b_in *= scale
                 p = o_s.to(tl.int64)[:, None] * H * K + o_k[None, :]
-                tl.store(DK + (i_b * T * H + i_h) * K + p, b_dk.to(DK.dtype.element_ty), mask=m_sk)
                 b_k = _ld(p_k, o_s, o_k, H * K, m_s, m_k).to(tl.float32)
-                tl.store(PART + (i_b * T * H + i_h) * K + p, b_k * b_dk, mask=m_sk)
+                # k ⊙ dk, its inter-chunk part with k_s·exp(G_L − G_s) rounded as
+                # fused_dq_kernel rounds it into C (see q ⊙ dq there).
+                b_kw = (b_k * w).to(K_.dtype.element_ty).to(tl.float32)
+                tl.store(PART + (i_b * T * H + i_h) * K + p, b_kw * b_y + b_k * b_in, mask=m_sk)
+                b_dk = b_y * w + b_in
+                tl.store(DK + (i_b * T * H + i_h) * K + p, b_dk.to(DK.dtype.element_ty), mask=m_sk)
             b_dC = _vec_state_bwd(
                 b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, scale,
                 BT, VEC_V, DOT_PREC,
