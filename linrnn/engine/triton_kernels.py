@@ -269,7 +269,10 @@ def rows_kernel(
         p_gdk = GDK + (i_b * T * H + i_h) * D
         p_gox = GOX + (i_b * T * H + i_h) * O
         p_gok = GOK + (i_b * T * H + i_h) * O
-        p_u = U + i_h * (D if VEC_D else O)
+        if VEC_D:  # u [H, K] lives on the gated dimension
+            p_u = U + i_h * D
+        else:
+            p_u = U + i_h * O
         # The state entering the chunk: (X_r ⊙ exp(G^X_r)) S, then ⊙ exp(G^X_r) over the output.
         b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
         p_st = ST + (i_bh * NT + i_c) * D * O
@@ -582,7 +585,10 @@ def cols_kernel(
         p_gdk = GDK + (i_b * T * H + i_h) * D
         p_gox = GOX + (i_b * T * H + i_h) * O
         p_gok = GOK + (i_b * T * H + i_h) * O
-        p_u = U + i_h * (D if VEC_D else O)
+        if VEC_D:  # u [H, K] lives on the gated dimension
+            p_u = U + i_h * D
+        else:
+            p_u = U + i_h * O
         # The state leaving the chunk: (X_s ⊙ exp(G_L − G_s)) dS, ⊙ exp(G_L − G_s) over O.
         b_int = tl.zeros([BS, BO], dtype=tl.float32)
         p_dst = DST + (i_bh * NT + i_c) * D * O
