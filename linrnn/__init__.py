@@ -6,6 +6,7 @@ each op's docstring. :mod:`linrnn.layers` has the ``nn.Module`` layers built on 
 :mod:`linrnn.models` a small causal language model; ``python -m linrnn.train`` trains one.
 """
 
+from linrnn._runtime import checks, set_checks
 from linrnn.ops import gla, linear_attn, mlstm, retention, rwkv6, simple_gla
 from linrnn.ops.step import (
     gla_step,
@@ -17,12 +18,14 @@ from linrnn.ops.step import (
     step,
 )
 
-from linrnn import layers, models  # isort: skip (the layers build on the ops above)
+from linrnn import graphs, layers, models  # isort: skip (the layers build on the ops above)
 
 __version__ = "0.1.0"
 __all__ = [
+    "checks",
     "gla",
     "gla_step",
+    "graphs",
     "layers",
     "linear_attn",
     "linear_attn_step",
@@ -33,6 +36,7 @@ __all__ = [
     "retention_step",
     "rwkv6",
     "rwkv6_step",
+    "set_checks",
     "simple_gla",
     "simple_gla_step",
     "step",

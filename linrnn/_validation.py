@@ -1,5 +1,10 @@
 """Input checks shared by the public ops. Every failure is a ValueError or TypeError whose
-message names the argument, the value received and what was expected."""
+message names the argument, the value received and what was expected.
+
+Checks of types, shapes, dtypes and devices read no tensor values and always run. Checks of
+*values* (gates finite, log decays ≤ 0, mLSTM's initial max state) need the values on the host;
+they run when :func:`linrnn._runtime.data_checks` says so (by default on CPU tensors, never while
+``torch.compile`` traces or a CUDA graph is captured; see ``linrnn.set_checks``)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+from linrnn import _runtime
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -76,12 +83,13 @@ def gate(
     layout: str,
     nonpositive: bool = False,
 ) -> Tensor:
-    """A gate tensor: exact ``shape``, on ``ref``'s device, finite, and ≤ 0 for log decays."""
+    """A gate tensor: exact ``shape``, on ``ref``'s device, finite, and ≤ 0 for log decays (the
+    value checks only where :func:`linrnn._runtime.data_checks` allows them)."""
     x = tensor(name, x)
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {layout} = {tuple(shape)}, got {tuple(x.shape)}")
     same_device(ref, **{name: x})
-    if x.numel() == 0:
+    if x.numel() == 0 or not _runtime.data_checks(x):
         return x
     lo, hi = (t.item() for t in torch.aminmax(x.detach()))  # one pass; NaN reaches both
     if not (math.isfinite(lo) and math.isfinite(hi)):

@@ -18,6 +18,14 @@ The intra-chunk weights ``exp(bq_r − b_s)`` take the cheapest safe path:
    through the sub-chunk boundaries (every factor ≤ 1), diagonal blocks are matmuls when one
    sub-chunk's decay is bounded and exact ``[c, c, K]`` log-space weights otherwise;
 3. scalar gates beyond that: the exact ``[L, L]`` log-space weight matrix.
+
+Choosing between them reads a bound of the gates on the host. While ``torch.compile`` traces
+or a CUDA graph is captured (:func:`linrnn._runtime.host_reads_ok` is False) no value may be
+read: the engine then takes the paths that are safe for any gates (scalar: fp64 log-space
+weights; vector: secondary chunking with exact diagonal blocks), whose results agree with the
+fast paths to rounding. While tracing, the two scans over chunks also take closed forms
+(:func:`_scan_parallel`, a cumulative max for the mLSTM max state) instead of Python loops, whose
+length would depend on T and so recompile the graph for every new length.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from linrnn import _runtime
+
 NINF = float("-inf")
 
 
@@ -36,7 +46,7 @@ def _to_chunks(x: Tensor, N: int, L: int, pad_value: float = 0.0) -> Tensor:
     B, T, H = x.shape[:3]
     x = x.transpose(1, 2).contiguous()  # [B, H, T, *]; contiguous once, not in every matmul
     pad = N * L - T
-    if pad:
+    if pad or _runtime.tracing():  # traced: no guard on T % L (it would recompile)
         widths = [0, 0] * (x.dim() - 3) + [0, pad]
         x = F.pad(x, widths, value=pad_value)
     return x.reshape(B, H, N, L, *x.shape[3:])
@@ -75,7 +85,7 @@ def chunk(
     if vector and stabilize:
         raise NotImplementedError("the max-state stabilizer is defined for scalar decays only")
     L = chunk_size
-    N = -(-T // L)
+    N = (T + L - 1) // L  # (not -(-T // L): inductor trips over negated symbolic sizes)
     dt, dev = q.dtype, q.device
     if g is None:
         g = torch.zeros(B, T, H, dtype=dt, device=dev)
@@ -86,7 +96,7 @@ def chunk(
     gc = _to_chunks(g, N, L)
     gic = None if gi is None else _to_chunks(gi, N, L, NINF if stabilize else 0.0)
     b = gc.cumsum(3)  # [B, H, N, L(, K)] within-chunk cumulative log decay
-    if not vector and float(b.detach().amin()) < -_PRECISE_BELOW:
+    if not vector and (not _runtime.host_reads_ok() or float(b.detach().amin()) < -_PRECISE_BELOW):
         # Strong scalar decays: differences of large cumulative sums lose absolute precision in
         # fp32 (ulp(480) = 3e-5), so form the scalar log-space weights in fp64 (cheap: the
         # gates are [B, H, N, L]) and cast after exp.
@@ -100,9 +110,14 @@ def chunk(
     return _from_chunks(o, T), (None if m_rows is None else _from_chunks(m_rows, T)), S, m_T
 
 
-def _scan(decay: Tensor, U: Tensor, S0: Tensor | None) -> tuple[Tensor, Tensor]:
+def _scan(
+    decay: Tensor, U: Tensor, S0: Tensor | None, log_decay: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """S_{n+1} = decay_n ⊙ S_n + U_n over chunks. Returns the states *entering* each chunk
-    ``[B, H, N, K, V]`` and the final state."""
+    ``[B, H, N, K, V]`` and the final state. ``log_decay`` (the log of ``decay``, same shape):
+    while tracing, the closed form :func:`_scan_parallel` (scalar or key-dimension decays)."""
+    if _runtime.tracing() and log_decay is not None and log_decay.shape[-1] == 1:
+        return _scan_parallel(log_decay, U, S0)
     S = torch.zeros_like(U[:, :, 0]) if S0 is None else S0
     states = []
     # unbind once: indexing U[:, :, n] per step would make autograd build a full-size zero
@@ -111,6 +126,36 @@ def _scan(decay: Tensor, U: Tensor, S0: Tensor | None) -> tuple[Tensor, Tensor]:
         states.append(S)
         S = torch.addcmul(U_n, d_n, S)
     return torch.stack(states, dim=2), S
+
+
+def _scan_parallel(log_decay: Tensor, U: Tensor, S0: Tensor | None) -> tuple[Tensor, Tensor]:
+    """:func:`_scan` without a loop (used while tracing): with ``D_n`` the cumulative log decay
+    before chunk n (fp64), ``S_n = Σ_{j<n} exp(D_n − D_{j+1}) U_j + exp(D_n) S_0``, one
+    contraction over chunk pairs. Every exponent is a causal sum of log decays (≤ 0), masked to
+    −∞ before ``exp``. Costs O(N²·K·V) per head instead of O(N·K·V) for N = T/L chunks (a
+    larger chunk size keeps N small for long sequences). ``log_decay`` is ``[B, H, N, 1, 1]``
+    (scalar) or ``[B, H, N, K, 1]`` (per key dimension)."""
+    N = U.shape[2]
+    scalar = log_decay.shape[-2] == 1
+    ld = (log_decay[..., 0, 0] if scalar else log_decay[..., 0]).double()  # [B, H, N(, K)]
+    zero = torch.zeros_like(ld[:, :, :1])
+    # Only chunk 0 can have a log decay of −∞ (mLSTM-exp without an initial max state), and it
+    # never lies strictly between two chunks: zero it for the pair weights (−∞ − −∞ is NaN).
+    D = torch.cat([zero, torch.where(torch.isfinite(ld), ld, 0.0).cumsum(2)], dim=2)
+    idx = torch.arange(N + 1, device=U.device)
+    causal = idx[1:][None, :] <= idx[:, None]  # [N + 1, N]: chunk j < n contributes to S_n
+    if scalar:
+        log_w = D[:, :, :, None] - D[:, :, None, 1:]  # [B, H, N + 1, N]
+        w = torch.exp(torch.where(causal, log_w, NINF)).to(U.dtype)
+        out = torch.einsum("bhnj,bhjkv->bhnkv", w, U)
+    else:
+        log_w = D[:, :, :, None, :] - D[:, :, None, 1:, :]  # [B, H, N + 1, N, K]
+        w = torch.exp(torch.where(causal[..., None], log_w, NINF)).to(U.dtype)
+        out = torch.einsum("bhnjk,bhjkv->bhnkv", w, U)
+    if S0 is not None:  # exp(D_n) with the true (possibly −∞) decays
+        c0 = torch.exp(torch.cat([zero, ld.cumsum(2)], dim=2)).to(U.dtype)
+        out = out + (c0[..., None, None] if scalar else c0[..., None]) * S0[:, :, None]
+    return out[:, :, :-1], out[:, :, -1]  # (indexing with N would specialize on it)
 
 
 # Below this within-chunk cumulative log decay, scalar log-space weights are formed in fp64.
@@ -143,24 +188,24 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale):
     U = k_w.transpose(-1, -2) @ vc  # [B, H, N, K, V]
     m_loc = b_end + a_max  # [B, H, N]: log of the largest key weight to the chunk end
     if stabilize:
-        m_in, m_T = _max_scan(b_end, m_loc, m0)
-        m_out = torch.cat([m_in[:, :, 1:], m_T[:, :, None]], dim=2)
-        states, S = _scan(
-            exp(b_end + m_in - m_out)[..., None, None], exp(m_loc - m_out)[..., None, None] * U, S0
-        )
+        m_all = _max_scan(b_end, m_loc, m0)  # [B, H, N + 1]: entering each chunk, then m_T
+        m_in, m_out, m_T = m_all[:, :, :-1], m_all[:, :, 1:], m_all[:, :, -1]
+        log_d = (b_end + m_in - m_out)[..., None, None]
+        states, S = _scan(exp(log_d), exp(m_loc - m_out)[..., None, None] * U, S0, log_d)
         row = torch.maximum(a.cummax(-1).values, m_in[..., None])  # m_r − b_r
         log_q = -row  # query factor exp(b_r − m_r), before the chunk maximum
         log_inter = m_in[..., None] - row  # exp(b_r + m_in − m_r) ≤ 1
         m_rows = b + row  # [B, H, N, L] = the recurrent m_t
     else:
-        states, S = _scan(exp(b_end)[..., None, None], exp(m_loc)[..., None, None] * U, S0)
+        log_d = b_end[..., None, None]
+        states, S = _scan(exp(log_d), exp(m_loc)[..., None, None] * U, S0, log_d)
         log_q = log_inter = b
         m_rows = m_T = None
     q_inter = qc * (exp(log_inter) * scale)[..., None]  # [B, H, N, L, K]
     o = q_inter @ states
 
     log_q_fac = log_q + a_max[..., None]  # [B, H, N, L]
-    if float(log_q_fac.detach().amax()) <= _FACTOR_LIMIT:
+    if _runtime.host_reads_ok() and float(log_q_fac.detach().amax()) <= _FACTOR_LIMIT:
         tril = _tril(L, False, qc)
         if not stabilize:  # the A operand is q_inter · exp(A): apply exp(A) to A·v instead
             A = (q_inter @ k_w.transpose(-1, -2)) * tril
@@ -181,14 +226,19 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale):
 
 def _max_scan(b_end, m_loc, m0):
     """mLSTM max state over chunks, m ← max(b_L + m, m_loc) (cheap: [B, H] per step). Returns
-    the stabilizer entering each chunk ``[B, H, N]`` and the final one ``[B, H]``."""
+    ``[B, H, N + 1]``: the stabilizer entering each chunk, then the final one."""
     B, H = b_end.shape[:2]
     m = torch.full((B, H), NINF, dtype=b_end.dtype, device=b_end.device) if m0 is None else m0
+    if _runtime.tracing():  # no loop over N: m_n = F_n + max(m_0, max_{j<n}(m_loc_j − F_{j+1}))
+        F_ = torch.cat([torch.zeros_like(b_end[:, :, :1]), b_end.double().cumsum(2)], dim=2)
+        z = torch.cat([m.double()[:, :, None], m_loc.double() - F_[:, :, 1:]], dim=2)
+        return (F_ + z.cummax(2).values).to(b_end.dtype)
     m_in = []
     for b_n, m_loc_n in zip(b_end.unbind(2), m_loc.unbind(2)):
         m_in.append(m)
         m = torch.maximum(b_n + m, m_loc_n)
-    return torch.stack(m_in, dim=2), m
+    m_in.append(m)
+    return torch.stack(m_in, dim=2)
 
 
 def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
@@ -203,8 +253,10 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
     # Fast path: when the whole chunk decays by at most exp(−_FACTOR_LIMIT) in every
     # dimension, exp(bq_r − b_s) = exp(bq_r) · exp(−b_s) with both factors bounded, and the
     # decay folds into the operands of one L×L matmul (GLA's first-level chunking).
-    fast = float(-b_end.detach().amin()) <= _FACTOR_LIMIT and (
-        cv is None or float(-cv[..., -1, :].detach().amin()) <= _FACTOR_LIMIT
+    fast = (
+        _runtime.host_reads_ok()
+        and float(-b_end.detach().amin()) <= _FACTOR_LIMIT
+        and (cv is None or float(-cv[..., -1, :].detach().amin()) <= _FACTOR_LIMIT)
     )
     # The per-chunk state decay, over K (and V with gv): [B, H, N, K, 1 or V].
     decay = torch.exp(b_end)[..., :, None]
@@ -223,7 +275,8 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
             log_k = log_k + gic[..., None]
         kw_T = (kc * torch.exp(log_k)).transpose(-1, -2)
         U = kw_T @ (vc if cv is None else vc * torch.exp(cv_end[..., None, :] - cv))
-    states, S = _scan(decay, U, S0)
+    log_d = b_end[..., :, None] if cv is None else None  # (gv: the loop, also when traced)
+    states, S = _scan(decay, U, S0, log_d)
     o = q_dec @ states  # inter-chunk part
 
     if fast:
@@ -261,7 +314,7 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
     ends_v = cvs[..., :, -1, :]  # [.., ns, V]
     p_v = torch.cat([torch.zeros_like(ends_v[..., :1, :]), ends_v[..., :-1, :]], dim=-2)
     log_vgrow = p_v[..., :, None, :] - cvs  # [.., ns, c, V], ≥ 0: within one sub-chunk
-    if float(log_vgrow.detach().amax()) <= _FACTOR_LIMIT:
+    if _runtime.host_reads_ok() and float(log_vgrow.detach().amax()) <= _FACTOR_LIMIT:
         o_intra = (A_diag @ (vs * torch.exp(log_vgrow))) * torch.exp(-log_vgrow)
     else:
         causal = _causal(c, exclusive, qc.device)
@@ -315,7 +368,7 @@ def _intra_vector(qs, ks, bqs, bks, pi, pj, exclusive, u):
 
     causal = _causal(c, exclusive, qs.device)
     log_grow = p[..., :, None, :] - bks  # [.., ns, c, K], ≥ 0: within one sub-chunk
-    if float(log_grow.detach().amax()) <= _FACTOR_LIMIT:
+    if _runtime.host_reads_ok() and float(log_grow.detach().amax()) <= _FACTOR_LIMIT:
         A_diag = q_hat @ (ks * torch.exp(log_grow)).transpose(-1, -2)
         A_diag = torch.where(causal, A_diag, 0.0)
     else:

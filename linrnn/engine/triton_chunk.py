@@ -43,7 +43,7 @@ def default_chunk_size(K: int, V: int, fused: bool) -> int:
 TILES = {
     "states_fwd": (64, 64, 256, 4, 2),
     "rows_fwd": (64, 32, 256, 4, 3),
-    "states_bwd": (64, 64, 256, 4, 2),
+    "states_bwd": (64, 32, 256, 4, 2),
     "rows_dq": (64, 64, 128, 4, 2),
     "cols_dk": (64, 64, 256, 8, 3),
     "cols_dv": (64, 32, 256, 8, 3),

@@ -258,12 +258,19 @@ def chunk(q, k, v, *, scale, g, gv=None, u=None, S0=None, chunk_size=None, fused
     non-materializing kernels. ``offsets``: packed sequences. Returns ``(o, S_T)``."""
     if u is not None and gv is not None:
         raise NotImplementedError("the Triton chunk engine has no exclusive form with gv")
+    c = config(q, k, v, scale=scale, exclusive=u is not None, chunk_size=chunk_size,
+               fused=fused, offsets=offsets)  # fmt: skip
+    return _VecChunkFn.apply(q, k, v, g, gv, u, S0, c)
+
+
+def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> tc.Config:
+    """The call's Config (shared with the custom ops of triton_ops)."""
     c = tc.Config(
         q, k, v, scale=scale, has_decay=False, has_igate=False, stabilize=False, track_n=False,
         normalizer=None, eps=0.0, chunk_size=chunk_size, fused=fused, offsets=offsets,
     )  # fmt: skip
-    c.excl = u is not None
-    return _VecChunkFn.apply(q, k, v, g, gv, u, S0, c)
+    c.excl = exclusive
+    return c
 
 
 def _fused_common(c: tc.Config, has_gv: bool):

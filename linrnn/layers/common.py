@@ -21,6 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linrnn._runtime import tracing
+from linrnn.ops._generic import OUT_STATE
+
 
 class Cache:
     """Decoding cache of a stack of layers: ``cache[layer_idx]`` is a dict of that layer's
@@ -202,11 +205,21 @@ class Mixer(nn.Module):
             raise ValueError(f"x must be [B, T, D], got shape {tuple(x.shape)}")
         packing = as_packing(attention_mask, x)
         entry = cache[self.layer_idx] if cache is not None else {}
-        if packing is not None:
-            y, new = self.mix(packing.pack(x), packing, entry, cache is not None)
-            y = packing.unpack(y)
-        else:
-            y, new = self.mix(x, None, entry, cache is not None)
+        target = None
+        if getattr(cache, "inplace_state", False) and "state" in entry and not tracing():
+            # A static cache (linrnn.graphs): the Triton decode kernel may write the new state
+            # straight over the old one (the cache then skips its copy).
+            state = entry["state"]
+            target = OUT_STATE.set(list(state) if isinstance(state, (tuple, list)) else [state])
+        try:
+            if packing is not None:
+                y, new = self.mix(packing.pack(x), packing, entry, cache is not None)
+                y = packing.unpack(y)
+            else:
+                y, new = self.mix(x, None, entry, cache is not None)
+        finally:
+            if target is not None:
+                OUT_STATE.reset(target)
         if cache is not None:
             cache.update(self.layer_idx, new)
         return y

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from linrnn import _runtime
 from linrnn import _validation as check
 from linrnn.engine import torch_chunk
 from linrnn.reference import parallel, recurrent
@@ -33,9 +34,9 @@ DEFAULT_CHUNK_SIZE = 64
 # family's switches instead of the generic matrix recurrence.
 _TRITON: dict[str, Callable] = {}
 try:
-    from linrnn.engine import triton_chunk, triton_recurrent, triton_recurrent_bwd
+    from linrnn.engine import triton_chunk, triton_ops, triton_recurrent, triton_recurrent_bwd
 except ImportError:  # no Triton: the PyTorch path serves every call
-    triton_chunk = triton_recurrent = triton_recurrent_bwd = None
+    triton_chunk = triton_ops = triton_recurrent = triton_recurrent_bwd = None
 else:
     _TRITON["chunk"] = triton_chunk.chunk
     _TRITON["fused_chunk"] = functools.partial(triton_chunk.chunk, fused=True)
@@ -124,7 +125,12 @@ def run(
         chunk_size = _auto_chunk_size(family, q, v, mode)
     impl = select(family, mode, backend, q.device, chunk_size)
     if backend is None and impl in _TRITON.values() and not _triton_takes(impl, q, g, gv, u):
-        impl = select(family, mode, "torch", q.device, chunk_size)  # e.g. GLA on CUDA, for now
+        impl = select(family, mode, "torch", q.device, chunk_size)  # e.g. fp64 on CUDA
+    if impl is recurrent and mode == "recurrent" and _runtime.tracing() and q.shape[1] != 1:
+        # Traced, the step loop would unroll T steps and recompile for every new length: the
+        # chunk engine computes the same recurrence with one graph for all T (T = 1, a decode
+        # step, keeps the loop of one step).
+        impl = select(family, "chunk", "torch", q.device, None)
     if impl is _TRITON.get("recurrent"):
         grad = _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0)
         return _run_triton_recurrent(
@@ -141,6 +147,8 @@ def run(
     cdt = compute_dtype(q)
     cast = lambda x: None if x is None else x.to(cdt)  # noqa: E731
     qc, kc, vc, g, gv, gi, u, S0, n0, m0 = map(cast, (q, k, v, g, gv, gi, u, S0, n0, m0))
+    if _runtime.tracing():
+        qc, kc, vc, g, gv, gi = map(_contiguous_grad, (qc, kc, vc, g, gv, gi))
     V = vc.shape[-1]
     if track_n:
         vc = torch.cat([vc, torch.ones_like(vc[..., :1])], dim=-1)
@@ -234,6 +242,9 @@ def _run_triton_recurrent(fn, family, q, k, v, *, cu_seqlens, **kw):
     f32 = lambda x: None if x is None else x.float()  # noqa: E731
     for name in ("g", "gv", "gi", "u"):
         kw[name] = f32(kw[name])
+    if _runtime.tracing():  # torch.compile: the custom ops (no in-place state: step() copies)
+        o, S, n, m = triton_ops.traced(fn)(q, k, v, offsets=cu_seqlens, **kw)
+        return o, (S, n, m)
     if fn is not triton_recurrent.recurrent:  # with gradients: the autograd Function
         o, S, n, m = fn(q, k, v, offsets=cu_seqlens, **kw)
         return o, (S, n, m)
@@ -261,6 +272,8 @@ def _run_triton(fn, family, q, k, v, *, g, gv, gi, u, S0, n0, m0, cu_seqlens, **
     g, gi, gv, u = f32(g), f32(gi), f32(gv), f32(u)
     offsets = None if cu_seqlens is None else [int(x) for x in cu_seqlens]
     vec = {n: x for n, x in (("gv", gv), ("u", u)) if x is not None}
+    if _runtime.tracing():  # torch.compile: the same kernels as opaque custom ops
+        fn = triton_ops.traced(fn)
     o, S, n, m = fn(q, k, v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, offsets=offsets, **vec,
                     **switches)  # fmt: skip
     return o, (S, n, m)
@@ -303,6 +316,26 @@ def _packed(impl, q, k, v, scale, gates, S0, m0, offsets):
     if gates["stabilize"]:
         return o, torch.cat(m_seqs, dim=1), S, torch.cat(m_Ts, dim=0)
     return o, None, S, None
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous. The PyTorch engine's input
+    gradients come back transposed ([B, H, T, ·] memory order); some ATen backward kernels
+    (e.g. ``elu_backward`` in torch 2.13) keep that layout on real tensors but claim a
+    contiguous one in their meta function, so a traced graph ``view``s them wrongly. Used only
+    while tracing; costs one copy of each gradient (fused away by inductor)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def _contiguous_grad(x):
+    return x if x is None or not x.requires_grad else _ContiguousGrad.apply(x)
 
 
 _STATE_DIMS = {"S": ("N", "H", "K", "V"), "n": ("N", "H", "K"), "m": ("N", "H")}

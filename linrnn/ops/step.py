@@ -18,6 +18,7 @@ import contextlib
 
 import torch
 
+from linrnn import _runtime
 from linrnn.ops import _generic
 from linrnn.ops.gla import gla
 from linrnn.ops.linear_attn import linear_attn
@@ -49,12 +50,16 @@ def step(op, *inputs, state, inplace: bool = False, **kwargs):
                     f"inplace=True needs the fp32 state tensors an op returned; state part {j} "
                     f"is {type(p).__name__ if not isinstance(p, torch.Tensor) else p.dtype}"
                 )
-    target = _generic.OUT_STATE.set(parts if inplace else None)
-    try:
+    if _runtime.tracing():  # traced: a functional step; the copies below make it in place
         o, new = op(*inputs, initial_state=state, output_final_state=True, mode="recurrent",
                     **kwargs)  # fmt: skip
-    finally:
-        _generic.OUT_STATE.reset(target)
+    else:
+        target = _generic.OUT_STATE.set(parts if inplace else None)
+        try:
+            o, new = op(*inputs, initial_state=state, output_final_state=True,
+                        mode="recurrent", **kwargs)  # fmt: skip
+        finally:
+            _generic.OUT_STATE.reset(target)
     if not inplace:
         return o, new
     with torch.no_grad() if not torch.is_grad_enabled() else contextlib.nullcontext():

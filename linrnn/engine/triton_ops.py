@@ -1,0 +1,473 @@
+"""The Triton engine as ``torch.library`` custom ops, for ``torch.compile``.
+
+Why opaque ops. The Triton autograd Functions (``triton_chunk._ChunkFn``,
+``triton_recurrent_bwd._RecurrentFn``) do host work on every call — chunk tables built from the
+packed offsets, tile choices, kernel launches with Python-computed grids — that Dynamo cannot
+trace into a graph. Each Function therefore becomes two custom ops, a forward and a backward,
+each with a fake (meta) implementation that gives the output shapes from the input shapes
+(symbolically: a new sequence length T does not recompile), linked by
+``torch.library.register_autograd``. The ops run the *same* host code and kernels as eager
+calls (the Functions' static ``forward``/``backward``, called with a stand-in ``ctx``), so
+compiled and eager results are bitwise the same.
+
+Eager calls do not go through these ops: ``linrnn.ops._generic`` routes to them only while
+``torch.compile`` traces (an op call costs a dispatcher round trip, and the eager recurrent
+kernel can write a decode step's state in place, which a functional op cannot).
+
+Optional outputs (a normalizer state without ``track_n``, saved tensors a variant does not
+use) are returned as empty tensors, since an op cannot return None; outputs never alias the
+inputs or each other (a custom op's contract).
+
+A new Triton implementation registered in ``_generic._TRITON`` needs its own op pair here (see
+:func:`traced`) before it can be compiled.
+"""
+
+import functools
+
+import torch
+from torch import Tensor
+
+from linrnn.engine import triton_chunk, triton_chunk_vec, triton_recurrent, triton_recurrent_bwd
+
+
+class _Ctx:
+    """Stands in for autograd's ctx, so that a Function's static forward/backward run as plain
+    functions inside an op."""
+
+    saved_tensors: tuple = ()
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+def _empty(like: Tensor) -> Tensor:
+    return torch.empty(0, device=like.device, dtype=torch.float32)
+
+
+def _distinct(outs, inputs) -> list[Tensor]:
+    """``outs`` with every tensor that shares storage with an input or an earlier output
+    cloned, and all made contiguous (the fake implementations promise contiguous outputs)."""
+    seen = {t.untyped_storage()._cdata for t in inputs if isinstance(t, Tensor)}
+    result = []
+    for t in outs:
+        t = t.contiguous()
+        if t.untyped_storage()._cdata in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage()._cdata)
+        result.append(t)
+    return result
+
+
+def _norm_code(normalizer: str) -> str | None:
+    return None if normalizer == "none" else normalizer
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunk engine (modes "chunk" and "fused_chunk")
+
+
+def _chunk_config(q, k, v, g, gi, scale, eps, L, fused, stabilize, track_n, normalizer, offsets):
+    return triton_chunk.Config(
+        q, k, v, scale=scale, has_decay=g is not None, has_igate=gi is not None,
+        stabilize=stabilize, track_n=track_n, normalizer=_norm_code(normalizer), eps=eps,
+        chunk_size=L, fused=fused, offsets=offsets,
+    )  # fmt: skip
+
+
+def _chunk_counts(B: int, T, L: int, offsets):
+    """(N states, NT chunk rows, NSEQ sequences per row) as triton_chunk.Config computes them."""
+    if offsets is None:
+        return B, (T + L - 1) // L, 1
+    N = len(offsets) - 1
+    rows = sum((offsets[n + 1] - offsets[n] + L - 1) // L for n in range(N))
+    return N, max(rows, 1), N
+
+
+@torch.library.custom_op("linrnn::chunk_fwd", mutates_args=())
+def _chunk_fwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gi: Tensor | None,
+    S0: Tensor | None, n0: Tensor | None, m0: Tensor | None, scale: float, eps: float,
+    chunk_size: int, fused: bool, stabilize: bool, track_n: bool, normalizer: str,
+    offsets: list[int] | None,
+) -> list[Tensor]:  # fmt: skip
+    """[o, S_T, n_T, m_T, states, ns, mc, den, m_row] (empty where unused)."""
+    c = _chunk_config(q, k, v, g, gi, scale, eps, chunk_size, fused, stabilize, track_n,
+                      normalizer, offsets)  # fmt: skip
+    ctx = _Ctx()
+    o, S_T, n_T, m_T = triton_chunk._ChunkFn.forward(ctx, q, k, v, g, gi, S0, n0, m0, c)
+    saved = ctx.saved_tensors[13:]
+    states, ns, mc, den, m_row = (None, None, *saved) if fused else saved
+    e = lambda x, used: x if used else _empty(q)  # noqa: E731
+    outs = [
+        o, S_T, e(n_T, track_n), e(m_T, stabilize), e(states, not fused),
+        e(ns, track_n and not fused), e(mc, stabilize), e(den, normalizer != "none"),
+        e(m_row, stabilize),
+    ]  # fmt: skip
+    return _distinct(outs, (q, k, v, g, gi, S0, n0, m0))
+
+
+@_chunk_fwd.register_fake
+def _chunk_fwd_fake(q, k, v, g, gi, S0, n0, m0, scale, eps, chunk_size, fused, stabilize,
+                    track_n, normalizer, offsets):  # fmt: skip
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    N, NT, NSEQ = _chunk_counts(B, T, chunk_size, offsets)
+    BH = B * H
+    f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
+    e = lambda used, *shape: f(*shape) if used else f(0)  # noqa: E731
+    return [
+        q.new_empty(v.shape), f(N, H, K, V), e(track_n, N, H, K), e(stabilize, N, H),
+        e(not fused, BH, NT, K, V), e(track_n and not fused, BH, NT, K),
+        e(stabilize, BH, NT + NSEQ), e(normalizer != "none", BH, T), e(stabilize, BH, T),
+    ]  # fmt: skip
+
+
+@torch.library.custom_op("linrnn::chunk_bwd", mutates_args=())
+def _chunk_bwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gi: Tensor | None,
+    S0: Tensor | None, n0: Tensor | None, m0: Tensor | None, o: Tensor, S_T: Tensor,
+    n_T: Tensor, states: Tensor, ns: Tensor, mc: Tensor, den: Tensor, m_row: Tensor,
+    do: Tensor, dS_T: Tensor | None, dn_T: Tensor | None, dm_T: Tensor | None,
+    scale: float, eps: float, chunk_size: int, fused: bool, stabilize: bool, track_n: bool,
+    normalizer: str, offsets: list[int] | None,
+) -> list[Tensor]:  # fmt: skip
+    """[dq, dk, dv, dg, dgi, dS0, dn0, dm0] (empty where the input was None)."""
+    c = _chunk_config(q, k, v, g, gi, scale, eps, chunk_size, fused, stabilize, track_n,
+                      normalizer, offsets)  # fmt: skip
+    dummy = torch.empty(1, device=q.device)
+    d = lambda x, used: x if used else dummy  # noqa: E731
+    b = triton_chunk._chunk_cumsum(g, c.L, c) if g is not None else dummy
+    a = triton_chunk._rows(gi) if gi is not None else dummy
+    norm = normalizer != "none"
+    saved = (d(mc, stabilize), d(den, norm), d(m_row, stabilize))
+    if not fused:
+        saved = (states, d(ns, track_n), *saved)
+    ctx = _Ctx()
+    ctx.c = c
+    ctx.saved_tensors = (
+        q.contiguous(), k.contiguous(), v.contiguous(), g, gi, b, a, o, S0, n0, m0, S_T,
+        n_T if track_n else None, *saved,
+    )  # fmt: skip
+    grads = triton_chunk._ChunkFn.backward(ctx, do, dS_T, dn_T, dm_T)[:8]
+    outs = [_empty(q) if x is None else x for x in grads]
+    return _distinct(outs, (q, k, v, g, gi, S0, n0, m0, o, S_T, n_T, states, ns, mc, den,
+                            m_row, do, dS_T, dn_T, dm_T))  # fmt: skip
+
+
+@_chunk_bwd.register_fake
+def _chunk_bwd_fake(q, k, v, g, gi, S0, n0, m0, *rest):
+    f = lambda x: _empty(q) if x is None else x.new_empty(x.shape, dtype=torch.float32)  # noqa: E731
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), f(g), f(gi),
+            f(S0), f(n0), f(m0)]  # fmt: skip
+
+
+_CHUNK_OPTS = ("scale", "eps", "chunk_size", "fused", "stabilize", "track_n", "normalizer",
+               "offsets")  # fmt: skip
+
+
+def _chunk_setup(ctx, inputs, output):
+    q, k, v, g, gi, S0, n0, m0, *opts = inputs
+    ctx.opts = dict(zip(_CHUNK_OPTS, opts))
+    ctx.has = [x is not None for x in (g, gi, S0, n0, m0)]
+    o, S_T, n_T, _, states, ns, mc, den, m_row = output
+    ctx.save_for_backward(q, k, v, g, gi, S0, n0, m0, o, S_T, n_T, states, ns, mc, den, m_row)
+    ctx.set_materialize_grads(False)
+
+
+def _chunk_backward(ctx, grads):
+    do, dS_T, dn_T, dm_T = grads[:4]
+    opts = ctx.opts
+    if do is None:
+        do = torch.zeros_like(ctx.saved_tensors[8])
+    dn_T = dn_T if opts["track_n"] else None
+    dm_T = dm_T if opts["stabilize"] else None
+    dq, dk, dv, *rest = torch.ops.linrnn.chunk_bwd(
+        *ctx.saved_tensors, do, dS_T, dn_T, dm_T, *opts.values()
+    )
+    rest = [x if has else None for x, has in zip(rest, ctx.has)]
+    return (dq, dk, dv, *rest) + (None,) * len(_CHUNK_OPTS)
+
+
+torch.library.register_autograd("linrnn::chunk_fwd", _chunk_backward, setup_context=_chunk_setup)
+
+
+# Per-channel decays (triton_chunk_vec): their own pair, the saved tensors differ.
+
+
+def _vec_config(q, k, v, u, scale, L, fused, offsets):
+    return triton_chunk_vec.config(q, k, v, scale=scale, exclusive=u is not None, chunk_size=L,
+                                   fused=fused, offsets=offsets)  # fmt: skip
+
+
+@torch.library.custom_op("linrnn::chunk_vec_fwd", mutates_args=())
+def _chunk_vec_fwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, gv: Tensor | None, u: Tensor | None,
+    S0: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
+) -> list[Tensor]:  # fmt: skip
+    """[o, S_T, states, o32] (states empty for fused, o32 — the fp32 output — without gv)."""
+    c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
+    ctx = _Ctx()
+    o, S_T = triton_chunk_vec._VecChunkFn.forward(ctx, q, k, v, g, gv, u, S0, c)
+    states, o32 = ctx.saved_tensors[9:11]
+    e = lambda x: _empty(q) if x is None else x  # noqa: E731
+    return _distinct([o, S_T, e(states), e(o32)], (q, k, v, g, gv, u, S0))
+
+
+@_chunk_vec_fwd.register_fake
+def _chunk_vec_fwd_fake(q, k, v, g, gv, u, S0, scale, chunk_size, fused, offsets):
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    N, NT, _ = _chunk_counts(B, T, chunk_size, offsets)
+    f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
+    return [q.new_empty(v.shape), f(N, H, K, V), f(0) if fused else f(B * H, NT, K, V),
+            f(*v.shape) if gv is not None else f(0)]  # fmt: skip
+
+
+@torch.library.custom_op("linrnn::chunk_vec_bwd", mutates_args=())
+def _chunk_vec_bwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, gv: Tensor | None, u: Tensor | None,
+    S0: Tensor | None, S_T: Tensor, states: Tensor, o32: Tensor, do: Tensor,
+    dS_T: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
+) -> list[Tensor]:  # fmt: skip
+    """[dq, dk, dv, dg, dgv, du, dS0] (empty where the input was None)."""
+    c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
+    bk, bkx = triton_chunk_vec._cumsums(g, c, exclusive=u is not None)
+    bv = triton_chunk_vec._cumsums(gv, c, exclusive=False)[0] if gv is not None else None
+    ctx = _Ctx()
+    ctx.c = c
+    ctx.saved_tensors = (
+        q.contiguous(), k.contiguous(), v.contiguous(),
+        u.float().contiguous() if u is not None else None, bk, bkx, bv, S0, S_T,
+        None if fused else states, o32 if gv is not None else None,
+    )  # fmt: skip
+    grads = triton_chunk_vec._VecChunkFn.backward(ctx, do, dS_T)[:7]
+    outs = [_empty(q) if x is None else x for x in grads]
+    return _distinct(outs, (q, k, v, g, gv, u, S0, S_T, states, o32, do, dS_T))
+
+
+@_chunk_vec_bwd.register_fake
+def _chunk_vec_bwd_fake(q, k, v, g, gv, u, S0, *rest):
+    f = lambda x: _empty(q) if x is None else x.new_empty(x.shape, dtype=torch.float32)  # noqa: E731
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), f(g), f(gv),
+            f(u), f(S0)]  # fmt: skip
+
+
+_VEC_OPTS = ("scale", "chunk_size", "fused", "offsets")
+
+
+def _chunk_vec_setup(ctx, inputs, output):
+    q, k, v, g, gv, u, S0, *opts = inputs
+    ctx.opts = opts
+    ctx.has = [x is not None for x in (g, gv, u, S0)]
+    _, S_T, states, o32 = output
+    ctx.save_for_backward(q, k, v, g, gv, u, S0, S_T, states, o32)
+    ctx.set_materialize_grads(False)
+
+
+def _chunk_vec_backward(ctx, grads):
+    do, dS_T = grads[:2]
+    if do is None:
+        do = torch.zeros_like(ctx.saved_tensors[2], dtype=ctx.saved_tensors[0].dtype)
+    dq, dk, dv, *rest = torch.ops.linrnn.chunk_vec_bwd(*ctx.saved_tensors, do, dS_T, *ctx.opts)
+    rest = [x if has else None for x, has in zip(rest, ctx.has)]
+    return (dq, dk, dv, *rest) + (None,) * len(_VEC_OPTS)
+
+
+torch.library.register_autograd("linrnn::chunk_vec_fwd", _chunk_vec_backward,
+                                setup_context=_chunk_vec_setup)  # fmt: skip
+
+
+def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, normalizer=None,
+          eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False,
+          offsets=None, gv=None, u=None):  # fmt: skip
+    """:func:`linrnn.engine.triton_chunk.chunk` through the custom ops (same arguments and
+    result)."""
+    K, V = q.shape[3], v.shape[3]
+    L = int(chunk_size or triton_chunk.default_chunk_size(K, V, fused))
+    if fused and L > triton_chunk.FUSED_MAX_CHUNK:
+        raise ValueError(
+            f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
+            f"{triton_chunk.FUSED_MAX_CHUNK}, got {L} (mode='chunk' takes any chunk size)"
+        )
+    offs = None if offsets is None else [int(x) for x in offsets]
+    if (g is not None and g.dim() == 4) or gv is not None or u is not None:
+        if gi is not None or stabilize or track_n or normalizer is not None:
+            raise NotImplementedError("vector gates with input gate / normalizer: no kernel")
+        if u is not None and gv is not None:
+            raise NotImplementedError("the Triton chunk engine has no exclusive form with gv")
+        S0 = S0.float().contiguous() if S0 is not None else None
+        f32 = lambda x: None if x is None else x.float().contiguous()  # noqa: E731
+        out = torch.ops.linrnn.chunk_vec_fwd(
+            q, k, v, f32(g), f32(gv), f32(u), S0, float(scale), L, fused, offs
+        )
+        return out[0], out[1], None, None
+    if S0 is not None:  # as triton_chunk.chunk and _ChunkFn.forward prepare it
+        if track_n and n0 is None:
+            n0 = S0.new_zeros(S0.shape[:3])
+        if stabilize and m0 is None:
+            m0 = S0.new_zeros(S0.shape[:2])
+        S0 = S0.float().contiguous()
+        n0 = n0.float().contiguous() if track_n else None
+        m0 = m0.float().contiguous() if stabilize else None
+    out = torch.ops.linrnn.chunk_fwd(
+        q, k, v, g, gi, S0, n0, m0, float(scale), float(eps), L, fused, stabilize, track_n,
+        normalizer or "none", offs,
+    )  # fmt: skip
+    o, S_T, n_T, m_T = out[:4]
+    return o, S_T, (n_T if track_n else None), (m_T if stabilize else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recurrent kernels (mode "recurrent"; with gradients, triton_recurrent_bwd)
+
+
+def _rec_config(q, scale, eps, stabilize, track_n, normalizer, offsets, g, gi):
+    norm = _norm_code(normalizer)
+    return triton_recurrent_bwd._Cfg(
+        scale=float(scale), eps=float(eps), normalizer=norm, stab=stabilize, track_n=track_n,
+        varlen=offsets is not None, offsets=offsets,
+        N=q.shape[0] if offsets is None else len(offsets) - 1,
+        norm={None: 0, "sum": 1, "mlstm": 3 if stabilize else 2}[norm],
+        has_decay=g is not None, has_igate=gi is not None,
+    )  # fmt: skip
+
+
+@torch.library.custom_op("linrnn::recurrent_fwd", mutates_args=())
+def _recurrent_fwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gv: Tensor | None,
+    gi: Tensor | None, u: Tensor | None, S0: Tensor | None, n0: Tensor | None,
+    m0: Tensor | None, scale: float, eps: float, stabilize: bool, track_n: bool,
+    normalizer: str, offsets: list[int] | None, save: bool,
+) -> list[Tensor]:  # fmt: skip
+    """[o, S_T, n_T, m_T, den, m_row] (empty where unused; den/m_row only with ``save``)."""
+    B, T, H = q.shape[:3]
+    norm = normalizer != "none"
+    den = m_row = None
+    if save:
+        den = torch.empty(B * H, T, device=q.device) if norm else None
+        m_row = torch.empty(B * H, T, device=q.device) if stabilize else None
+    o, S_T, n_T, m_T = triton_recurrent.recurrent(
+        q, k, v, scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize, track_n=track_n,
+        normalizer=_norm_code(normalizer), eps=eps, S0=S0, n0=n0, m0=m0, offsets=offsets,
+        saved=(den, m_row) if save else None,
+    )  # fmt: skip
+    e = lambda x: _empty(q) if x is None else x  # noqa: E731
+    outs = [o, S_T, e(n_T), e(m_T), e(den), e(m_row)]
+    return _distinct(outs, (q, k, v, g, gv, gi, u, S0, n0, m0))
+
+
+@_recurrent_fwd.register_fake
+def _recurrent_fwd_fake(q, k, v, g, gv, gi, u, S0, n0, m0, scale, eps, stabilize, track_n,
+                        normalizer, offsets, save):  # fmt: skip
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    N = B if offsets is None else len(offsets) - 1
+    f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
+    e = lambda used, *shape: f(*shape) if used else f(0)  # noqa: E731
+    return [
+        q.new_empty(v.shape), f(N, H, K, V), e(track_n, N, H, K), e(stabilize, N, H),
+        e(save and normalizer != "none", B * H, T), e(save and stabilize, B * H, T),
+    ]  # fmt: skip
+
+
+@torch.library.custom_op("linrnn::recurrent_bwd", mutates_args=())
+def _recurrent_bwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gv: Tensor | None,
+    gi: Tensor | None, u: Tensor | None, S0: Tensor | None, n0: Tensor | None,
+    m0: Tensor | None, o: Tensor, S_T: Tensor, n_T: Tensor, den: Tensor, m_row: Tensor,
+    do: Tensor, dS_T: Tensor | None, dn_T: Tensor | None, dm_T: Tensor | None,
+    scale: float, eps: float, stabilize: bool, track_n: bool, normalizer: str,
+    offsets: list[int] | None,
+) -> list[Tensor]:  # fmt: skip
+    """[dq, dk, dv, dg, dgv, dgi, du, dS0, dn0, dm0] (empty where the input was None)."""
+    ctx = _Ctx()
+    ctx.c = _rec_config(q, scale, eps, stabilize, track_n, normalizer, offsets, g, gi)
+    norm = normalizer != "none"
+    ctx.saved_tensors = (
+        q.contiguous(), k.contiguous(), v.contiguous(), g, gv, gi, u, S0, n0, m0, o, S_T,
+        n_T if track_n else None, den if norm else None, m_row if stabilize else None,
+    )  # fmt: skip
+    grads = triton_recurrent_bwd._RecurrentFn.backward(ctx, do, dS_T, dn_T, dm_T)[:10]
+    outs = [_empty(q) if x is None else x for x in grads]
+    return _distinct(outs, (q, k, v, g, gv, gi, u, S0, n0, m0, o, S_T, n_T, den, m_row, do,
+                            dS_T, dn_T, dm_T))  # fmt: skip
+
+
+@_recurrent_bwd.register_fake
+def _recurrent_bwd_fake(q, k, v, g, gv, gi, u, S0, n0, m0, *rest):
+    f = lambda x: _empty(q) if x is None else x.new_empty(x.shape, dtype=torch.float32)  # noqa: E731
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), f(g), f(gv),
+            f(gi), f(u), f(S0), f(n0), f(m0)]  # fmt: skip
+
+
+_REC_OPTS = ("scale", "eps", "stabilize", "track_n", "normalizer", "offsets", "save")
+
+
+def _rec_setup(ctx, inputs, output):
+    q, k, v, g, gv, gi, u, S0, n0, m0, *opts = inputs
+    ctx.opts = dict(zip(_REC_OPTS, opts))
+    ctx.has = [x is not None for x in (g, gv, gi, u, S0, n0, m0)]
+    o, S_T, n_T, _, den, m_row = output
+    ctx.save_for_backward(q, k, v, g, gv, gi, u, S0, n0, m0, o, S_T, n_T, den, m_row)
+    ctx.set_materialize_grads(False)
+
+
+def _rec_backward(ctx, grads):
+    do, dS_T, dn_T, dm_T = grads[:4]
+    opts = dict(ctx.opts)
+    if not opts.pop("save"):
+        raise RuntimeError("linrnn::recurrent_fwd ran without saving for backward (save=False)")
+    if do is None:
+        do = torch.zeros_like(ctx.saved_tensors[10])
+    dn_T = dn_T if opts["track_n"] else None
+    dm_T = dm_T if opts["stabilize"] else None
+    dq, dk, dv, *rest = torch.ops.linrnn.recurrent_bwd(
+        *ctx.saved_tensors, do, dS_T, dn_T, dm_T, *opts.values()
+    )
+    rest = [x if has else None for x, has in zip(rest, ctx.has)]
+    return (dq, dk, dv, *rest) + (None,) * len(_REC_OPTS)
+
+
+torch.library.register_autograd("linrnn::recurrent_fwd", _rec_backward, setup_context=_rec_setup)
+
+
+def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
+              track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None,
+              offsets=None, save=True):  # fmt: skip
+    """:func:`linrnn.engine.triton_recurrent_bwd.recurrent` (``save=True``: differentiable) or
+    :func:`linrnn.engine.triton_recurrent.recurrent` without ``out_state`` (``save=False``)
+    through the custom ops. Returns ``(o, S_T, n_T, m_T)``."""
+    if save and u is not None and gv is not None:
+        raise NotImplementedError("the recurrent backward has no exclusive form with gv")
+    if S0 is not None:  # as triton_recurrent_bwd.recurrent prepares it
+        if track_n and n0 is None:
+            n0 = S0.new_zeros(S0.shape[:3])
+        if stabilize and m0 is None:
+            m0 = S0.new_zeros(S0.shape[:2])
+        S0 = S0.float().contiguous()
+        n0 = n0.float().contiguous() if track_n else None
+        m0 = m0.float().contiguous() if stabilize else None
+    f32 = lambda x: None if x is None else x.float().contiguous()  # noqa: E731
+    out = torch.ops.linrnn.recurrent_fwd(
+        q, k, v, f32(g), f32(gv), f32(gi), f32(u), S0, n0, m0, float(scale), float(eps),
+        stabilize, track_n, normalizer or "none",
+        None if offsets is None else [int(x) for x in offsets], save,
+    )  # fmt: skip
+    o, S_T, n_T, m_T = out[:4]
+    return o, S_T, (n_T if track_n else None), (m_T if stabilize else None)
+
+
+def traced(fn):
+    """The custom-op version of a Triton implementation registered in ``_generic._TRITON``."""
+    if fn is triton_chunk.chunk:
+        return chunk
+    if isinstance(fn, functools.partial) and fn.func is triton_chunk.chunk:
+        return functools.partial(chunk, *fn.args, **fn.keywords)
+    if fn is triton_recurrent.recurrent:
+        return functools.partial(recurrent, save=False)
+    if fn is triton_recurrent_bwd.recurrent:
+        return recurrent
+    raise NotImplementedError(
+        f"{getattr(fn, '__name__', fn)} has no torch.library op for torch.compile yet; add one "
+        "to linrnn/engine/triton_ops.py"
+    )
