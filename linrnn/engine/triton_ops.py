@@ -439,15 +439,8 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
     through the custom ops. Returns ``(o, S_T, n_T, m_T)``."""
     if save and u is not None and gv is not None:
         raise NotImplementedError("the recurrent backward has no exclusive form with gv")
-    if S0 is not None:  # as triton_recurrent_bwd.recurrent prepares it
-        if track_n and n0 is None:
-            n0 = S0.new_zeros(S0.shape[:3])
-        if stabilize and m0 is None:
-            m0 = S0.new_zeros(S0.shape[:2])
-        S0 = S0.float().contiguous()
-        n0 = n0.float().contiguous() if track_n else None
-        m0 = m0.float().contiguous() if stabilize else None
-    f32 = lambda x: None if x is None else x.float().contiguous()  # noqa: E731
+    S0, n0, m0 = triton_recurrent_bwd.prepare_state(S0, n0, m0, track_n, stabilize)
+    f32 = triton_recurrent_bwd.fp32_contiguous
     out = torch.ops.linrnn.recurrent_fwd(
         q, k, v, f32(g), f32(gv), f32(gi), f32(u), S0, n0, m0, float(scale), float(eps),
         stabilize, track_n, normalizer or "none",

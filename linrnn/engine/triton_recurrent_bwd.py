@@ -361,6 +361,23 @@ class _RecurrentFn(torch.autograd.Function):
                 dn0r, dm0, None)  # fmt: skip
 
 
+def fp32_contiguous(x):
+    return None if x is None else x.float().contiguous()
+
+
+def prepare_state(S0, n0, m0, track_n: bool, stabilize: bool):
+    """The initial state as the kernels take it: fp32, contiguous, a missing n_0 / m_0 as
+    zeros (None without an initial state, or where the family has no n / m)."""
+    if S0 is None:
+        return None, None, None
+    if track_n and n0 is None:
+        n0 = S0.new_zeros(S0.shape[:3])
+    if stabilize and m0 is None:
+        m0 = S0.new_zeros(S0.shape[:2])
+    return (S0.float().contiguous(), fp32_contiguous(n0) if track_n else None,
+            fp32_contiguous(m0) if stabilize else None)  # fmt: skip
+
+
 def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
               track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None,
               offsets=None):  # fmt: skip
@@ -377,14 +394,6 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
         norm={None: 0, "sum": 1, "mlstm": 3 if stabilize else 2}[normalizer],
         has_decay=g is not None, has_igate=gi is not None,
     )  # fmt: skip
-    if S0 is not None:
-        if track_n and n0 is None:
-            n0 = S0.new_zeros(S0.shape[:3])
-        if stabilize and m0 is None:
-            m0 = S0.new_zeros(S0.shape[:2])
-        S0 = S0.float().contiguous()
-        n0 = n0.float().contiguous() if track_n else None
-        m0 = m0.float().contiguous() if stabilize else None
-    f32 = lambda x: None if x is None else x.float().contiguous()  # noqa: E731
-    g, gv, gi, u = map(f32, (g, gv, gi, u))
+    S0, n0, m0 = prepare_state(S0, n0, m0, track_n, stabilize)
+    g, gv, gi, u = map(fp32_contiguous, (g, gv, gi, u))
     return _RecurrentFn.apply(q, k, v, g, gv, gi, u, S0, n0, m0, c)
