@@ -145,6 +145,9 @@ LINRNN_OPS = {
 }
 # Peers whose linrnn counterpart is one of LINRNN_OPS (linrnn.bench.peers.PEERS).
 PEERS = {name: peer for name, peer in bench_peers.PEERS.items() if peer.like in LINRNN_OPS}
+# Per-channel-decay ops (and their peers) run only with --vector or when --ops names them:
+# fla's chunk_gla / chunk_rwkv6 take minutes to compile on their first call.
+VECTOR_OPS = {"gla", "gla[gv]", "rwkv6"}
 N_GATES = {  # fp32 [B, T, H] gate tensors read by the op (for the floor's bytes)
     name: registry.OPS[name].gate_elems(1, 1) for name in LINRNN_OPS
 }
@@ -359,13 +362,17 @@ def run_items(case: dict, items: list, timeout: float, env: dict, verbose: bool)
 # ---------------------------------------------------------------------------------------------
 
 
-def selected(op: str, wanted: list[str] | None) -> bool:
+def selected(op: str, wanted: list[str] | None, vector: bool = False) -> bool:
     """``--ops`` matches an op by name, library (linrnn, mlstm_kernels, fla, torch, peers),
-    family prefix (``mlstm`` matches ``mlstm[exp]``) or peer kernel name."""
-    if not wanted:
-        return True
+    family prefix (``mlstm`` matches ``mlstm[exp]``) or peer kernel name. Vector-gate ops
+    (:data:`VECTOR_OPS`) and their peers only with ``vector`` or when named or family-named."""
     lib = library_of(op)
     tags = {op, lib, op.split("[")[0], op.split(":")[-1].split("[")[0]}
+    like = PEERS[op].like if op in PEERS else op
+    if like in VECTOR_OPS and not vector:
+        return bool(wanted) and bool({op, like, like.split("[")[0]} & set(wanted))
+    if not wanted:
+        return True
     if lib != "linrnn":
         tags.add("peers")
     return bool(tags & set(wanted))
@@ -379,7 +386,7 @@ def modes_for(args) -> list[str]:
 def run_correctness(args, flush=lambda rows: None) -> list[dict]:
     """Correctness rows: one subprocess per op × mode × check chunk size, ``--jobs`` at once.
     ``flush(rows so far)`` runs after each case, so a run cut short keeps what it measured."""
-    ops = [op for op in LINRNN_OPS if selected(op, args.ops)]
+    ops = [op for op in LINRNN_OPS if selected(op, args.ops, args.vector)]
     items = [{"shape": s, "dtype": d} for s in args.check_shapes for d in DTYPES]
     cases = [
         dict(
@@ -442,7 +449,7 @@ def bench_cases(args) -> list[dict]:
     cases = [
         dict(common, op=op, mode=mode, chunk=chunk)
         for op in LINRNN_OPS
-        if selected(op, args.ops)
+        if selected(op, args.ops, args.vector)
         for mode in modes_for(args)
         for chunk in args.chunk_sizes
     ]
@@ -450,7 +457,7 @@ def bench_cases(args) -> list[dict]:
         cases += [
             dict(common, op=op, mode=None, chunk=peer.chunk)
             for op, peer in PEERS.items()
-            if selected(op, args.ops)
+            if selected(op, args.ops, args.vector)
         ]
     return cases
 
@@ -566,6 +573,11 @@ def parse_args(argv):
         type=int,
         nargs="+",
         help="chunk sizes of the correctness cases (default: the engine's default)",
+    )
+    p.add_argument(
+        "--vector",
+        action="store_true",
+        help=f"also the per-channel-decay ops {sorted(VECTOR_OPS)} and their fla peers",
     )
     p.add_argument("--skip-correctness", action="store_true")
     p.add_argument("--skip-bench", action="store_true")

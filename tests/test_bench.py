@@ -48,8 +48,8 @@ def test_backend_and_default_chunk_rules():
     gla, mlstm = registry.OPS["gla"], registry.OPS["mlstm[exp]"]
     assert registry.backend_for(mlstm, "chunk", "cuda") == "triton"
     assert registry.backend_for(mlstm, "recurrent", "cuda") == "torch"
-    assert registry.backend_for(gla, "chunk", "cuda") == "torch"  # no vector-gate kernel yet
-    assert registry.backend_for(gla, "fused_chunk", "cuda") is None
+    assert registry.backend_for(gla, "chunk", "cuda") == "triton"
+    assert registry.backend_for(gla, "fused_chunk", "cuda") == "triton"
     assert registry.backend_for(mlstm, "fused_chunk", "cpu") is None
     assert registry.default_chunk("triton", "chunk", 256, 256) == 128
     assert registry.default_chunk("triton", "chunk", 64, 64) == 64

@@ -234,7 +234,7 @@ triton_only = pytest.mark.skipif(
 
 @triton_only
 @pytest.mark.parametrize("mode", ["chunk", "fused_chunk", "recurrent"])
-@pytest.mark.parametrize("name", ["simple_gla", "linear_attn_norm", "mlstm_exp"])
+@pytest.mark.parametrize("name", ["simple_gla", "linear_attn_norm", "mlstm_exp", "gla_gv", "rwkv6"])
 def test_triton_ops_compile(name, mode):
     """backend="triton": the same kernels as eager (bitwise equal results), no recompilation
     for a new T."""
@@ -277,6 +277,16 @@ def test_triton_custom_ops_opcheck():
         torch.ops.linrnn.recurrent_fwd,
         (q, k, v, g, None, gi, None, S0, n0, m0, 0.5, 1e-6, True, True, "mlstm", None, True),
     )
+    gk = F.logsigmoid(torch.randn(B, T, H, K)).requires_grad_()
+    gv = F.logsigmoid(torch.randn(B, T, H, V)).requires_grad_()
+    u = torch.randn(H, K, requires_grad=True)
+    for fused in (False, True):
+        torch.library.opcheck(
+            torch.ops.linrnn.chunk_vec_fwd, (q, k, v, gk, gv, None, S0, 0.5, 4, fused, None)
+        )
+        torch.library.opcheck(
+            torch.ops.linrnn.chunk_vec_fwd, (q, k, v, gk, None, u, S0, 0.5, 4, fused, None)
+        )
 
 
 # ------------------------------------------------------------------------------------------

@@ -111,3 +111,14 @@ def test_floor_matches_design_numbers(engine_script):
     assert figures["floor_ms"] == pytest.approx(1e3 * n_bytes / 3.35e12)
     assert figures["x_floor"] == pytest.approx(1.28 / figures["floor_ms"])
     assert engine_script.gpu_spec("NVIDIA H200")["bandwidth_Bps"] == 4.8e12
+
+
+def test_vector_ops_only_on_request(engine_script):
+    """GLA / RWKV6 and their fla peers join a run with --vector or when --ops names them
+    (fla's chunk_gla takes minutes to compile on its first call); the default set is unchanged."""
+    sel = engine_script.selected
+    assert sel("simple_gla", None) and not sel("gla", None) and not sel("fla:chunk_rwkv6", None)
+    assert sel("gla[gv]", None, vector=True) and sel("fla:chunk_gla", None, vector=True)
+    assert sel("gla", ["gla"]) and sel("gla[gv]", ["gla"]) and sel("fla:chunk_rwkv6", ["rwkv6"])
+    assert not sel("fla:chunk_gla", ["fla"]) and sel("fla:chunk_simple_gla", ["fla"])
+    assert engine_script.parse_args(["--vector"]).vector

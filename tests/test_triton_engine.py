@@ -250,21 +250,18 @@ def test_rejects_what_it_cannot_run():
     q = torch.randn(1, 8, 1, 4, device=DEVICE)
     with pytest.raises(TypeError, match="float64"):
         linrnn.linear_attn(q.double(), q.double(), q.double(), backend="triton")
-    gk = torch.zeros(1, 8, 1, 4, device=DEVICE)
-    with pytest.raises(NotImplementedError, match="vector-gate"):
-        linrnn.gla(q, q, q, gk, backend="triton", mode="chunk")
     with pytest.raises(ValueError, match=r"chunk_size must be ≤ 128, got 256"):
         linrnn.linear_attn(q, q, q, backend="triton", mode="fused_chunk", chunk_size=256)
 
 
 def test_backend_none_falls_back_where_triton_cannot(monkeypatch):
-    """backend=None takes the PyTorch path for inputs the Triton kernels don't serve (vector
-    gates in the chunk modes, fp64) instead of raising."""
+    """backend=None takes the PyTorch path for inputs the Triton kernels don't serve (fp64)
+    instead of raising."""
     from linrnn.ops import _generic
 
-    q = torch.randn(1, 6, 1, 8, device=DEVICE)
-    gk = torch.nn.functional.logsigmoid(torch.randn(1, 6, 1, 8, device=DEVICE))
-    ref, _ = linrnn.gla(q.double(), q.double(), q.double(), gk.double(), mode="reference")
+    q = torch.randn(1, 6, 1, 8, device=DEVICE, dtype=torch.float64)
+    gk = torch.nn.functional.logsigmoid(torch.randn(1, 6, 1, 8, device=DEVICE)).double()
+    ref, _ = linrnn.gla(q, q, q, gk, mode="reference")
     picked = []
     real = _generic.select
 
@@ -277,4 +274,4 @@ def test_backend_none_falls_back_where_triton_cannot(monkeypatch):
     monkeypatch.setattr(_generic, "select", as_if_on_cuda)
     o, _ = linrnn.gla(q, q, q, gk, mode="chunk")  # (mode=None on CUDA: the recurrent kernel)
     assert picked == [True, False]  # Triton chunk first, then the PyTorch chunk engine
-    assert_close("o", o, ref, torch.float32)
+    assert_close("o", o, ref, torch.float64)

@@ -49,9 +49,11 @@ OPS = {
         Op("retention", "retention", "retention", grad_names=("log_gamma",), triton=True),
         Op("simple_gla", "simple_gla", "simple_gla", grad_names=("g",),
            gate_elems=lambda K, V: 1, triton=True),
-        Op("gla", "gla", "gla", grad_names=("gk",), gate_elems=lambda K, V: K),
-        Op("gla[gv]", "gla", "gla[gv]", grad_names=("gk",), gate_elems=lambda K, V: K + V),
-        Op("rwkv6", "rwkv6", "rwkv6", grad_names=("w", "u"), gate_elems=lambda K, V: K),
+        Op("gla", "gla", "gla", grad_names=("gk",), gate_elems=lambda K, V: K, triton=True),
+        Op("gla[gv]", "gla", "gla[gv]", grad_names=("gk",), gate_elems=lambda K, V: K + V,
+           triton=True),
+        Op("rwkv6", "rwkv6", "rwkv6", grad_names=("w", "u"), gate_elems=lambda K, V: K,
+           triton=True),
         Op("mlstm[sigmoid]", "mlstm", "mlstm[sigmoid]", grad_names=("i", "f"),
            gate_elems=lambda K, V: 2, triton=True),
         Op("mlstm[sigmoid,normalize]", "mlstm", "mlstm[sigmoid]", {"normalize": True},
@@ -98,7 +100,7 @@ def shape_id(B: int, T: int, H: int, K: int, V: int) -> str:
 
 def backend_for(op: Op, mode: str, device: str, requested: str | None = None) -> str | None:
     """The backend that runs ``op`` in ``mode`` on ``device`` ("cuda" or "cpu"), or None when
-    no backend does: Triton for the scalar-gate families' chunk and fused_chunk on CUDA, the
+    no backend does: Triton for every family's chunk and fused_chunk on CUDA, the
     PyTorch path for the other modes (and on CPU). ``requested`` forces one backend (None when
     it cannot run the combination)."""
     triton_ok = op.triton and mode in TRITON_MODES

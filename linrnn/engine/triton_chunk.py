@@ -1,4 +1,5 @@
-"""Host side of the Triton chunk engine for scalar gates: tile choice, launches, the autograd
+"""Host side of the Triton chunk engine for scalar gates (per-channel decays: triton_chunk_vec,
+which reuses Config and the helpers here): tile choice, launches, the autograd
 Function and the gate gradients (which are cheap [B·H, T] reductions done in PyTorch).
 
 Gate gradients. With the max state m held fixed, every log decay g_t enters through the global
@@ -178,7 +179,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
         k, v, states, ns, mc,
         S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, b, a,
-        _chunk_max(b, a, L, c) if c.stab else dummy, c.CO, c.CHUNKS,
+        _chunk_max(b, a, L, c) if c.stab else dummy, c.CO, c.CHUNKS, dummy, dummy,
         T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(), **launch,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
@@ -188,7 +189,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
     NQ = triton.cdiv(L, BQ)
     kern.rows_kernel[(NT * NQ, triton.cdiv(V, BO), BH)](
         q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy, c.CHUNKS,
-        T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
+        *[dummy] * 5, T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=False, NORM=c.norm, **c.flags(), **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
@@ -212,7 +213,8 @@ def _forward_fused(q, k, v, b, a, S0, n0, m0, c: Config):
         q, k, v, o, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, mc, b, a,
         _chunk_max(b, a, c.L, c) if c.stab else dummy, m_row, den, c.CO, c.CHUNKS,
-        T, H, K, V, c.L, NT, c.NSEQ, c.scale, c.eps, BT=c.BT, BK=c.KP, BV=c.BVf, NORM=c.norm,
+        *[dummy] * 4, T, H, K, V, c.L, NT, c.NSEQ, c.scale, c.eps,
+        BT=c.BT, BK=c.KP, BV=c.BVf, NORM=c.norm,
         HAS_S0=has_s0, **c.flags(), **c.launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
@@ -240,7 +242,8 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     dq = torch.empty_like(q)
     fused.fused_dq_kernel[(nK, c.walkers)](
         q, k, v, do, dq, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
-        mc, b, a, m_row, R_A, R_D, q_part, c.CO, c.CHUNKS, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        mc, b, a, m_row, R_A, R_D, q_part, c.CO, c.CHUNKS, *[dummy] * 4,
+        T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_S0=has_s0, SPLIT=split, **common,
     )  # fmt: skip
     dk = torch.empty_like(k)
@@ -249,13 +252,14 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     fused.fused_dk_kernel[(nK, c.walkers)](
         q, k, v, do, dk, dS0, dn0, dS_T if has_dst else dummy,
         dn_T if (has_dst and c.track_n) else dummy, mc, b, a, m_row, R_A, R_D, k_part,
-        c.CO, c.CHUNKS, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        c.CO, c.CHUNKS, *[dummy] * 4, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_DST=has_dst, SPLIT=split, **common,
     )  # fmt: skip
     dv = torch.empty_like(v)
     fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
         q, k, do, dv, dS_T if has_dst else dummy, mc, b, a, m_row, R_A, c.CO, c.CHUNKS,
-        T, H, K, V, L, NT, c.NSEQ, c.scale, BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
+        *[dummy] * 6, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None
     q_dq = q_part.sum(0) if c.has_decay else None
@@ -311,7 +315,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
         q, do, dstates, dns, dS0, dn0,
         dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy,
         mc, b, m_row, R_A, R_D, c.CO, c.CHUNKS, states, ns, S_T,
-        n_T if c.track_n else dummy, bnd, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        n_T if c.track_n else dummy, bnd, *[dummy] * 4, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BK=BK, BV=BV, BQ=BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
         NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, **launch,
     )  # fmt: skip
@@ -324,7 +328,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     dq = torch.empty_like(q)
     kern.rows_kernel[(NT * nQ, nK, BH)](
         do, v, k, dq, states, ns, mc, b, a, m_row, dummy, R_A, R_D, q, q_part, c.CHUNKS,
-        T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
+        *[dummy] * 5, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dk", V, K)
@@ -333,7 +337,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     dk = torch.empty_like(k)
     kern.cols_kernel[(NT * nS, nK, BH)](
         v, do, q, dk, dstates, dns, mc, b, a, m_row, R_A, R_D, k, k_part, c.CHUNKS,
-        T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
+        *[dummy] * 5, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dv", K, V)
@@ -341,7 +345,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     dv = torch.empty_like(v)
     kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
         k, q, do, dv, dstates, dns, mc, b, a, m_row, R_A, R_D, dummy, dummy, c.CHUNKS,
-        T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
+        *[dummy] * 5, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=False, **common, **launch,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None
@@ -506,12 +510,23 @@ class _ChunkFn(torch.autograd.Function):
 
 def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, normalizer=None,
           eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False,
-          offsets=None):  # fmt: skip
+          offsets=None, gv=None, u=None):  # fmt: skip
     """Scalar-gate chunkwise forward (autograd-enabled). q, k, v ``[B, T, H, *]`` in one of
     fp16/bf16/fp32; g, gi ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial
     state (n0 with ``track_n``, m0 with ``stabilize``; N = B, or the number of sequences).
     ``fused``: the non-materializing kernels (triton_fused). ``offsets``: ``[N + 1]`` ints of
-    packed sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``."""
+    packed sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``.
+    Per-channel decays (g ``[B, T, H, K]``, gv, u) go to :mod:`triton_chunk_vec`."""
+    if (g is not None and g.dim() == 4) or gv is not None or u is not None:
+        from linrnn.engine import triton_chunk_vec
+
+        if gi is not None or stabilize or track_n or normalizer is not None:
+            raise NotImplementedError("vector gates with input gate / normalizer: no kernel")
+        o, S_T = triton_chunk_vec.chunk(
+            q, k, v, scale=scale, g=g, gv=gv, u=u, S0=S0, chunk_size=chunk_size, fused=fused,
+            offsets=offsets,
+        )  # fmt: skip
+        return o, S_T, None, None
     c = Config(
         q, k, v, scale=scale, has_decay=g is not None, has_igate=gi is not None,
         stabilize=stabilize, track_n=track_n, normalizer=normalizer, eps=eps,

@@ -14,6 +14,9 @@ every product it needs reduces over a dimension it holds entirely:
 
 The per-row values of the forward (normalizer denominator, row max m_r) and the max state at
 chunk boundaries (NT+1 scalars per head) are saved; they are O(T), not O(T·K·V).
+
+``VEC`` (per-channel decays): each walk steps through its chunk in sub-chunks of BC rows with the
+secondary chunking of triton_vector (the state stays whole in registers).
 """
 
 from __future__ import annotations
@@ -29,6 +32,18 @@ from linrnn.engine.triton_kernels import (
     _tile_t,
     _vec,
     _walk,
+)
+from linrnn.engine.triton_vector import (
+    _ld,
+    _ld_row,
+    _vec_cols_off,
+    _vec_diag,
+    _vec_rows_off,
+    _vec_scale_rows,
+    _vec_state_bwd,
+    _vec_state_fwd,
+    _vec_to_end,
+    _xp,
 )
 
 
@@ -89,11 +104,14 @@ def _chunk_decays(MC, M_ROW, b_b, b_last, m_t, i_mc, i_row, BT: tl.constexpr,
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_fwd_kernel(
     Q, K_, V_, O_, S0, N0, M0, ST_T, NS_T, MC, G_B, G_A, CMAX, M_ROW, DEN, CO, CHUNKS,
+    GK, GKX, GV, U,
     T, H, K, V, L, NT, NSEQ, scale, eps,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr,
+    VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
+    BC: tl.constexpr = 16, BD: tl.constexpr = 32,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
@@ -120,59 +138,91 @@ def fused_fwd_kernel(
     first = i_v == 0
     for i_c in range(c_lo, c_hi):
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-        o_t = c0 + tl.arange(0, BT)
-        m_t = o_t < c1
-        b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
-        b_kt = _tile_t(p_k, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
-        b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
-        b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
-        causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
-        b_mr = tl.zeros([BT], dtype=tl.float32)
-        if STAB:
-            tl.store(MC + i_bh * (NT + NSEQ) + i_n + i_c, b_m, mask=first)
-            z = tl.where(causal, b_b[:, None] - b_b[None, :] + b_a[None, :], float("-inf"))
-            b_mr = tl.where(m_t, tl.maximum(b_b + b_m, tl.max(z, 1)), 0.0)
-            e_r = tl.exp(b_b + b_m - b_mr)
+        if VEC:  # per-channel decays: sub-chunks of BC steps (triton_vector)
+            p_gk = GK + (i_b * T * H + i_h) * K
+            p_gkx = GKX + (i_b * T * H + i_h) * K
+            p_gv = GV + (i_b * T * H + i_h) * V
+            p_u = U + i_h * K
+            for r0 in range(c0, c1, BC):
+                o_r = r0 + tl.arange(0, BC)
+                m_r = o_r < c1
+                b_q = _vec_scale_rows(
+                    _tile(p_q, o_r, o_k, H * K, m_r, m_k), p_gkx, o_r, m_r, o_k, m_k, H * K
+                )  # [BC, BK]
+                b_o = tl.dot(b_q, b_C.to(b_q.dtype), input_precision=DOT_PREC)
+                if VEC_V:
+                    b_o = _vec_scale_rows(b_o, p_gv, o_r, m_r, o_v, m_v, H * V)
+                b_o += _vec_diag(
+                    p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, p_u, o_r, m_r, o_v, m_v, K, H * K,
+                    H * V, BC, BD, False, True, VEC_V, EXCL, DOT_PREC,
+                )  # fmt: skip
+                b_o += _vec_rows_off(
+                    p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, o_r, m_r, r0, c0, o_v, m_v, K, H * K,
+                    H * V, BC, BT, BD, BV, True, VEC_V, DOT_PREC,
+                )  # fmt: skip
+                b_o *= scale
+                p = o_r.to(tl.int64)[:, None] * H * V + o_v[None, :]
+                m_rv = m_r[:, None] & m_v[None, :]
+                tl.store(p_o + p, b_o.to(O_.dtype.element_ty), mask=m_rv)
+                if VEC_V:  # the fp32 output for gv's gradient (o ⊙ do), in DEN's place
+                    tl.store(DEN + (i_b * T * H + i_h) * V + p, b_o, mask=m_rv)
+            b_C = _vec_state_fwd(
+                b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, BT, VEC_V, DOT_PREC
+            )
         else:
-            e_r = tl.exp(b_b)
-        b_o = tl.dot(b_q, b_C.to(b_q.dtype), input_precision=DOT_PREC) * e_r[:, None]
-        b_p = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
-        b_p *= _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
-        b_o += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
-        b_o *= scale
-        if NORM != 0:
-            # q·n on the tensor cores (n repeated over 16 columns): an elementwise [BT, K]
-            # fp32 product here would spill registers at K = 256.
-            # n as n_hi + n_lo in q's dtype (8 columns each): den decides the normalizer's
-            # branch and scales the backward, so it keeps (nearly) fp32 precision.
-            b_hi = b_n.to(b_q.dtype)
-            b_lo = (b_n - b_hi.to(tl.float32)).to(b_q.dtype)
-            col = tl.arange(0, 16)[None, :]
-            b_nn = tl.where(col < 8, b_hi[:, None], b_lo[:, None])  # [BK, 16]
-            b_qn = tl.sum(tl.dot(b_q, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 8)
-            b_den = b_qn * e_r + tl.sum(b_p, 1)
-            b_den *= scale
-            b_o = b_o / _denominator(b_den, b_mr, eps, NORM)[:, None]
-            tl.store(DEN + i_bh * T + o_t, b_den, mask=m_t & ((o_t * 0 + i_v) == 0))
-        if STAB:
-            tl.store(M_ROW + i_bh * T + o_t, b_mr, mask=m_t & ((o_t * 0 + i_v) == 0))
-        p = p_o + o_t.to(tl.int64)[:, None] * H * V + o_v[None, :]
-        tl.store(p, b_o.to(O_.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+            o_t = c0 + tl.arange(0, BT)
+            m_t = o_t < c1
+            b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
+            b_kt = _tile_t(p_k, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
+            b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
+            causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+            b_mr = tl.zeros([BT], dtype=tl.float32)
+            if STAB:
+                tl.store(MC + i_bh * (NT + NSEQ) + i_n + i_c, b_m, mask=first)
+                z = tl.where(causal, b_b[:, None] - b_b[None, :] + b_a[None, :], float("-inf"))
+                b_mr = tl.where(m_t, tl.maximum(b_b + b_m, tl.max(z, 1)), 0.0)
+                e_r = tl.exp(b_b + b_m - b_mr)
+            else:
+                e_r = tl.exp(b_b)
+            b_o = tl.dot(b_q, b_C.to(b_q.dtype), input_precision=DOT_PREC) * e_r[:, None]
+            b_p = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
+            b_p *= _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+            b_o += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+            b_o *= scale
+            if NORM != 0:
+                # q·n on the tensor cores (n repeated over 16 columns): an elementwise [BT, K]
+                # fp32 product here would spill registers at K = 256.
+                # n as n_hi + n_lo in q's dtype (8 columns each): den decides the normalizer's
+                # branch and scales the backward, so it keeps (nearly) fp32 precision.
+                b_hi = b_n.to(b_q.dtype)
+                b_lo = (b_n - b_hi.to(tl.float32)).to(b_q.dtype)
+                col = tl.arange(0, 16)[None, :]
+                b_nn = tl.where(col < 8, b_hi[:, None], b_lo[:, None])  # [BK, 16]
+                b_qn = tl.sum(tl.dot(b_q, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 8)
+                b_den = b_qn * e_r + tl.sum(b_p, 1)
+                b_den *= scale
+                b_o = b_o / _denominator(b_den, b_mr, eps, NORM)[:, None]
+                tl.store(DEN + i_bh * T + o_t, b_den, mask=m_t & ((o_t * 0 + i_v) == 0))
+            if STAB:
+                tl.store(M_ROW + i_bh * T + o_t, b_mr, mask=m_t & ((o_t * 0 + i_v) == 0))
+            p = p_o + o_t.to(tl.int64)[:, None] * H * V + o_v[None, :]
+            tl.store(p, b_o.to(O_.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
-        # The state leaving the chunk.
-        if STAB:
-            m_next = b_last + tl.maximum(b_m, tl.load(CMAX + i_bh * NT + i_c))
-            decay = tl.exp(b_last + b_m - m_next)
-        else:
-            m_next = 0.0
-            decay = tl.exp(b_last) if HAS_DECAY else 1.0
-        w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
-        b_kw = b_kt.to(tl.float32) * w[None, :]
-        b_C = b_C * decay + tl.dot(b_kw.to(b_v.dtype), b_v, input_precision=DOT_PREC)
-        if TRACK_N:
-            b_n = b_n * decay + tl.sum(b_kw, 1)
-        if STAB:
-            b_m = m_next
+            # The state leaving the chunk.
+            if STAB:
+                m_next = b_last + tl.maximum(b_m, tl.load(CMAX + i_bh * NT + i_c))
+                decay = tl.exp(b_last + b_m - m_next)
+            else:
+                m_next = 0.0
+                decay = tl.exp(b_last) if HAS_DECAY else 1.0
+            w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
+            b_kw = b_kt.to(tl.float32) * w[None, :]
+            b_C = b_C * decay + tl.dot(b_kw.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+            if TRACK_N:
+                b_n = b_n * decay + tl.sum(b_kw, 1)
+            if STAB:
+                b_m = m_next
     p = ST_T + i_st * K * V + o_k[:, None] * V + o_v[None, :]
     tl.store(p, b_C, mask=m_k[:, None] & m_v[None, :])
     if TRACK_N:
@@ -184,11 +234,14 @@ def fused_fwd_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_dq_kernel(
     Q, K_, V_, DH, DQ, S0, N0, MC, G_B, G_A, M_ROW, R_A, R_D, PART, CO, CHUNKS,
+    GK, GKX, GV, U,
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, SPLIT: tl.constexpr,
+    VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
+    BC: tl.constexpr = 16, BD: tl.constexpr = 32,
 ):  # fmt: skip
     """dq_r = scale·[e_r (A_r dh_r Cᵀ + dd_r n) + Σ_{s≤r} D_rs (A_r dh_r·v_s + dd_r) k_s]."""
     i_k, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -211,47 +264,85 @@ def fused_dq_kernel(
         b_n = tl.zeros([BK], dtype=tl.float32)
     for i_c in range(c_lo, c_hi):
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-        o_t = c0 + tl.arange(0, BT)
-        m_t = o_t < c1
-        b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
-        b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
-        b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
-        b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
-        causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
-        b_mr, lf, decay, m_next = _chunk_decays(
-            MC, M_ROW, b_b, b_last, m_t, i_bh * (NT + NSEQ) + i_n + i_c, i_bh * T + c0, BT,
-            HAS_DECAY, STAB,
-        )  # fmt: skip
-        e_r = tl.exp(tl.where(m_t, lf, float("-inf")))
-        b_x = _dot_state(b_dh, tl.trans(b_C), SPLIT, DOT_PREC)  # dh_r Cᵀ [BT, BK]
-        f = scale * e_r  # the inter-chunk row factor, as in fused_dk_kernel's dC update
-        b_dp = tl.dot(b_dh, tl.trans(b_v), input_precision=DOT_PREC)  # [BT, BT]
-        if NORM != 0:
-            b_A = _vec(R_A + i_bh * T, o_t, m_t)
-            b_dd = _vec(R_D + i_bh * T, o_t, m_t)
-            f = f * b_A
-            b_dp = b_dp * b_A[:, None] + b_dd[:, None]
-        b_dp *= _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
-        b_dq = scale * tl.dot(b_dp.to(b_k.dtype), b_k, input_precision=DOT_PREC)
-        if NORM != 0:
-            b_dq += (scale * e_r * b_dd)[:, None] * b_n[None, :]
-        if HAS_DECAY:
-            # q·dq for the log-decay gradient. Its inter-chunk part takes q_r f_r rounded as
-            # fused_dk_kernel rounds it into dC (and C holds k_s w_s rounded as that kernel's k·dk
-            # takes it), so each cross-chunk pair enters q·dq and k·dk with the same value and
-            # cancels exactly in the whole-sequence sum instead of leaving its rounding there.
-            b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k).to(tl.float32)
-            b_qf = (b_q * f[:, None]).to(Q.dtype.element_ty).to(tl.float32)
-            part = tl.sum(b_qf * b_x, 1) + tl.sum(b_q * b_dq, 1)
-            tl.store(PART + (i_k * (tl.num_programs(1) // NSEQ) + i_bh) * T + o_t, part, mask=m_t)
-        b_dq += b_x * f[:, None]
-        p = DQ + (i_b * T * H + i_h) * K + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
-        tl.store(p, b_dq.to(DQ.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-        w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
-        b_kw = tl.trans(b_k.to(tl.float32) * w[:, None])  # [BK, BT]
-        b_C = b_C * decay + tl.dot(b_kw.to(b_v.dtype), b_v, input_precision=DOT_PREC)
-        if TRACK_N:
-            b_n = b_n * decay + tl.sum(b_kw, 1)
+        if VEC:  # per-channel decays: sub-chunks of BC steps (triton_vector)
+            p_gk = GK + (i_b * T * H + i_h) * K
+            p_gkx = GKX + (i_b * T * H + i_h) * K
+            p_gv = GV + (i_b * T * H + i_h) * V
+            p_u = U + i_h * K
+            for r0 in range(c0, c1, BC):
+                o_r = r0 + tl.arange(0, BC)
+                m_r = o_r < c1
+                b_dh = _tile(p_dh, o_r, o_v, H * V, m_r, m_v)  # [BC, BV]
+                if VEC_V:
+                    b_dh = _vec_scale_rows(b_dh, p_gv, o_r, m_r, o_v, m_v, H * V)
+                b_x = _dot_state(b_dh, tl.trans(b_C), SPLIT, DOT_PREC)  # dh_r Cᵀ [BC, BK]
+                m_rk = m_r[:, None] & m_k[None, :]
+                f = _xp(_ld(p_gkx, o_r, o_k, H * K, m_r, m_k), m_rk)  # exp(G^X_r) [BC, BK]
+                b_dq = _vec_diag(
+                    p_dh, p_v, p_k, p_gv, p_gv, p_gkx, p_gk, p_u, o_r, m_r, o_k, m_k, V, H * V,
+                    H * K, BC, BD, False, VEC_V, True, EXCL, DOT_PREC,
+                )  # fmt: skip
+                b_dq += _vec_rows_off(
+                    p_dh, p_v, p_k, p_gv, p_gv, p_gkx, p_gk, o_r, m_r, r0, c0, o_k, m_k, V, H * V,
+                    H * K, BC, BT, BD, BK, VEC_V, True, DOT_PREC,
+                )  # fmt: skip
+                b_dq *= scale
+                b_x *= scale
+                p = o_r.to(tl.int64)[:, None] * H * K + o_k[None, :]
+                b_q = _ld(p_q, o_r, o_k, H * K, m_r, m_k).to(tl.float32)
+                # q ⊙ dq, its inter-chunk part with q_r·exp(G^X_r) rounded as fused_dk_kernel
+                # rounds it into dC (so cross-chunk pairs cancel against k ⊙ dk there).
+                b_qf = (b_q * f).to(Q.dtype.element_ty).to(tl.float32)
+                tl.store(PART + (i_b * T * H + i_h) * K + p, b_qf * b_x + b_q * b_dq, mask=m_rk)
+                b_dq += b_x * f
+                tl.store(DQ + (i_b * T * H + i_h) * K + p, b_dq.to(DQ.dtype.element_ty), mask=m_rk)
+            b_C = _vec_state_fwd(
+                b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, BT, VEC_V, DOT_PREC
+            )
+        else:
+            o_t = c0 + tl.arange(0, BT)
+            m_t = o_t < c1
+            b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
+            b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
+            causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+            b_mr, lf, decay, m_next = _chunk_decays(
+                MC, M_ROW, b_b, b_last, m_t, i_bh * (NT + NSEQ) + i_n + i_c, i_bh * T + c0, BT,
+                HAS_DECAY, STAB,
+            )  # fmt: skip
+            e_r = tl.exp(tl.where(m_t, lf, float("-inf")))
+            b_x = _dot_state(b_dh, tl.trans(b_C), SPLIT, DOT_PREC)  # dh_r Cᵀ [BT, BK]
+            f = scale * e_r  # the inter-chunk row factor, as in fused_dk_kernel's dC update
+            b_dp = tl.dot(b_dh, tl.trans(b_v), input_precision=DOT_PREC)  # [BT, BT]
+            if NORM != 0:
+                b_A = _vec(R_A + i_bh * T, o_t, m_t)
+                b_dd = _vec(R_D + i_bh * T, o_t, m_t)
+                f = f * b_A
+                b_dp = b_dp * b_A[:, None] + b_dd[:, None]
+            b_dp *= _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+            b_dq = scale * tl.dot(b_dp.to(b_k.dtype), b_k, input_precision=DOT_PREC)
+            if NORM != 0:
+                b_dq += (scale * e_r * b_dd)[:, None] * b_n[None, :]
+            if HAS_DECAY:
+                # q·dq for the log-decay gradient. Its inter-chunk part takes q_r f_r rounded
+                # as fused_dk_kernel rounds it into dC (and C holds k_s w_s rounded as that
+                # kernel's k·dk takes it), so each cross-chunk pair enters q·dq and k·dk with
+                # the same value and cancels exactly in the whole-sequence sum instead of
+                # leaving its rounding there.
+                b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k).to(tl.float32)
+                b_qf = (b_q * f[:, None]).to(Q.dtype.element_ty).to(tl.float32)
+                part = tl.sum(b_qf * b_x, 1) + tl.sum(b_q * b_dq, 1)
+                p_pt = PART + (i_k * (tl.num_programs(1) // NSEQ) + i_bh) * T
+                tl.store(p_pt + o_t, part, mask=m_t)
+            b_dq += b_x * f[:, None]
+            p = DQ + (i_b * T * H + i_h) * K + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
+            tl.store(p, b_dq.to(DQ.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
+            b_kw = tl.trans(b_k.to(tl.float32) * w[:, None])  # [BK, BT]
+            b_C = b_C * decay + tl.dot(b_kw.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+            if TRACK_N:
+                b_n = b_n * decay + tl.sum(b_kw, 1)
 
 
 @triton.jit
@@ -267,11 +358,14 @@ def _state_grad_step(b_dC, b_dn, b_qt, b_dh, f, fd, decay, TRACK_N: tl.constexpr
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_dk_kernel(
     Q, K_, V_, DH, DK, DS0, DN0, DS_T, DN_T, MC, G_B, G_A, M_ROW, R_A, R_D, PART, CO, CHUNKS,
+    GK, GKX, GV, U,
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, SPLIT: tl.constexpr,
+    VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
+    BC: tl.constexpr = 16, BD: tl.constexpr = 32,
 ):  # fmt: skip
     """dk_s = w_s (v_s dCᵀ + dn) + scale·Σ_{r≥s} D_rs (A_r v_s·dh_r + dd_r) q_r, walking back;
     also the gradient of the initial state (C and n)."""
@@ -296,48 +390,86 @@ def fused_dk_kernel(
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-        o_t = c0 + tl.arange(0, BT)
-        m_t = o_t < c1
-        b_qt = _tile_t(p_q, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
-        b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
-        b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
-        b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
-        b_mr, lf, decay, m_next = _chunk_decays(
-            MC, M_ROW, b_b, b_last, m_t, i_bh * (NT + NSEQ) + i_n + i_c, i_bh * T + c0, BT,
-            HAS_DECAY, STAB,
-        )  # fmt: skip
-        w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
-        b_y = _dot_state(b_v, tl.trans(b_dC), SPLIT, DOT_PREC)  # v_s dCᵀ [BT, BK]
-        if TRACK_N:
-            b_dk = w[:, None] * b_dn[None, :]
+        if VEC:  # per-channel decays: sub-chunks of BC steps (triton_vector)
+            p_gk = GK + (i_b * T * H + i_h) * K
+            p_gkx = GKX + (i_b * T * H + i_h) * K
+            p_gv = GV + (i_b * T * H + i_h) * V
+            p_u = U + i_h * K
+            for s0 in range(c0, c1, BC):
+                o_s = s0 + tl.arange(0, BC)
+                m_s = o_s < c1
+                b_v = _tile(p_v, o_s, o_v, H * V, m_s, m_v)  # [BC, BV]
+                if VEC_V:
+                    b_v = _vec_to_end(b_v, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
+                b_y = _dot_state(b_v, tl.trans(b_dC), SPLIT, DOT_PREC)  # v_s dCᵀ [BC, BK]
+                m_sk = m_s[:, None] & m_k[None, :]
+                g_last = _ld_row(p_gk, c1 - 1, o_k, H * K, m_k)
+                w = _xp(g_last[None, :] - _ld(p_gk, o_s, o_k, H * K, m_s, m_k), m_sk)  # [BC, BK]
+                b_in = _vec_diag(
+                    p_v, p_dh, p_q, p_gv, p_gv, p_gkx, p_gk, p_u, o_s, m_s, o_k, m_k, V, H * V,
+                    H * K, BC, BD, True, VEC_V, True, EXCL, DOT_PREC,
+                )  # fmt: skip
+                b_in += _vec_cols_off(
+                    p_v, p_dh, p_q, p_gv, p_gv, p_gkx, p_gk, o_s, m_s, tl.minimum(s0 + BC, c1),
+                    c1, o_k, m_k, V, H * V, H * K, BC, BT, BD, BK, VEC_V, True, DOT_PREC,
+                )  # fmt: skip
+                b_in *= scale
+                p = o_s.to(tl.int64)[:, None] * H * K + o_k[None, :]
+                b_k = _ld(p_k, o_s, o_k, H * K, m_s, m_k).to(tl.float32)
+                # k ⊙ dk, its inter-chunk part with k_s·exp(G_L − G_s) rounded as
+                # fused_dq_kernel rounds it into C (see q ⊙ dq there).
+                b_kw = (b_k * w).to(K_.dtype.element_ty).to(tl.float32)
+                tl.store(PART + (i_b * T * H + i_h) * K + p, b_kw * b_y + b_k * b_in, mask=m_sk)
+                b_dk = b_y * w + b_in
+                tl.store(DK + (i_b * T * H + i_h) * K + p, b_dk.to(DK.dtype.element_ty), mask=m_sk)
+            b_dC = _vec_state_bwd(
+                b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, scale,
+                BT, VEC_V, DOT_PREC,
+            )  # fmt: skip
         else:
-            b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-        b_dpt = tl.dot(b_v, tl.trans(b_dh), input_precision=DOT_PREC)  # [BT(s), BT(r)]
-        f = scale * tl.exp(tl.where(m_t, lf, float("-inf")))
-        fd = tl.zeros([BT], dtype=tl.float32)
-        if NORM != 0:
-            b_A = _vec(R_A + i_bh * T, o_t, m_t)
-            b_dd = _vec(R_D + i_bh * T, o_t, m_t)
-            b_dpt = b_dpt * b_A[None, :] + b_dd[None, :]
-            fd = f * b_dd
-            f = f * b_A
-        causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
-        b_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
-        b_dpt *= tl.trans(b_d)
-        b_dk += scale * tl.dot(b_dpt.to(b_qt.dtype), tl.trans(b_qt), input_precision=DOT_PREC)
-        if HAS_DECAY or HAS_IGATE:
-            # k·dk with the inter-chunk part's k_s w_s rounded as fused_dq_kernel rounds it into
-            # C (see the q·dq there).
-            b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k).to(tl.float32)
-            b_kw = (b_k * w[:, None]).to(K_.dtype.element_ty).to(tl.float32)
-            part = tl.sum(b_kw * b_y, 1) + tl.sum(b_k * b_dk, 1)
-            tl.store(PART + (i_k * (tl.num_programs(1) // NSEQ) + i_bh) * T + o_t, part, mask=m_t)
-        b_dk += b_y * w[:, None]
-        p = DK + (i_b * T * H + i_h) * K + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
-        tl.store(p, b_dk.to(DK.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-        b_dC, b_dn = _state_grad_step(
-            b_dC, b_dn, b_qt.to(tl.float32), b_dh, f, fd, decay, TRACK_N, DOT_PREC
-        )
+            o_t = c0 + tl.arange(0, BT)
+            m_t = o_t < c1
+            b_qt = _tile_t(p_q, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
+            b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
+            b_mr, lf, decay, m_next = _chunk_decays(
+                MC, M_ROW, b_b, b_last, m_t, i_bh * (NT + NSEQ) + i_n + i_c, i_bh * T + c0, BT,
+                HAS_DECAY, STAB,
+            )  # fmt: skip
+            w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
+            b_y = _dot_state(b_v, tl.trans(b_dC), SPLIT, DOT_PREC)  # v_s dCᵀ [BT, BK]
+            if TRACK_N:
+                b_dk = w[:, None] * b_dn[None, :]
+            else:
+                b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+            b_dpt = tl.dot(b_v, tl.trans(b_dh), input_precision=DOT_PREC)  # [BT(s), BT(r)]
+            f = scale * tl.exp(tl.where(m_t, lf, float("-inf")))
+            fd = tl.zeros([BT], dtype=tl.float32)
+            if NORM != 0:
+                b_A = _vec(R_A + i_bh * T, o_t, m_t)
+                b_dd = _vec(R_D + i_bh * T, o_t, m_t)
+                b_dpt = b_dpt * b_A[None, :] + b_dd[None, :]
+                fd = f * b_dd
+                f = f * b_A
+            causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+            b_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+            b_dpt *= tl.trans(b_d)
+            b_dk += scale * tl.dot(b_dpt.to(b_qt.dtype), tl.trans(b_qt), input_precision=DOT_PREC)
+            if HAS_DECAY or HAS_IGATE:
+                # k·dk with the inter-chunk part's k_s w_s rounded as fused_dq_kernel rounds it into
+                # C (see the q·dq there).
+                b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k).to(tl.float32)
+                b_kw = (b_k * w[:, None]).to(K_.dtype.element_ty).to(tl.float32)
+                part = tl.sum(b_kw * b_y, 1) + tl.sum(b_k * b_dk, 1)
+                p_pt = PART + (i_k * (tl.num_programs(1) // NSEQ) + i_bh) * T
+                tl.store(p_pt + o_t, part, mask=m_t)
+            b_dk += b_y * w[:, None]
+            p = DK + (i_b * T * H + i_h) * K + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
+            tl.store(p, b_dk.to(DK.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            b_dC, b_dn = _state_grad_step(
+                b_dC, b_dn, b_qt.to(tl.float32), b_dh, f, fd, decay, TRACK_N, DOT_PREC
+            )
     p = DS0 + i_st * K * V + o_k[:, None] * V + o_v[None, :]
     tl.store(p, b_dC, mask=m_k[:, None] & m_v[None, :])
     if TRACK_N:
@@ -347,10 +479,13 @@ def fused_dk_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_dv_kernel(
     Q, K_, DH, DV, DS_T, MC, G_B, G_A, M_ROW, R_A, CO, CHUNKS,
+    GK, GKX, GV, U, V_, PART,
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+    VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
+    BC: tl.constexpr = 16, BD: tl.constexpr = 32,
 ):  # fmt: skip
     """dv_s = w_s k_s dC + scale·Σ_{r≥s} D_rs A_r (k_s·q_r) dh_r, walking back."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -370,30 +505,65 @@ def fused_dv_kernel(
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-        o_t = c0 + tl.arange(0, BT)
-        m_t = o_t < c1
-        b_qt = _tile_t(p_q, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
-        b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
-        b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
-        b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
-        b_mr, lf, decay, m_next = _chunk_decays(
-            MC, M_ROW, b_b, b_last, m_t, i_bh * (NT + NSEQ) + i_n + i_c, i_bh * T + c0, BT,
-            HAS_DECAY, STAB,
-        )  # fmt: skip
-        w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
-        b_dv = tl.dot(b_k, b_dC.to(b_k.dtype), input_precision=DOT_PREC) * w[:, None]
-        b_pt = tl.dot(b_k, b_qt, input_precision=DOT_PREC)  # [BT(s), BT(r)]
-        f = scale * tl.exp(tl.where(m_t, lf, float("-inf")))
-        if NORM != 0:
-            b_A = _vec(R_A + i_bh * T, o_t, m_t)
-            b_pt *= b_A[None, :]
-            f = f * b_A
-        causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
-        b_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
-        b_pt *= tl.trans(b_d)
-        b_dv += scale * tl.dot(b_pt.to(b_dh.dtype), b_dh, input_precision=DOT_PREC)
-        p = DV + (i_b * T * H + i_h) * V + o_t.to(tl.int64)[:, None] * H * V + o_v[None, :]
-        tl.store(p, b_dv.to(DV.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        b_dC, b_dn = _state_grad_step(
-            b_dC, b_dn, b_qt.to(tl.float32), b_dh, f, f, decay, False, DOT_PREC
-        )
+        if VEC:  # per-channel decays: sub-chunks of BC steps (triton_vector)
+            p_gk = GK + (i_b * T * H + i_h) * K
+            p_gkx = GKX + (i_b * T * H + i_h) * K
+            p_gv = GV + (i_b * T * H + i_h) * V
+            p_u = U + i_h * K
+            for s0 in range(c0, c1, BC):
+                o_s = s0 + tl.arange(0, BC)
+                m_s = o_s < c1
+                b_k = _vec_to_end(
+                    _tile(p_k, o_s, o_k, H * K, m_s, m_k), p_gk, o_s, m_s, o_k, m_k, H * K, c1
+                )  # [BC, BK]
+                b_dv = tl.dot(b_k, b_dC.to(b_k.dtype), input_precision=DOT_PREC)
+                if VEC_V:
+                    b_dv = _vec_to_end(b_dv, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
+                b_in = _vec_diag(
+                    p_k, p_q, p_dh, p_gkx, p_gk, p_gv, p_gv, p_u, o_s, m_s, o_v, m_v, K, H * K,
+                    H * V, BC, BD, True, True, VEC_V, EXCL, DOT_PREC,
+                )  # fmt: skip
+                b_in += _vec_cols_off(
+                    p_k, p_q, p_dh, p_gkx, p_gk, p_gv, p_gv, o_s, m_s, tl.minimum(s0 + BC, c1),
+                    c1, o_v, m_v, K, H * K, H * V, BC, BT, BD, BV, True, VEC_V, DOT_PREC,
+                )  # fmt: skip
+                b_dv += scale * b_in
+                m_sv = m_s[:, None] & m_v[None, :]
+                p = o_s.to(tl.int64)[:, None] * H * V + o_v[None, :]
+                tl.store(DV + (i_b * T * H + i_h) * V + p, b_dv.to(DV.dtype.element_ty), mask=m_sv)
+                if VEC_V:
+                    b_vv = _ld(V_ + (i_b * T * H + i_h) * V, o_s, o_v, H * V, m_s, m_v)
+                    tl.store(PART + (i_b * T * H + i_h) * V + p, b_vv.to(tl.float32) * b_dv,
+                             mask=m_sv)  # fmt: skip
+            b_dC = _vec_state_bwd(
+                b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, scale,
+                BT, VEC_V, DOT_PREC,
+            )  # fmt: skip
+        else:
+            o_t = c0 + tl.arange(0, BT)
+            m_t = o_t < c1
+            b_qt = _tile_t(p_q, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
+            b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
+            b_dh = _tile(p_dh, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            b_b, b_a, b_last = _gates(G_B, G_A, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
+            b_mr, lf, decay, m_next = _chunk_decays(
+                MC, M_ROW, b_b, b_last, m_t, i_bh * (NT + NSEQ) + i_n + i_c, i_bh * T + c0, BT,
+                HAS_DECAY, STAB,
+            )  # fmt: skip
+            w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, STAB)
+            b_dv = tl.dot(b_k, b_dC.to(b_k.dtype), input_precision=DOT_PREC) * w[:, None]
+            b_pt = tl.dot(b_k, b_qt, input_precision=DOT_PREC)  # [BT(s), BT(r)]
+            f = scale * tl.exp(tl.where(m_t, lf, float("-inf")))
+            if NORM != 0:
+                b_A = _vec(R_A + i_bh * T, o_t, m_t)
+                b_pt *= b_A[None, :]
+                f = f * b_A
+            causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+            b_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+            b_pt *= tl.trans(b_d)
+            b_dv += scale * tl.dot(b_pt.to(b_dh.dtype), b_dh, input_precision=DOT_PREC)
+            p = DV + (i_b * T * H + i_h) * V + o_t.to(tl.int64)[:, None] * H * V + o_v[None, :]
+            tl.store(p, b_dv.to(DV.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+            b_dC, b_dn = _state_grad_step(
+                b_dC, b_dn, b_qt.to(tl.float32), b_dh, f, f, decay, False, DOT_PREC
+            )

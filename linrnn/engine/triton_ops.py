@@ -27,7 +27,7 @@ import functools
 import torch
 from torch import Tensor
 
-from linrnn.engine import triton_chunk, triton_recurrent, triton_recurrent_bwd
+from linrnn.engine import triton_chunk, triton_chunk_vec, triton_recurrent, triton_recurrent_bwd
 
 
 class _Ctx:
@@ -191,9 +191,95 @@ def _chunk_backward(ctx, grads):
 torch.library.register_autograd("linrnn::chunk_fwd", _chunk_backward, setup_context=_chunk_setup)
 
 
+# Per-channel decays (triton_chunk_vec): their own pair, the saved tensors differ.
+
+
+def _vec_config(q, k, v, u, scale, L, fused, offsets):
+    return triton_chunk_vec.config(q, k, v, scale=scale, exclusive=u is not None, chunk_size=L,
+                                   fused=fused, offsets=offsets)  # fmt: skip
+
+
+@torch.library.custom_op("linrnn::chunk_vec_fwd", mutates_args=())
+def _chunk_vec_fwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, gv: Tensor | None, u: Tensor | None,
+    S0: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
+) -> list[Tensor]:  # fmt: skip
+    """[o, S_T, states, o32] (states empty for fused, o32 — the fp32 output — without gv)."""
+    c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
+    ctx = _Ctx()
+    o, S_T = triton_chunk_vec._VecChunkFn.forward(ctx, q, k, v, g, gv, u, S0, c)
+    states, o32 = ctx.saved_tensors[9:11]
+    e = lambda x: _empty(q) if x is None else x  # noqa: E731
+    return _distinct([o, S_T, e(states), e(o32)], (q, k, v, g, gv, u, S0))
+
+
+@_chunk_vec_fwd.register_fake
+def _chunk_vec_fwd_fake(q, k, v, g, gv, u, S0, scale, chunk_size, fused, offsets):
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    N, NT, _ = _chunk_counts(B, T, chunk_size, offsets)
+    f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
+    return [q.new_empty(v.shape), f(N, H, K, V), f(0) if fused else f(B * H, NT, K, V),
+            f(*v.shape) if gv is not None else f(0)]  # fmt: skip
+
+
+@torch.library.custom_op("linrnn::chunk_vec_bwd", mutates_args=())
+def _chunk_vec_bwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, gv: Tensor | None, u: Tensor | None,
+    S0: Tensor | None, S_T: Tensor, states: Tensor, o32: Tensor, do: Tensor,
+    dS_T: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
+) -> list[Tensor]:  # fmt: skip
+    """[dq, dk, dv, dg, dgv, du, dS0] (empty where the input was None)."""
+    c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
+    bk, bkx = triton_chunk_vec._cumsums(g, c, exclusive=u is not None)
+    bv = triton_chunk_vec._cumsums(gv, c, exclusive=False)[0] if gv is not None else None
+    ctx = _Ctx()
+    ctx.c = c
+    ctx.saved_tensors = (
+        q.contiguous(), k.contiguous(), v.contiguous(),
+        u.float().contiguous() if u is not None else None, bk, bkx, bv, S0, S_T,
+        None if fused else states, o32 if gv is not None else None,
+    )  # fmt: skip
+    grads = triton_chunk_vec._VecChunkFn.backward(ctx, do, dS_T)[:7]
+    outs = [_empty(q) if x is None else x for x in grads]
+    return _distinct(outs, (q, k, v, g, gv, u, S0, S_T, states, o32, do, dS_T))
+
+
+@_chunk_vec_bwd.register_fake
+def _chunk_vec_bwd_fake(q, k, v, g, gv, u, S0, *rest):
+    f = lambda x: _empty(q) if x is None else x.new_empty(x.shape, dtype=torch.float32)  # noqa: E731
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), f(g), f(gv),
+            f(u), f(S0)]  # fmt: skip
+
+
+_VEC_OPTS = ("scale", "chunk_size", "fused", "offsets")
+
+
+def _chunk_vec_setup(ctx, inputs, output):
+    q, k, v, g, gv, u, S0, *opts = inputs
+    ctx.opts = opts
+    ctx.has = [x is not None for x in (g, gv, u, S0)]
+    _, S_T, states, o32 = output
+    ctx.save_for_backward(q, k, v, g, gv, u, S0, S_T, states, o32)
+    ctx.set_materialize_grads(False)
+
+
+def _chunk_vec_backward(ctx, grads):
+    do, dS_T = grads[:2]
+    if do is None:
+        do = torch.zeros_like(ctx.saved_tensors[2], dtype=ctx.saved_tensors[0].dtype)
+    dq, dk, dv, *rest = torch.ops.linrnn.chunk_vec_bwd(*ctx.saved_tensors, do, dS_T, *ctx.opts)
+    rest = [x if has else None for x, has in zip(rest, ctx.has)]
+    return (dq, dk, dv, *rest) + (None,) * len(_VEC_OPTS)
+
+
+torch.library.register_autograd("linrnn::chunk_vec_fwd", _chunk_vec_backward,
+                                setup_context=_chunk_vec_setup)  # fmt: skip
+
+
 def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, normalizer=None,
           eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False,
-          offsets=None):  # fmt: skip
+          offsets=None, gv=None, u=None):  # fmt: skip
     """:func:`linrnn.engine.triton_chunk.chunk` through the custom ops (same arguments and
     result)."""
     K, V = q.shape[3], v.shape[3]
@@ -203,6 +289,18 @@ def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, no
             f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
             f"{triton_chunk.FUSED_MAX_CHUNK}, got {L} (mode='chunk' takes any chunk size)"
         )
+    offs = None if offsets is None else [int(x) for x in offsets]
+    if (g is not None and g.dim() == 4) or gv is not None or u is not None:
+        if gi is not None or stabilize or track_n or normalizer is not None:
+            raise NotImplementedError("vector gates with input gate / normalizer: no kernel")
+        if u is not None and gv is not None:
+            raise NotImplementedError("the Triton chunk engine has no exclusive form with gv")
+        S0 = S0.float().contiguous() if S0 is not None else None
+        f32 = lambda x: None if x is None else x.float().contiguous()  # noqa: E731
+        out = torch.ops.linrnn.chunk_vec_fwd(
+            q, k, v, f32(g), f32(gv), f32(u), S0, float(scale), L, fused, offs
+        )
+        return out[0], out[1], None, None
     if S0 is not None:  # as triton_chunk.chunk and _ChunkFn.forward prepare it
         if track_n and n0 is None:
             n0 = S0.new_zeros(S0.shape[:3])
@@ -213,7 +311,7 @@ def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, no
         m0 = m0.float().contiguous() if stabilize else None
     out = torch.ops.linrnn.chunk_fwd(
         q, k, v, g, gi, S0, n0, m0, float(scale), float(eps), L, fused, stabilize, track_n,
-        normalizer or "none", None if offsets is None else [int(x) for x in offsets],
+        normalizer or "none", offs,
     )  # fmt: skip
     o, S_T, n_T, m_T = out[:4]
     return o, S_T, (n_T if track_n else None), (m_T if stabilize else None)

@@ -125,7 +125,7 @@ def run(
         chunk_size = _auto_chunk_size(family, q, v, mode)
     impl = select(family, mode, backend, q.device, chunk_size)
     if backend is None and impl in _TRITON.values() and not _triton_takes(impl, q, g, gv, u):
-        impl = select(family, mode, "torch", q.device, chunk_size)  # e.g. GLA on CUDA, for now
+        impl = select(family, mode, "torch", q.device, chunk_size)  # e.g. fp64 on CUDA
     if impl is recurrent and mode == "recurrent" and _runtime.tracing() and q.shape[1] != 1:
         # Traced, the step loop would unroll T steps and recompile for every new length: the
         # chunk engine computes the same recurrence with one graph for all T (T = 1, a decode
@@ -219,12 +219,12 @@ def _auto_chunk_size(family: str, q: Tensor, v: Tensor, mode) -> int:
 
 def _triton_takes(impl, q, g, gv, u) -> bool:
     """Whether the Triton implementation ``impl`` serves these inputs (backend=None picks the
-    PyTorch path where it does not: fp64, and vector gates in the chunk modes for now)."""
+    PyTorch path where it does not: fp64)."""
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
     if impl is _TRITON.get("recurrent"):
         return True
-    return (g is None or g.dim() == 3) and gv is None and u is None
+    return not (u is not None and gv is not None)  # the one combination no family makes
 
 
 def _needs_grad(*tensors) -> bool:
@@ -268,17 +268,14 @@ def _run_triton(fn, family, q, k, v, *, g, gv, gi, u, S0, n0, m0, cu_seqlens, **
             f"{family}: the Triton kernels take float16, bfloat16 or float32 inputs, got "
             f"{q.dtype}; use backend='torch' for float64"
         )
-    if (g is not None and g.dim() == 4) or gv is not None or u is not None:
-        raise NotImplementedError(
-            f"{family}: the Triton engine has no vector-gate (per-channel decay) kernels yet; "
-            "use backend='torch'"
-        )
     f32 = lambda x: None if x is None else x.float()  # noqa: E731
-    g, gi = f32(g), f32(gi)
+    g, gi, gv, u = f32(g), f32(gi), f32(gv), f32(u)
     offsets = None if cu_seqlens is None else [int(x) for x in cu_seqlens]
+    vec = {n: x for n, x in (("gv", gv), ("u", u)) if x is not None}
     if _runtime.tracing():  # torch.compile: the same kernels as opaque custom ops
         fn = triton_ops.traced(fn)
-    o, S, n, m = fn(q, k, v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, offsets=offsets, **switches)
+    o, S, n, m = fn(q, k, v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, offsets=offsets, **vec,
+                    **switches)  # fmt: skip
     return o, (S, n, m)
 
 

@@ -1,0 +1,334 @@
+"""Host side of the chunk engine for per-channel decays: GLA (gk over K, optional gv over V)
+and RWKV6 (w over K, exclusive form with the bonus u). Same kernels as the scalar engine
+(triton_kernels, triton_fused) under their ``VEC`` switch; the math is in triton_vector.
+
+Gates. gk and gv enter as chunk-local cumulative sums ``[B, T, H, D]`` fp32 (G^K, inclusive);
+RWKV6's query side reads the state before its own step, so its row gate is the exclusive sum
+G^X_t = G^K_{t−1} (0 at a chunk's first step). Every kernel exponent is a difference that the
+causal order keeps ≤ 0.
+
+Gate gradients, per channel. With F_t[k] the global cumulative log decay,
+
+    ∂L/∂F_t[k] = (q ⊙ dq − k ⊙ dk)_t[k]                (+ Σ_v dS_T ⊙ S_T at the last step),
+    ∂L/∂gk_u   = Σ_{t≥u} ∂L/∂F_t,
+
+and symmetrically over V with (o ⊙ do − v ⊙ dv). The sum restarts at every chunk end from the
+exact value W_c = Σ_v dS_c+1 ⊙ S_c+1 (the state leaving the chunk and its gradient; summed
+over K for gv), which states_bwd computes from the fp32 materialized states (chunk mode); the
+non-materializing mode sums the chunk totals in fp64 instead. RWKV6's exclusive read shifts the
+query term by one step: ∂L/∂w_u = (that sum)_u − (q ⊙ dq)_u + B_u with B_u = scale·u ⊙ q_u ⊙
+k_u (do_u·v_u) the bonus part of q ⊙ dq, and ∂L/∂u = scale·Σ_t q_t ⊙ k_t (do_t·v_t).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from linrnn.engine import triton_chunk as tc
+from linrnn.engine import triton_fused as fused
+from linrnn.engine import triton_kernels as kern
+
+# Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
+# num_stages). The diagonal sub-chunk is a [BC, BC, depth or output tile] fp32 product; a kernel
+# whose output dimension carries a gate uses GATED_BO instead (a [16, 16, 64] fp32 block is
+# 128 registers per thread at 4 warps). Untuned first choices: tune on the GPU.
+VEC_TILES = {
+    "states": (64, 64, 64, 4, 2),  # (time tile, K tile, V tile, ...)
+    "rows": (16, 64, 32, 64, 4, 2),
+    "cols": (16, 64, 32, 64, 4, 2),
+    "fused": (16, 0, 32, 0, 4, 1),
+}
+GATED_BO = 32
+
+
+def _fit(x: int, n: int) -> int:
+    return max(16, min(x, triton.next_power_of_2(max(n, 1))))
+
+
+def _cumsums(g, c: tc.Config, exclusive: bool):
+    """Chunk-local inclusive (and exclusive) cumulative sums of a [B, T, H, D] log decay, fp32.
+    The exclusive sum holds exactly the inclusive one's values, shifted by one step."""
+    B, T, H, D = g.shape
+    g = g.float()
+    if c.varlen:  # chunks from the table: differences of fp64 prefix sums
+        cs = F.pad(g.double().cumsum(1), (0, 0, 0, 0, 1, 0))  # cs[:, t] = Σ_{j<t} g_j
+        start = cs[:, c.tok_start]
+        inc = (cs[:, 1:] - start).float().contiguous()
+        exc = (cs[:, :-1] - start).float().contiguous() if exclusive else inc
+        return inc, exc
+    L, NT = c.L, c.NT
+    x = F.pad(g, (0, 0, 0, 0, 0, NT * L - T)).view(B, NT, L, H, D).cumsum(2)
+    inc = x.view(B, NT * L, H, D)[:, :T].contiguous()
+    if not exclusive:
+        return inc, inc
+    exc = F.pad(x[:, :, :-1], (0, 0, 0, 0, 1, 0)).view(B, NT * L, H, D)[:, :T].contiguous()
+    return inc, exc
+
+
+def _padded(x, c: tc.Config):
+    """[B, T, H, D] → [B, NT, L, H, D] (each chunk's tokens, zero padded) and the inverse."""
+    B, T, H, D = x.shape
+    L, NT = c.L, c.NT
+    if c.varlen:
+        idx = c.tok_chunk * L + (torch.arange(T, device=x.device) - c.tok_start)
+        y = x.new_zeros(NT * L, H, D).index_copy_(0, idx, x[0])
+        back = lambda z: z.reshape(NT * L, H, D).index_select(0, idx)[None]  # noqa: E731
+        return y.view(1, NT, L, H, D), back
+    y = F.pad(x, (0, 0, 0, 0, 0, NT * L - T)).view(B, NT, L, H, D)
+    return y, lambda z: z.reshape(B, NT * L, H, D)[:, :T]
+
+
+def _revsum(x, W, end, c: tc.Config):
+    """Σ_{t≥u} x_t within u's sequence ([B, T, H, D], fp32 result): a reverse sum restarted at
+    every chunk end from W ([B, NT, H, D], the exact tail after each chunk), or — W None — from
+    the later chunks' totals summed in fp64 plus ``end`` ([N, H, D]) after each sequence."""
+    y, back = _padded(x.float(), c)
+    local = y.flip(2).cumsum(2).flip(2)  # [B, NT, L, H, D]
+    if W is None:
+        tot = local[:, :, 0].double()  # each chunk's total
+        NT = c.NT
+        if c.varlen:
+            rc = F.pad(tot.flip(1).cumsum(1).flip(1), (0, 0, 0, 0, 0, 1))  # [1, NT + 1, H, D]
+            rows = c.CHUNKS.view(-1, 3).long()
+            seq = rows[:, 2]
+            co = torch.as_tensor(c.CO, device=x.device).long()
+            W = rc[:, :NT] - tot - rc[:, co[1:][seq]]
+            if end is not None:
+                W = W + end.double()[seq][None]
+            W = W * (rows[:, 1] > rows[:, 0]).double()[None, :, None, None]
+        else:
+            W = tot.flip(1).cumsum(1).flip(1) - tot
+            if end is not None:
+                W = W + end.double()[:, None]
+    return back(local + W.float()[:, :, None])
+
+
+def _bonus(q, k, v, do, u, scale):
+    """RWKV6: B = scale·u ⊙ q ⊙ k (do·v) per token ([B, T, H, K] fp32) and du = Σ over B, T."""
+    qk = q.float() * k.float()
+    dov = (do.float() * v.float()).sum(-1, keepdim=True)
+    qkd = qk * dov * scale
+    return qkd * u.float(), qkd.sum((0, 1))
+
+
+def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
+    T, H, K = q.shape[1:]
+    V = v.shape[3]
+    BH, NT, L, N = c.rows, c.NT, c.L, c.N
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    has_gv, has_s0 = bv is not None, S0 is not None
+    states = torch.empty(BH, NT, K, V, **f32)
+    S_T = torch.empty(N, H, K, V, **f32)
+    BS, BK, BV, nw, ns = VEC_TILES["states"]
+    BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
+    kern.states_fwd_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), c.walkers)](
+        k, v, states, dummy, dummy, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy,
+        dummy, dummy, dummy, c.CO, c.CHUNKS, bk, bv if has_gv else dummy,
+        T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(),
+        VEC=True, VEC_V=has_gv, num_warps=nw, num_stages=ns,
+    )  # fmt: skip
+    o = torch.empty_like(v, dtype=q.dtype)
+    BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
+    BS, BD, BO = _fit(BS, L), _fit(BD, K), _fit(GATED_BO if has_gv else BO, V)
+    NQ = triton.cdiv(L, BC)
+    gv_ = bv if has_gv else dummy
+    o32 = torch.empty(v.shape, **f32) if has_gv else dummy  # for gv's gradient
+    kern.rows_kernel[(NT * NQ, triton.cdiv(V, BO), BH)](
+        q, k, v, o, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy,
+        o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy,
+        T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, 0.0,
+        BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
+        VEC_O=has_gv, EXCL=c.excl, num_warps=nw, num_stages=ns,
+    )  # fmt: skip
+    return o, S_T, (states, o32 if has_gv else None)
+
+
+def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
+    states = saved[0]
+    T, H, K = q.shape[1:]
+    V = v.shape[3]
+    BH, NT, L, N = c.rows, c.NT, c.L, c.N
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    has_gv = bv is not None
+    gv_ = bv if has_gv else dummy
+    u_ = u if c.excl else dummy
+    has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
+    dstates = torch.empty(BH, NT, K, V, **f32)
+    dS0 = torch.empty(N, H, K, V, **f32)
+    BS, BK, BV, nw, ns = VEC_TILES["states"]
+    BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
+    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), c.walkers)
+    bndk = torch.zeros(BH, NT, grid[1], K, **f32)
+    bndv = torch.zeros(BH, NT, grid[0], V, **f32) if has_gv else dummy
+    kern.states_bwd_kernel[grid](
+        q, do, dstates, dummy, dS0, dummy, dS_T if has_dst else dummy, dummy, dummy, dummy,
+        dummy, dummy, dummy, c.CO, c.CHUNKS, states, dummy, S_T, dummy, bndk, bkx, bk, gv_,
+        bndv, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        BK=BK, BV=BV, BQ=BS, HAS_DECAY=False, STAB=False, TRACK_N=False, NORM=0,
+        HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, VEC=True, VEC_V=has_gv,
+        num_warps=nw, num_stages=ns,
+    )  # fmt: skip
+    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl)
+    BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
+    BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
+    nQ = triton.cdiv(L, BC)
+    dq = torch.empty_like(q)
+    qdq = torch.empty(q.shape, **f32)
+    kern.rows_kernel[(NT * nQ, triton.cdiv(K, BO), BH)](
+        do, v, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, q, qdq,
+        c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, 0.0,
+        BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=True, VEC_D=has_gv, VEC_O=True, **common,
+        num_warps=nw, num_stages=ns,
+    )  # fmt: skip
+    BC, BQ, BD, BO, nw, ns = VEC_TILES["cols"]
+    BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
+    nS = triton.cdiv(L, BC)
+    dk = torch.empty_like(k)
+    kdk = torch.empty(k.shape, **f32)
+    kern.cols_kernel[(NT * nS, triton.cdiv(K, BO), BH)](
+        v, do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
+        c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
+        BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=True, VEC_D=has_gv, VEC_O=True, **common,
+        num_warps=nw, num_stages=ns,
+    )  # fmt: skip
+    BD, BO = _fit(BD, K), _fit(GATED_BO if has_gv else VEC_TILES["cols"][3], V)
+    dv = torch.empty_like(v)
+    vdv = torch.empty(v.shape, **f32) if has_gv else dummy
+    kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
+        k, q, do, dv, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, v, vdv,
+        c.CHUNKS, bkx, bk, gv_, gv_, u_, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
+        BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=False, VEC_D=True, VEC_O=has_gv, **common,
+        num_warps=nw, num_stages=ns,
+    )  # fmt: skip
+    to_bnth = lambda w: w.sum(2).view(-1, H, NT, w.shape[-1]).transpose(1, 2)  # noqa: E731
+    Wk = to_bnth(bndk)
+    Wv = to_bnth(bndv) if has_gv else None
+    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, Wk, Wv
+
+
+class _VecChunkFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, gk, gv, u, S0, c: tc.Config):
+        bk, bkx = _cumsums(gk, c, exclusive=c.excl)
+        bv = _cumsums(gv, c, exclusive=False)[0] if gv is not None else None
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        u = u.float().contiguous() if u is not None else None
+        if S0 is not None:
+            S0 = S0.float().contiguous()
+        fwd = _forward_fused if c.fused else _forward
+        o, S_T, saved = fwd(q, k, v, bk, bkx, bv, u, S0, c)
+        ctx.c = c
+        ctx.save_for_backward(q, k, v, u, bk, bkx, bv, S0, S_T, *saved)
+        return o, S_T
+
+    @staticmethod
+    def backward(ctx, do, dS_T):
+        c = ctx.c
+        q, k, v, u, bk, bkx, bv, S0, S_T, *saved = ctx.saved_tensors
+        do = do.contiguous()
+        if c.fused:
+            grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c)
+        else:
+            grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c)
+        dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv = grads
+        endk = endv = None
+        if c.fused and dS_T is not None:
+            endk = (dS_T.float() * S_T).sum(-1)
+            endv = (dS_T.float() * S_T).sum(-2)
+        dgk = _revsum(qdq - kdk, Wk, endk, c)
+        du = None
+        if c.excl:
+            b_u, du = _bonus(q, k, v, do, u, c.scale)
+            dgk = dgk - qdq + b_u
+        dgv = None
+        if bv is not None:
+            dgv = _revsum(saved[1] * do.float() - vdv, Wv, endv, c)
+        return dq, dk, dv, dgk, dgv, du, (dS0 if S0 is not None else None), None
+
+
+def chunk(q, k, v, *, scale, g, gv=None, u=None, S0=None, chunk_size=None, fused=False,
+          offsets=None):  # fmt: skip
+    """Vector-gate chunkwise forward (autograd-enabled). q, k ``[B, T, H, K]``, v ``[B, T, H,
+    V]`` fp16/bf16/fp32; g ``[B, T, H, K]`` log decay over K, gv ``[B, T, H, V]`` over V, u
+    ``[H, K]`` the bonus (exclusive form; not with gv); S0 ``[N, H, K, V]``. ``fused``: the
+    non-materializing kernels. ``offsets``: packed sequences. Returns ``(o, S_T)``."""
+    if u is not None and gv is not None:
+        raise NotImplementedError("the Triton chunk engine has no exclusive form with gv")
+    c = config(q, k, v, scale=scale, exclusive=u is not None, chunk_size=chunk_size,
+               fused=fused, offsets=offsets)  # fmt: skip
+    return _VecChunkFn.apply(q, k, v, g, gv, u, S0, c)
+
+
+def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> tc.Config:
+    """The call's Config (shared with the custom ops of triton_ops)."""
+    c = tc.Config(
+        q, k, v, scale=scale, has_decay=False, has_igate=False, stabilize=False, track_n=False,
+        normalizer=None, eps=0.0, chunk_size=chunk_size, fused=fused, offsets=offsets,
+    )  # fmt: skip
+    c.excl = exclusive
+    return c
+
+
+def _fused_common(c: tc.Config, has_gv: bool):
+    BC, _, BD, _, nw, ns = VEC_TILES["fused"]
+    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, BC=BC, BD=BD, HAS_DECAY=False,
+                HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen,
+                num_warps=nw, num_stages=ns)  # fmt: skip
+
+
+def _forward_fused(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
+    T, H, K = q.shape[1:]
+    V = v.shape[3]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    has_gv, has_s0 = bv is not None, S0 is not None
+    S_T = torch.empty(c.N, H, K, V, **f32)
+    o = torch.empty_like(v, dtype=q.dtype)
+    o32 = torch.empty(v.shape, **f32) if has_gv else dummy  # for gv's gradient
+    fused.fused_fwd_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
+        q, k, v, o, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy, dummy, dummy, dummy,
+        dummy, dummy, o32, c.CO, c.CHUNKS, bk, bkx, bv if has_gv else dummy,
+        u if c.excl else dummy, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale, 0.0,
+        BK=c.KP, BV=c.BVf, TRACK_N=False, HAS_S0=has_s0, **_fused_common(c, has_gv),
+    )  # fmt: skip
+    return o, S_T, (None, o32 if has_gv else None)
+
+
+def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c: tc.Config):
+    T, H, K = q.shape[1:]
+    V = v.shape[3]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    has_gv, has_s0 = bv is not None, S0 is not None
+    has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
+    gates = (bk, bkx, bv if has_gv else dummy, u if c.excl else dummy)
+    common = _fused_common(c, has_gv)
+    split = q.dtype != torch.float32  # 16-bit products with the fp32 state as hi + lo
+    nK = triton.cdiv(K, c.BKf)
+    dq = torch.empty_like(q)
+    qdq = torch.empty(q.shape, **f32)
+    fused.fused_dq_kernel[(nK, c.walkers)](
+        q, k, v, do, dq, S0 if has_s0 else dummy, dummy, dummy, dummy, dummy, dummy, dummy,
+        dummy, qdq, c.CO, c.CHUNKS, *gates, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
+        BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_S0=has_s0, SPLIT=split, **common,
+    )  # fmt: skip
+    dk = torch.empty_like(k)
+    kdk = torch.empty(k.shape, **f32)
+    dS0 = torch.empty(c.N, H, K, V, **f32)
+    fused.fused_dk_kernel[(nK, c.walkers)](
+        q, k, v, do, dk, dS0, dummy, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy,
+        dummy, dummy, dummy, kdk, c.CO, c.CHUNKS, *gates, T, H, K, V, c.L, c.NT, c.NSEQ,
+        c.scale, BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_DST=has_dst, SPLIT=split, **common,
+    )  # fmt: skip
+    dv = torch.empty_like(v)
+    vdv = torch.empty(v.shape, **f32) if has_gv else dummy
+    fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
+        q, k, do, dv, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy, dummy, c.CO,
+        c.CHUNKS, *gates, v, vdv, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
+        BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
+    )  # fmt: skip
+    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, None, None

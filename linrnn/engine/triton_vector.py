@@ -1,0 +1,257 @@
+"""Vector-gate pieces of the chunk engine (GLA's gk/gv, RWKV6's w with the bonus u): Triton
+helpers that triton_kernels and triton_fused call under their ``VEC`` switch.
+
+A per-channel decay sits inside the products. With G the chunk-local cumulative log decay of
+one channel (G^X on the query side: inclusive, or exclusive for RWKV6; G^K on the key side)
+the intra-chunk weight of a pair (r ≥ s) is exp(G^X_r − G^K_s) per channel, so neither a plain
+matmul nor a factorization exp(G^X_r)·exp(−G^K_s) works (the second factor is unbounded). GLA's
+secondary chunking (seed 001 §0x2.3):
+
+* sub-chunk pairs (a query tile r ∈ [r0, r0+BQ) against key tiles s < r0) are tensor-core
+  ``tl.dot`` s against the reference point z = G^K_{r0−1}: (x_r·exp(G^X_r − z))·(y_s·exp(z −
+  G^K_s))ᵀ, both factors ≤ 1 because the cumulative decay is non-increasing;
+* the diagonal sub-chunk (BQ = 16 positions) is computed in fp32 log space as an explicit
+  [16, 16, BD] product, exp taken only of masked differences ≤ 0.
+
+Every kernel's product has the same shape,
+
+    out_i[o] = Σ_j P_ij · Z_j[o] · E^O_ij[o],    P_ij = Σ_d X_i[d] Y_j[d] E^D_ij[d],
+
+with an optional gate on the depth dimension d (E^D) and on the output dimension o (E^O):
+forward (q, k, v) gates K (depth) and V (output, gv); dq (dh, v, k) gates V and K; dk / dv walk
+the transposed pairs (``REV``). RWKV6's exclusive form uses a strict mask and puts u on the
+diagonal (i = j) of whichever dimension carries the decay. Layouts as triton_kernels: token
+tensors and gate cumsums ``[B, T, H, D]`` with row stride H·D, pointers already at (b, h).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _ld(ptr, rows, cols, row_stride, m_rows, m_cols):
+    """``ptr[rows, cols]`` as a [len(rows), len(cols)] block (int64 rows)."""
+    p = ptr + rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
+    return tl.load(p, mask=m_rows[:, None] & m_cols[None, :], other=0.0)
+
+
+@triton.jit
+def _ld_t(ptr, rows, cols, row_stride, m_rows, m_cols):
+    """``ptr[rows, cols]`` transposed, as a [len(cols), len(rows)] block."""
+    p = ptr + rows.to(tl.int64)[None, :] * row_stride + cols[:, None]
+    return tl.load(p, mask=m_cols[:, None] & m_rows[None, :], other=0.0)
+
+
+@triton.jit
+def _ld_row(ptr, row, cols, row_stride, m_cols):
+    """One row ``ptr[row, cols]`` as fp32."""
+    return tl.load(ptr + row.to(tl.int64) * row_stride + cols, mask=m_cols, other=0.0).to(
+        tl.float32
+    )
+
+
+@triton.jit
+def _xp(x, mask):
+    """exp(x) where ``mask``, 0 elsewhere: exp never sees a masked-off (possibly large) value."""
+    return tl.exp(tl.where(mask, x, float("-inf")))
+
+
+@triton.jit
+def _pair_gate(p_gx, p_gk, p_u, o_t, m_t, o_c, m_c, s_c, pair, same,
+               REV: tl.constexpr, EXCL: tl.constexpr):  # fmt: skip
+    """[BT, BT, BC] weights E_ij[c] = exp(G^X_a[c] − G^K_b[c]) on the pairs (a, b) = (i, j)
+    (``REV``: (j, i)) of one tile, u[c] on its diagonal (``EXCL``), 0 elsewhere."""
+    gx = _ld(p_gx, o_t, o_c, s_c, m_t, m_c)  # [BT, BC] fp32
+    gk = _ld(p_gk, o_t, o_c, s_c, m_t, m_c)
+    if REV:
+        lw = gx[None, :, :] - gk[:, None, :]
+    else:
+        lw = gx[:, None, :] - gk[None, :, :]
+    e = _xp(lw, pair[:, :, None] & m_c[None, None, :])
+    if EXCL:
+        b_u = tl.load(p_u + o_c, mask=m_c, other=0.0).to(tl.float32)
+        e = tl.where(same[:, :, None], b_u[None, None, :], e)
+    return e
+
+
+@triton.jit
+def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, D, sD, sO,
+              BT: tl.constexpr, BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
+              VEC_O: tl.constexpr, EXCL: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """The diagonal sub-chunk of one tile of BT positions o_t, in fp32 log space:
+    out_i[o] = Σ_j P_ij Z_j[o] E^O_ij[o], P_ij = Σ_d X_i[d] Y_j[d] E^D_ij[d]; causal pairs
+    j ≤ i (``REV``: j ≥ i), strict with the bonus on the diagonal for ``EXCL``. [BT, BO] fp32."""
+    ii = o_t[:, None]
+    jj = o_t[None, :]
+    valid = m_t[:, None] & m_t[None, :]
+    same = (ii == jj) & valid
+    if REV:
+        later = (jj > ii) & valid
+    else:
+        later = (ii > jj) & valid
+    if EXCL:
+        pair = later
+    else:
+        pair = later | same
+    b_p = tl.zeros([BT, BT], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _ld(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+        b_y = _ld(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+        if VEC_D:
+            e = _pair_gate(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, REV, EXCL)
+            b_p += tl.sum(b_x.to(tl.float32)[:, None, :] * b_y.to(tl.float32)[None, :, :] * e, 2)
+        else:
+            b_p += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PREC)
+    if not VEC_D:
+        b_p = tl.where(pair | same, b_p, 0.0)
+    b_z = _ld(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
+    if VEC_O:
+        e = _pair_gate(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, pair, same, REV, EXCL)
+        return tl.sum(b_p[:, :, None] * b_z.to(tl.float32)[None, :, :] * e, 1)
+    else:
+        return tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _vec_rows_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o_o, m_o,
+                  D, sD, sO, BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr,
+                  BO: tl.constexpr, VEC_D: tl.constexpr, VEC_O: tl.constexpr,
+                  DOT_PREC: tl.constexpr):  # fmt: skip
+    """Query tile o_r (starting at r0) against every key s ∈ [c0, r0) of its chunk, as
+    tensor-core products against the reference point z = G^K_{r0−1} (every factor ≤ 1).
+    [BQ, BO] fp32."""
+    b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
+    has = r0 > c0
+    i_z = tl.maximum(r0 - 1, c0)
+    if VEC_O:
+        z_o = _ld_row(p_gok, i_z, o_o, sO, m_o)  # [BO]
+    for s0 in range(c0, r0, BS):
+        o_s = s0 + tl.arange(0, BS)
+        m_s = o_s < r0
+        b_p = tl.zeros([BQ, BS], dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            o_d = d0 + tl.arange(0, BD)
+            m_d = o_d < D
+            b_x = _ld(p_x, o_r, o_d, sD, m_r, m_d)  # [BQ, BD]
+            b_yt = _ld_t(p_y, o_s, o_d, sD, m_s, m_d)  # [BD, BS]
+            if VEC_D:
+                z_d = _ld_row(p_gdk, i_z, o_d, sD, m_d)  # [BD]
+                gx = _ld(p_gdx, o_r, o_d, sD, m_r, m_d)
+                gk = _ld_t(p_gdk, o_s, o_d, sD, m_s, m_d)
+                fx = _xp(gx - z_d[None, :], m_r[:, None] & m_d[None, :])
+                fy = _xp(z_d[:, None] - gk, m_d[:, None] & m_s[None, :])
+                b_x = (b_x.to(tl.float32) * fx).to(b_x.dtype)
+                b_yt = (b_yt.to(tl.float32) * fy).to(b_yt.dtype)
+            b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        b_z = _ld(p_z, o_s, o_o, sO, m_s, m_o)  # [BS, BO]
+        if VEC_O:
+            gk = _ld(p_gok, o_s, o_o, sO, m_s, m_o)
+            b_z = (b_z.to(tl.float32) * _xp(z_o[None, :] - gk, m_s[:, None] & m_o[None, :])).to(
+                b_z.dtype
+            )
+        b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    if VEC_O:
+        gx = _ld(p_gox, o_r, o_o, sO, m_r, m_o)
+        b_acc *= _xp(gx - z_o[None, :], m_r[:, None] & m_o[None, :] & has)
+    return b_acc
+
+
+@triton.jit
+def _vec_cols_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, s_end, c1, o_o, m_o,
+                  D, sD, sO, BS: tl.constexpr, BQ: tl.constexpr, BD: tl.constexpr,
+                  BO: tl.constexpr, VEC_D: tl.constexpr, VEC_O: tl.constexpr,
+                  DOT_PREC: tl.constexpr):  # fmt: skip
+    """Key tile o_s (ending at s_end) against every query r ∈ [s_end, c1) of its chunk, the
+    transposed products of :func:`_vec_rows_off`, against z = G^K_{s_end−1}. [BS, BO] fp32."""
+    b_acc = tl.zeros([BS, BO], dtype=tl.float32)
+    i_z = s_end - 1
+    if VEC_O:
+        z_o = _ld_row(p_gok, i_z, o_o, sO, m_o)
+    for r0 in range(s_end, c1, BQ):
+        o_r = r0 + tl.arange(0, BQ)
+        m_r = o_r < c1
+        b_pt = tl.zeros([BS, BQ], dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            o_d = d0 + tl.arange(0, BD)
+            m_d = o_d < D
+            b_x = _ld(p_x, o_s, o_d, sD, m_s, m_d)  # [BS, BD]
+            b_yt = _ld_t(p_y, o_r, o_d, sD, m_r, m_d)  # [BD, BQ]
+            if VEC_D:
+                z_d = _ld_row(p_gdk, i_z, o_d, sD, m_d)
+                gk = _ld(p_gdk, o_s, o_d, sD, m_s, m_d)
+                gx = _ld_t(p_gdx, o_r, o_d, sD, m_r, m_d)
+                fx = _xp(z_d[None, :] - gk, m_s[:, None] & m_d[None, :])
+                fy = _xp(gx - z_d[:, None], m_d[:, None] & m_r[None, :])
+                b_x = (b_x.to(tl.float32) * fx).to(b_x.dtype)
+                b_yt = (b_yt.to(tl.float32) * fy).to(b_yt.dtype)
+            b_pt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        b_z = _ld(p_z, o_r, o_o, sO, m_r, m_o)  # [BQ, BO]
+        if VEC_O:
+            gx = _ld(p_gox, o_r, o_o, sO, m_r, m_o)
+            b_z = (b_z.to(tl.float32) * _xp(gx - z_o[None, :], m_r[:, None] & m_o[None, :])).to(
+                b_z.dtype
+            )
+        b_acc += tl.dot(b_pt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    if VEC_O:
+        gk = _ld(p_gok, o_s, o_o, sO, m_s, m_o)
+        b_acc *= _xp(z_o[None, :] - gk, m_s[:, None] & m_o[None, :])
+    return b_acc
+
+
+@triton.jit
+def _vec_scale_rows(b_x, p_g, o_t, m_t, o_c, m_c, s_c):
+    """x_t[c]·exp(G_t[c]) (G ≤ 0 chunk-locally: a factor ≤ 1), in x's dtype."""
+    g = _ld(p_g, o_t, o_c, s_c, m_t, m_c)
+    return (b_x.to(tl.float32) * _xp(g, m_t[:, None] & m_c[None, :])).to(b_x.dtype)
+
+
+@triton.jit
+def _vec_to_end(b_x, p_g, o_t, m_t, o_c, m_c, s_c, c1):
+    """x_t[c]·exp(G_{c1−1}[c] − G_t[c]): a step's weight in the state leaving its chunk."""
+    g_last = _ld_row(p_g, c1 - 1, o_c, s_c, m_c)
+    g = _ld(p_g, o_t, o_c, s_c, m_t, m_c)
+    f = _xp(g_last[None, :] - g, m_t[:, None] & m_c[None, :])
+    return (b_x.to(tl.float32) * f).to(b_x.dtype)
+
+
+@triton.jit
+def _vec_state_fwd(b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H,
+                   BS: tl.constexpr, VEC_V: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """C ← diag(exp(G^K_L)) C diag(exp(G^V_L)) + Σ_s (k_s ⊙ exp(G^K_L − G^K_s))
+    (v_s ⊙ exp(G^V_L − G^V_s))ᵀ over the chunk [c0, c1): the state leaving it."""
+    b_C *= tl.exp(_ld_row(p_gk, c1 - 1, o_k, H * K, m_k))[:, None]
+    if VEC_V:
+        b_C *= tl.exp(_ld_row(p_gv, c1 - 1, o_v, H * V, m_v))[None, :]
+    for s0 in range(c0, c1, BS):
+        o_s = s0 + tl.arange(0, BS)
+        m_s = o_s < c1
+        b_k = _vec_to_end(_ld(p_k, o_s, o_k, H * K, m_s, m_k), p_gk, o_s, m_s, o_k, m_k, H * K, c1)
+        b_v = _ld(p_v, o_s, o_v, H * V, m_s, m_v)
+        if VEC_V:
+            b_v = _vec_to_end(b_v, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
+        b_C += tl.dot(tl.trans(b_k), b_v.to(b_k.dtype), input_precision=DOT_PREC)
+    return b_C
+
+
+@triton.jit
+def _vec_state_bwd(b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H,
+                   scale, BS: tl.constexpr, VEC_V: tl.constexpr,
+                   DOT_PREC: tl.constexpr):  # fmt: skip
+    """dC_c = diag(exp(G^K_L)) dC_c+1 diag(exp(G^V_L)) + scale·Σ_r (q_r ⊙ exp(G^X_r))
+    (dh_r ⊙ exp(G^V_r))ᵀ: the gradient of the state entering the chunk [c0, c1)."""
+    b_dC *= tl.exp(_ld_row(p_gk, c1 - 1, o_k, H * K, m_k))[:, None]
+    if VEC_V:
+        b_dC *= tl.exp(_ld_row(p_gv, c1 - 1, o_v, H * V, m_v))[None, :]
+    for r0 in range(c0, c1, BS):
+        o_r = r0 + tl.arange(0, BS)
+        m_r = o_r < c1
+        b_q = _vec_scale_rows(_ld(p_q, o_r, o_k, H * K, m_r, m_k), p_gkx, o_r, m_r, o_k, m_k, H * K)
+        b_dh = _ld(p_dh, o_r, o_v, H * V, m_r, m_v)
+        if VEC_V:
+            b_dh = _vec_scale_rows(b_dh, p_gv, o_r, m_r, o_v, m_v, H * V)
+        b_dC += scale * tl.dot(tl.trans(b_q), b_dh.to(b_q.dtype), input_precision=DOT_PREC)
+    return b_dC
