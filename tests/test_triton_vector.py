@@ -132,10 +132,14 @@ def test_rwkv6_matches_seed_002_naive_loop(mode):
     assert_close("h_T", hT, h, torch.float32)
 
 
-def test_backend_none_routes_vector_gates_to_triton(monkeypatch):
-    """backend=None on CUDA serves GLA and RWKV6 in the chunk modes with the Triton engine."""
+@pytest.mark.parametrize("by_default", [False, True])
+def test_backend_none_routes_vector_gates(monkeypatch, by_default):
+    """backend=None on CUDA serves GLA and RWKV6 in mode="chunk" with the Triton engine once
+    TRITON_VECTOR_CHUNK_BY_DEFAULT is on (after the GPU check), with the PyTorch engine until
+    then, and in fused_chunk with Triton; the result is the reference's either way."""
     from linrnn.ops import _generic
 
+    monkeypatch.setattr(_generic, "TRITON_VECTOR_CHUNK_BY_DEFAULT", by_default)
     q = torch.randn(1, 6, 1, 8, device=DEVICE)
     gk = torch.nn.functional.logsigmoid(torch.randn(1, 6, 1, 8, device=DEVICE))
     d = lambda x: x.double()  # noqa: E731
@@ -155,7 +159,9 @@ def test_backend_none_routes_vector_gates_to_triton(monkeypatch):
         assert_close("o", o, ref_gla, torch.float32)
         o, _ = linrnn.rwkv6(q, q, q, gk, gk[0, 0], mode=mode)
         assert_close("o", o, ref_rwkv, torch.float32)
-    assert picked == [True] * 4
+    # chunk: Triton, or Triton then the PyTorch engine; fused_chunk exists only in Triton
+    chunk = [True, True] if by_default else [True, False, True, False]
+    assert picked == [*chunk, True, True]
 
 
 def test_long_sequence_decay_gradient_float16():

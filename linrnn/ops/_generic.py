@@ -217,13 +217,24 @@ def _auto_chunk_size(family: str, q: Tensor, v: Tensor, mode) -> int:
     return min(L, 128) if mode == "fused_chunk" else L
 
 
+# backend=None sends per-channel decays (gla, rwkv6) in mode="chunk" to the PyTorch path until
+# the Triton vector-gate kernels have passed the GPU correctness check: so far they are tested
+# under the Triton interpreter only. backend="triton" (and mode="fused_chunk", which has no
+# PyTorch version) uses them already.
+TRITON_VECTOR_CHUNK_BY_DEFAULT = False
+
+
 def _triton_takes(impl, q, g, gv, u) -> bool:
-    """Whether the Triton implementation ``impl`` serves these inputs (backend=None picks the
-    PyTorch path where it does not: fp64)."""
+    """Whether the Triton implementation ``impl`` serves these inputs by default (backend=None
+    picks the PyTorch path where it does not: fp64; per-channel decays in mode="chunk", see
+    :data:`TRITON_VECTOR_CHUNK_BY_DEFAULT`)."""
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
     if impl is _TRITON.get("recurrent"):
         return True
+    vector = (g is not None and g.dim() == 4) or gv is not None
+    if vector and impl is _TRITON.get("chunk") and not TRITON_VECTOR_CHUNK_BY_DEFAULT:
+        return False  # (fused_chunk exists only in Triton: it keeps the kernel)
     return not (u is not None and gv is not None)  # the one combination no family makes
 
 
