@@ -350,3 +350,17 @@ def test_ops_take_chunk_size_auto(monkeypatch):
     assert options["shape"] == (1, 30, 2)
     with pytest.raises(TypeError, match="'auto'"):
         linrnn.gla(q, q, q, gk, chunk_size="fastest")
+
+
+def test_auto_chunk_size_caps_fused(monkeypatch):
+    """chunk_size="auto" in fused_chunk keeps one chunk within one register tile: L ≤ 128, and
+    ≤ 64 above head dim 128 (L = 128 spilled at K = V = 256 on the H200); chunk mode takes the
+    choice as it is."""
+    from linrnn.ops import _generic
+
+    monkeypatch.setattr(autotune, "choose_chunk_size", lambda *a, **k: 512)
+    small, big = torch.zeros(1, 8, 1, 128), torch.zeros(1, 8, 1, 256)
+    assert _generic._auto_chunk_size("gla", small, small, "chunk") == 512
+    assert _generic._auto_chunk_size("gla", small, small, "fused_chunk") == 128
+    assert _generic._auto_chunk_size("gla", big, small, "fused_chunk") == 64
+    assert _generic._auto_chunk_size("gla", small, big, "fused_chunk") == 64

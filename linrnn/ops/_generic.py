@@ -209,12 +209,17 @@ def _default_mode(q: Tensor, backend, cu_seqlens, tensors) -> str:
 def _auto_chunk_size(family: str, q: Tensor, v: Tensor, mode) -> int:
     """``chunk_size="auto"``: linrnn.bench.autotune's choice for this family, head dims, dtype
     and device — measured timings cached by ``linrnn bench --suite chunksize --save-cache``,
-    else seed 003 App. G's runtime-optimal estimate; fused_chunk keeps L ≤ 128."""
+    else seed 003 App. G's runtime-optimal estimate; fused_chunk keeps L ≤ 128 (≤ 64 for head
+    dims above 128)."""
     from linrnn.bench.autotune import choose_chunk_size
 
     B, T, H, K = q.shape
     L = choose_chunk_size(family, K, v.shape[-1], q.dtype, q.device, shape=(B, T, H))
-    return min(L, 128) if mode == "fused_chunk" else L
+    if mode != "fused_chunk":
+        return L
+    # One fused chunk is one register tile: at K = V = 256 on an H200, L = 128 ran 3–8× slower
+    # than L = 64 (spills; benchmarks/results/2026-11-21-h200-s3-notes.md §3).
+    return min(L, 64 if max(K, v.shape[-1]) > 128 else 128)
 
 
 # backend=None sends per-channel decays (gla, rwkv6) in mode="chunk" to the PyTorch path until
