@@ -365,10 +365,14 @@ def run_items(case: dict, items: list, timeout: float, env: dict, verbose: bool)
 def selected(op: str, wanted: list[str] | None, vector: bool = False) -> bool:
     """``--ops`` matches an op by name, library (linrnn, mlstm_kernels, fla, torch, peers),
     family prefix (``mlstm`` matches ``mlstm[exp]``) or peer kernel name. Vector-gate ops
-    (:data:`VECTOR_OPS`) and their peers only with ``vector`` or when named or family-named."""
+    (:data:`VECTOR_OPS`) and their peers only with ``vector`` or when named or family-named;
+    peers of the decode and varlen suites only when named (a library name would otherwise pull
+    step kernels into a chunkwise comparison)."""
     lib = library_of(op)
     tags = {op, lib, op.split("[")[0], op.split(":")[-1].split("[")[0]}
     like = PEERS[op].like if op in PEERS else op
+    if op in PEERS and PEERS[op].kind != "ops":  # decode/varlen peers: only when named
+        return bool(wanted) and op in wanted
     if like in VECTOR_OPS and not vector:
         return bool(wanted) and bool({op, like, like.split("[")[0]} & set(wanted))
     if not wanted:
