@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU checks still open, one stage per device call (each well under 10 minutes), run from
+# the checkout root on the GPU machine with the peer wheels in .whl/ (see ../shared/GPU.md).
+# Results go to $OUT (default results/); the commit is taken from LINRNN_COMMIT, since the
+# machine's copy of .git may be stale.
+#
+#   LINRNN_COMMIT=<hash> bash scripts/gpu_runbook.sh <stage>
+#
+# Stages (the order of benchmarks/results/2026-11-21-h200-s3-notes.md §5):
+#   big-offsets   issue 3: tensors beyond 2^31 elements (H200: ≈ 100 GB of GPU memory)
+#   mlstm-target  issue 3: mLSTM vs mlstm_kernels (+ SDPA) at the target shape, side by side
+#   mlstm-shapes  issue 3: the same at the other three shapes of the issue
+#   vector-check  issue 4: vector-gate tests on CUDA and the bf16/fp16/fp32 correctness matrix
+#   compile       issue 9: benchmarks/compile_graphs.py
+#   decode        issue 5: linrnn bench --suite decode
+#   varlen        issue 5: linrnn bench --suite varlen
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+OUT=${OUT:-results}
+mkdir -p "$OUT"
+C=${LINRNN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
+fi
+export PYTHONPATH=/tmp/site:$PWD
+
+TARGET=B8-T8192-H16-K256-V256
+OTHERS="B32-T2048-H16-K256-V256 B4-T16384-H16-K256-V256 B8-T8192-H32-K128-V128"
+# Explicit names: a library name would also select its step kernels.
+MLSTM_OPS=(
+    "mlstm[sigmoid]" "mlstm[sigmoid,normalize]" "mlstm[exp]"
+    mlstm_kernels:triton_xl_chunk_siging "mlstm_kernels:triton_xl_chunk_siging[normalize]"
+    mlstm_kernels:triton_xl_chunk mlstm_kernels:triton_limit_chunk torch:sdpa_causal
+)
+
+stage=${1:?stage: big-offsets, mlstm-target, mlstm-shapes, vector-check, compile, decode, varlen}
+case "$stage" in
+big-offsets)
+    LINRNN_COMMIT=$C timeout 540 python3 benchmarks/gpu_big_offsets.py --out "$OUT/big_offsets.json"
+    ;;
+mlstm-target)
+    timeout 540 python3 benchmarks/gpu_engine.py --skip-correctness --shapes $TARGET \
+        --chunk-sizes 128 --modes chunk --ops "${MLSTM_OPS[@]}" --timeout 120 --commit "$C" \
+        --out "$OUT/bench_mlstm_target.json"
+    ;;
+mlstm-shapes)
+    # shellcheck disable=SC2086
+    timeout 570 python3 benchmarks/gpu_engine.py --skip-correctness --shapes $OTHERS \
+        --chunk-sizes 128 --modes chunk --ops "${MLSTM_OPS[@]}" --timeout 150 --commit "$C" \
+        --out "$OUT/bench_mlstm_shapes.json"
+    ;;
+vector-check)
+    (timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_triton_vector.py \
+        >"$OUT/pytest_vector.txt" 2>&1; echo "rc=$?" >>"$OUT/pytest_vector.txt") &
+    timeout 500 python3 benchmarks/gpu_engine.py --skip-bench --vector --ops gla "gla[gv]" rwkv6 \
+        --jobs 4 --commit "$C" --out "$OUT/check_vector.json"
+    wait
+    tail -3 "$OUT/pytest_vector.txt"
+    ;;
+compile)
+    timeout 570 python3 benchmarks/compile_graphs.py --out "$OUT/compile_graphs.json"
+    ;;
+decode)
+    timeout 570 python3 -m linrnn.bench --suite decode --commit "$C" --out-dir "$OUT"
+    ;;
+varlen)
+    timeout 570 python3 -m linrnn.bench --suite varlen --commit "$C" --out-dir "$OUT"
+    ;;
+*)
+    echo "unknown stage: $stage" >&2
+    exit 2
+    ;;
+esac
