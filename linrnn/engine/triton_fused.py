@@ -28,6 +28,7 @@ from linrnn.engine.triton_kernels import (
     _bounds,
     _denominator,
     _log_weights,
+    _start_state,
     _tile,
     _tile_t,
     _vec,
@@ -123,14 +124,7 @@ def fused_fwd_kernel(
     p_v = V_ + (i_b * T * H + i_h) * V
     p_o = O_ + (i_b * T * H + i_h) * V
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
-    if HAS_S0:
-        b_C = _tile(S0 + i_st * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
-    else:
-        b_C = tl.zeros([BK, BV], dtype=tl.float32)
-    if TRACK_N and HAS_S0:
-        b_n = _vec(N0 + i_st * K, o_k, m_k)
-    else:
-        b_n = tl.zeros([BK], dtype=tl.float32)
+    b_C, b_n = _start_state(S0, N0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_S0, TRACK_N, BK, BV)
     if STAB and HAS_S0:
         b_m = tl.load(M0 + i_st).to(tl.float32)
     else:
@@ -254,14 +248,7 @@ def fused_dq_kernel(
     p_v = V_ + (i_b * T * H + i_h) * V
     p_dh = DH + (i_b * T * H + i_h) * V
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
-    if HAS_S0:
-        b_C = _tile(S0 + i_st * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
-    else:
-        b_C = tl.zeros([BK, BV], dtype=tl.float32)
-    if TRACK_N and HAS_S0:
-        b_n = _vec(N0 + i_st * K, o_k, m_k)
-    else:
-        b_n = tl.zeros([BK], dtype=tl.float32)
+    b_C, b_n = _start_state(S0, N0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_S0, TRACK_N, BK, BV)
     for i_c in range(c_lo, c_hi):
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
         if VEC:  # per-channel decays: sub-chunks of BC steps (triton_vector)
@@ -379,14 +366,8 @@ def fused_dk_kernel(
     p_v = V_ + (i_b * T * H + i_h) * V
     p_dh = DH + (i_b * T * H + i_h) * V
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
-    if HAS_DST:
-        b_dC = _tile(DS_T + i_st * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
-    else:
-        b_dC = tl.zeros([BK, BV], dtype=tl.float32)
-    if TRACK_N and HAS_DST:
-        b_dn = _vec(DN_T + i_st * K, o_k, m_k)
-    else:
-        b_dn = tl.zeros([BK], dtype=tl.float32)
+    b_dC, b_dn = _start_state(DS_T, DN_T, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DST, TRACK_N, BK,
+                              BV)  # fmt: skip
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
@@ -497,11 +478,8 @@ def fused_dv_kernel(
     p_k = K_ + (i_b * T * H + i_h) * K
     p_dh = DH + (i_b * T * H + i_h) * V
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
-    if HAS_DST:
-        b_dC = _tile(DS_T + i_st * K * V, o_k, o_v, V, m_k, m_v).to(tl.float32)  # [BK, BV]
-    else:
-        b_dC = tl.zeros([BK, BV], dtype=tl.float32)
-    b_dn = tl.zeros([BK], dtype=tl.float32)  # unused: dv does not see the normalizer state
+    # (b_dn stays zero: dv does not see the normalizer state)
+    b_dC, b_dn = _start_state(DS_T, DS_T, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DST, False, BK, BV)
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)

@@ -77,6 +77,22 @@ def _state_tile(ptr, o_d, o_o, s_d, s_o, m_d, m_o):
 
 
 @triton.jit
+def _start_state(S, N, i_st, o_k, o_v, K, V, m_k, m_v, HAS: tl.constexpr,
+                 TRACK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """A walk's starting slice of state ``i_st`` (S [.., K, V], N [.., K], fp32): C [BK, BV]
+    and n [BK] (zeros without the state, n zeros without TRACK_N)."""
+    if HAS:
+        b_C = _state_tile(S + i_st * K * V, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
+    else:
+        b_C = tl.zeros([BK, BV], dtype=tl.float32)
+    if TRACK_N and HAS:
+        b_n = _vec(N + i_st * K, o_k, m_k)
+    else:
+        b_n = tl.zeros([BK], dtype=tl.float32)
+    return b_C, b_n
+
+
+@triton.jit
 def _denominator(b_den, b_mr, eps, NORM: tl.constexpr):
     """The normalizer's denominator from den = scale·q·n: den + eps (sum), max(|den|, 1) + eps
     (mLSTM, sigmoid gate) or max(|den|, exp(−m_r)) + eps (mLSTM, max state)."""
@@ -138,14 +154,7 @@ def states_fwd_kernel(
     p_v = V_ + (i_b * T * H + i_h) * V
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
     p_st = ST + i_bh * NT * K * V
-    if HAS_S0:
-        b_C = _state_tile(S0 + i_st * K * V, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)  # [BK, BV]
-    else:
-        b_C = tl.zeros([BK, BV], dtype=tl.float32)
-    if TRACK_N and HAS_S0:
-        b_n = _vec(N0 + i_st * K, o_k, m_k)  # [BK]
-    else:
-        b_n = tl.zeros([BK], dtype=tl.float32)
+    b_C, b_n = _start_state(S0, N0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_S0, TRACK_N, BK, BV)
     if STAB and HAS_S0:
         b_m = tl.load(M0 + i_st).to(tl.float32)
     else:  # m_0 = −∞ (no state yet), as a tensor so the loop carries one type
@@ -461,14 +470,8 @@ def states_bwd_kernel(
     p_q = Q + (i_b * T * H + i_h) * K
     p_dh = DH + (i_b * T * H + i_h) * V
     G_B = G_B + i_bh * T
-    if HAS_DST:
-        b_dC = _state_tile(DS_T + i_st * K * V, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
-    else:
-        b_dC = tl.zeros([BK, BV], dtype=tl.float32)
-    if TRACK_N and HAS_DST:
-        b_dn = _vec(DN_T + i_st * K, o_k, m_k)
-    else:
-        b_dn = tl.zeros([BK], dtype=tl.float32)
+    b_dC, b_dn = _start_state(DS_T, DN_T, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DST, TRACK_N, BK,
+                              BV)  # fmt: skip
     p_mc = MC + i_bh * (NT + NSEQ) + i_n
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j

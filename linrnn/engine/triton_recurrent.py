@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _denominator
+from linrnn.engine.triton_kernels import _denominator, _start_state
 
 # Decay kinds (the DECAY switch).
 DECAY_NONE, DECAY_SCALAR, DECAY_VECTOR = 0, 1, 2
@@ -50,14 +50,7 @@ def recurrent_fwd_kernel(
     m_k, m_v = o_k < K, o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     p_s = o_k[:, None] * V + o_v[None, :]
-    if HAS_S0:
-        b_S = tl.load(S0 + i_nh * K * V + p_s, mask=m_kv, other=0.0).to(tl.float32)
-    else:
-        b_S = tl.zeros([BK, BV], dtype=tl.float32)
-    if TRACK_N and HAS_S0:
-        b_n = tl.load(N0 + i_nh * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-    else:
-        b_n = tl.zeros([BK], dtype=tl.float32)
+    b_S, b_n = _start_state(S0, N0, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_S0, TRACK_N, BK, BV)
     if STAB and HAS_S0:
         b_m = tl.load(M0 + i_nh).to(tl.float32)
     else:  # m_0 = −∞ (no state yet), as a tensor so the loop carries one type

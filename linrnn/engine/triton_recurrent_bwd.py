@@ -26,6 +26,7 @@ import triton.language as tl
 
 from linrnn.engine import triton_chunk
 from linrnn.engine import triton_recurrent as fwd
+from linrnn.engine.triton_kernels import _start_state
 
 
 @triton.jit
@@ -67,15 +68,7 @@ def recurrent_dq_kernel(
         row0 = i_n * T
     o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    if HAS_S0:
-        b_S = tl.load(S0 + i_nh * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
-    else:
-        b_S = tl.zeros([BK, BV], dtype=tl.float32)
-    if TRACK_N and HAS_S0:
-        b_n = tl.load(N0 + i_nh * K + o_k, mask=m_k, other=0.0)
-    else:
-        b_n = tl.zeros([BK], dtype=tl.float32)
+    b_S, b_n = _start_state(S0, N0, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_S0, TRACK_N, BK, BV)
     if STAB and HAS_S0:  # m_{t-1}: the initial m, −∞ without a state
         b_m = tl.load(M0 + i_nh).to(tl.float32)
     else:
@@ -140,14 +133,8 @@ def recurrent_dkv_kernel(
     m_k, m_v = o_k < K, o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     p_s = i_nh * K * V + o_k[:, None] * V + o_v[None, :]
-    if HAS_DST:
-        b_dS = tl.load(DS_T + p_s, mask=m_kv, other=0.0)
-    else:
-        b_dS = tl.zeros([BK, BV], dtype=tl.float32)
-    if TRACK_N and HAS_DST:
-        b_dn = tl.load(DN_T + i_nh * K + o_k, mask=m_k, other=0.0)
-    else:
-        b_dn = tl.zeros([BK], dtype=tl.float32)
+    b_dS, b_dn = _start_state(DS_T, DN_T, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_DST, TRACK_N, BK,
+                              BV)  # fmt: skip
     if STAB and HAS_S0:
         b_m0 = tl.load(M0 + i_nh).to(tl.float32)
     else:
