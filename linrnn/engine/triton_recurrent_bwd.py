@@ -30,6 +30,23 @@ from linrnn.engine.triton_kernels import _start_state
 
 
 @triton.jit
+def _step_inputs(Q, K_, V_, DO, R_A, R_D, row, i_h, o_k, m_k, o_v, m_v, T, H, K, V,
+                 NORM: tl.constexpr):  # fmt: skip
+    """Step ``row``'s index in the [N·H, T] row tensors, its q, k, v and dh (fp32; dh times the
+    normalizer's 1/denominator) and the normalizer's row gradient dd (0 without one)."""
+    rid = (row // T * H + i_h) * T + row % T
+    b_q = tl.load(Q + (row * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    b_k = tl.load(K_ + (row * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    b_v = tl.load(V_ + (row * H + i_h) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+    b_do = tl.load(DO + (row * H + i_h) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+    b_dd = 0.0
+    if NORM != 0:
+        b_do = b_do * tl.load(R_A + rid)
+        b_dd = tl.load(R_D + rid)
+    return rid, b_q, b_k, b_v, b_do, b_dd
+
+
+@triton.jit
 def _step_gates(G, GV, GI, row, i_h, o_k, m_k, o_v, m_v, K, V, H,
                 DECAY: tl.constexpr, HAS_GV: tl.constexpr, HAS_IGATE: tl.constexpr):  # fmt: skip
     """This step's decay over K (a vector, ones without decay), over V, and input weight."""
@@ -77,15 +94,8 @@ def recurrent_dq_kernel(
         b_u = tl.load(U + i_h * K + o_k, mask=m_k, other=0.0)
     for t in range(n_steps):
         row = row0 + t
-        rid = (row // T * H + i_h) * T + row % T
-        b_q = tl.load(Q + (row * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-        b_k = tl.load(K_ + (row * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-        b_v = tl.load(V_ + (row * H + i_h) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-        b_do = tl.load(DO + (row * H + i_h) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-        b_dd = 0.0
-        if NORM != 0:
-            b_do = b_do * tl.load(R_A + rid)
-            b_dd = tl.load(R_D + rid)
+        rid, b_q, b_k, b_v, b_do, b_dd = _step_inputs(Q, K_, V_, DO, R_A, R_D, row, i_h, o_k, m_k,
+                                                      o_v, m_v, T, H, K, V, NORM)  # fmt: skip
         if EXCLUSIVE:
             b_dqs = tl.sum(b_S * b_do[None, :], 1) * scale
             b_dq = b_dqs + b_u * b_k * (tl.sum(b_v * b_do) * scale)
@@ -145,15 +155,8 @@ def recurrent_dkv_kernel(
     for j in range(n_steps):
         t = n_steps - 1 - j
         row = row0 + t
-        rid = (row // T * H + i_h) * T + row % T
-        b_q = tl.load(Q + (row * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-        b_k = tl.load(K_ + (row * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-        b_v = tl.load(V_ + (row * H + i_h) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-        b_do = tl.load(DO + (row * H + i_h) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-        b_dd = 0.0
-        if NORM != 0:
-            b_do = b_do * tl.load(R_A + rid)
-            b_dd = tl.load(R_D + rid)
+        rid, b_q, b_k, b_v, b_do, b_dd = _step_inputs(Q, K_, V_, DO, R_A, R_D, row, i_h, o_k, m_k,
+                                                      o_v, m_v, T, H, K, V, NORM)  # fmt: skip
         a_k, a_v, w = _step_gates(G, GV, GI, row, i_h, o_k, m_k, o_v, m_v, K, V, H,
                                   DECAY, HAS_GV, HAS_IGATE)  # fmt: skip
         if STAB:
