@@ -7,6 +7,9 @@
 #   LINRNN_COMMIT=<hash> bash scripts/gpu_runbook.sh <stage>
 #
 # Stages (the order of benchmarks/results/2026-11-21-h200-s3-notes.md §5):
+#   scalar-check  issue 3: correctness matrix (both chunk modes) and the kernel tests on CUDA,
+#                 first: the walking kernels' shared preambles were refactored after the last
+#                 GPU check (872a73c, and the recurrent backward after it)
 #   big-offsets   issue 3: tensors beyond 2^31 elements (H200: ≈ 100 GB of GPU memory)
 #   mlstm-target  issue 3: mLSTM vs mlstm_kernels (+ SDPA) at the target shape, side by side
 #   mlstm-shapes  issue 3: the same at the other three shapes of the issue
@@ -34,8 +37,17 @@ MLSTM_OPS=(
     mlstm_kernels:triton_xl_chunk mlstm_kernels:triton_limit_chunk torch:sdpa_causal
 )
 
-stage=${1:?stage: big-offsets, mlstm-target, mlstm-shapes, vector-check, compile, decode, varlen}
+stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, compile, decode, varlen}
 case "$stage" in
+scalar-check)
+    (timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_triton_engine.py \
+        tests/test_triton_recurrent.py tests/test_triton_recurrent_bwd.py \
+        >"$OUT/pytest_scalar.txt" 2>&1; echo "rc=$?" >>"$OUT/pytest_scalar.txt") &
+    timeout 500 python3 benchmarks/gpu_engine.py --skip-bench --ops linrnn --jobs 4 \
+        --commit "$C" --out "$OUT/check_scalar.json"
+    wait
+    tail -3 "$OUT/pytest_scalar.txt"
+    ;;
 big-offsets)
     LINRNN_COMMIT=$C timeout 540 python3 benchmarks/gpu_big_offsets.py --out "$OUT/big_offsets.json"
     ;;
