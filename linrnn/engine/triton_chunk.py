@@ -456,9 +456,11 @@ def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T
             dm0 = dm0 + dz[:, 0].view(sq.N, H) + tail.view(sq.N, H) * empty
     dg = None
     if dF is not None:
-        # The reverse sum runs over whole sequences (up to 10⁵ terms that largely cancel): fp64.
-        rev = dF.double().flip(-1).cumsum(-1).flip(-1)
-        rev = sq.gather(rev) if local is None else sq.gather(rev) + local
+        if local is not None and not c.stab:  # dF stayed zero: nothing to add
+            rev = local
+        else:  # a reverse sum over whole sequences (up to 10⁵ terms that largely cancel): fp64
+            rev = sq.gather(dF.double().flip(-1).cumsum(-1).flip(-1))
+            rev = rev if local is None else rev + local
         dg = rev.float().reshape(B, H, T).transpose(1, 2)
     if da is not None:
         da = sq.gather(da).reshape(B, H, T).transpose(1, 2)
