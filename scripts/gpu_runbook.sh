@@ -23,7 +23,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-results}
 mkdir -p "$OUT"
 C=${LINRNN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-if compgen -G ".whl/*.whl" >/dev/null; then
+# Installed once per machine: stages may run side by side and must not race on /tmp/site.
+if [ ! -d /tmp/site/fla ] && compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
 fi
 export PYTHONPATH=/tmp/site:$PWD
