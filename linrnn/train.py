@@ -275,8 +275,10 @@ def plot_history(history: dict, path: Path) -> str:
     return f"loss plot: {path}"
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Run training; returns the history (also written to ``out/history.json``)."""
+def resolve_device(cfg: TrainConfig):
+    """``(device, amp, autocast)`` of a run: ``device="auto"`` is CUDA when available, and
+    ``amp="auto"`` is bf16 on CUDA, off on CPU; ``autocast()`` is the matching context (the
+    parameters and AdamW's state stay fp32)."""
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     )
@@ -288,15 +290,42 @@ def train(cfg: TrainConfig) -> dict:
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
 
+    return device, amp, autocast
+
+
+def model_config(cfg: TrainConfig, **overrides) -> LMConfig:
+    """The byte-level :class:`LMConfig` of a run; ``overrides`` set other LMConfig fields
+    (e.g. ``backend``, ``chunk_size``)."""
+    return LMConfig(
+        vocab_size=256, d_model=cfg.d_model, num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads, mixer=cfg.mixer, mixer_kwargs=cfg.mixer_kwargs,
+        tie_embeddings=cfg.tie_embeddings, logit_softcap=cfg.logit_softcap, **overrides,
+    )  # fmt: skip
+
+
+def train_step(model, opt, scaler, x, y, autocast, grad_clip: float) -> torch.Tensor:
+    """One optimizer step on the batch ``(x, y)`` (the learning rate is the caller's); returns
+    the loss, not yet synchronized (``.item()`` waits for the step)."""
+    with autocast():
+        loss = model(x, targets=y).loss
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if grad_clip > 0:
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(opt)
+    scaler.update()
+    return loss
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run training; returns the history (also written to ``out/history.json``)."""
+    device, amp, autocast = resolve_device(cfg)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     train_data, val_data = load_bytes(cfg.data, cfg.val_fraction)
-    model_cfg = LMConfig(
-        vocab_size=256, d_model=cfg.d_model, num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads, mixer=cfg.mixer, mixer_kwargs=cfg.mixer_kwargs,
-        tie_embeddings=cfg.tie_embeddings, logit_softcap=cfg.logit_softcap,
-    )  # fmt: skip
+    model_cfg = model_config(cfg)
     model = CausalLM(model_cfg, device=device)
     opt = _optimizer(model, cfg, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
@@ -314,16 +343,7 @@ def train(cfg: TrainConfig) -> dict:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         x, y = get_batch(train_data, cfg.batch_size, cfg.seq_len, gen, device)
-        with autocast():
-            loss = model(x, targets=y).loss
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        if cfg.grad_clip > 0:
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        scaler.step(opt)
-        scaler.update()
-        value = loss.item()
+        value = train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip).item()
         if not math.isfinite(value):
             bar.close()
             raise FloatingPointError(f"loss became {value} at step {step}")
