@@ -8,6 +8,10 @@ fails its item only. A crash (e.g. Triton's compiler aborting the process), or a
 stage that exceeds the timeout (the worker's process group is killed), becomes that item's
 status, with the stage it was in and how long it had run, and the remaining items run in a new
 worker. A first call that never finished is kept as ``first_call_s_at_least``.
+
+A run may also have a time budget (``stop_at``, a :func:`time.monotonic` deadline): the worker
+is killed when it passes, and the item in progress and the ones after it get no row at all
+(None), so that a later run can take them up (``linrnn bench --resume``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import queue
 import signal
@@ -107,6 +112,7 @@ class Launch:
     item_elapsed_s: float | None = None
     failure: str | None = None  # status for ``current`` (None: clean exit)
     stderr_tail: str = ""
+    cut: bool = False  # killed at the run's time budget (``stop_at``), not for the item
 
 
 def _read_lines(stream, sink: queue.Queue) -> None:
@@ -127,9 +133,18 @@ def exit_status(rc: int, stderr_tail: str) -> str:
     return f"error: exit {rc}: {last.strip()[:200]}"
 
 
-def launch(case: dict, timeout: float, env: dict, verbose: bool, command=DEFAULT_COMMAND) -> Launch:
+def launch(
+    case: dict,
+    timeout: float,
+    env: dict,
+    verbose: bool,
+    command=DEFAULT_COMMAND,
+    stop_at: float | None = None,
+) -> Launch:
     """Run the worker on ``case`` until it exits, crashes or spends ``timeout`` seconds on one
-    item (or on starting up); the process group is killed on timeout."""
+    item (or on starting up); the process group is killed on timeout, and at ``stop_at`` (a
+    :func:`time.monotonic` time; ``cut`` is set then)."""
+    budget_end = math.inf if stop_at is None else stop_at
     cmd = [*command, json.dumps(case)]
     result = Launch(rows=[])
     with tempfile.TemporaryFile("w+") as err:
@@ -150,9 +165,10 @@ def launch(case: dict, timeout: float, env: dict, verbose: bool, command=DEFAULT
         timed_out = False
         while True:
             try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                line = lines.get(timeout=max(0.0, min(deadline, budget_end) - time.monotonic()))
             except queue.Empty:
                 timed_out = True
+                result.cut = deadline > budget_end
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)  # the worker's own process group
                 break
@@ -180,7 +196,9 @@ def launch(case: dict, timeout: float, env: dict, verbose: bool, command=DEFAULT
         result.stderr_tail = err.read()[-4000:]
     if verbose and result.stderr_tail.strip():
         print(result.stderr_tail, file=sys.stderr)
-    if timed_out:
+    if result.cut:
+        result.failure = "cut at the run's time budget"
+    elif timed_out:
         result.failure = f"timeout ({timeout:g} s)"
     elif rc != 0:
         result.failure = exit_status(rc, result.stderr_tail)
@@ -206,15 +224,26 @@ def failure_row(launch_result: Launch) -> dict:
 
 
 def run_items(
-    case: dict, items: list, timeout: float, env: dict, verbose: bool, command=DEFAULT_COMMAND
+    case: dict,
+    items: list,
+    timeout: float,
+    env: dict,
+    verbose: bool,
+    command=DEFAULT_COMMAND,
+    stop_at: float | None = None,
 ) -> list:
     """Rows for every item of ``case``; after a crash, the item in progress gets the crash as
-    its status and the remaining items run in a new process."""
+    its status and the remaining items run in a new process. With ``stop_at`` (a
+    :func:`time.monotonic` time), the items not finished by then are None."""
     rows: dict = {}
     pending = list(items)
     while pending:
-        res = launch(dict(case, items=pending), timeout, env, verbose, command)
+        if stop_at is not None and time.monotonic() >= stop_at:
+            return [rows.get(item_key(item)) for item in items]
+        res = launch(dict(case, items=pending), timeout, env, verbose, command, stop_at)
         rows.update((item_key(item), row) for item, row in res.rows)
+        if res.cut:
+            return [rows.get(item_key(item)) for item in items]
         if res.failure is None:
             break
         if res.current is None:  # died outside any item: the rest cannot run either
@@ -227,12 +256,16 @@ def run_items(
     return [rows.get(item_key(item), missing) for item in items]
 
 
-def run_in_process(case: dict, items: list, tasks: dict) -> list:
+def run_in_process(case: dict, items: list, tasks: dict, stop_at: float | None = None) -> list:
     """The same rows without a subprocess (CPU runs: no crash to contain, no import cost);
-    an exception fails its item only."""
+    an exception fails its item only. Items not started by ``stop_at`` are None (an item in
+    progress is not cut)."""
     task = tasks[case["task"]]
     rows = []
     for index, item in enumerate(items):
+        if stop_at is not None and time.monotonic() >= stop_at:
+            rows.append(None)
+            continue
         try:
             row = task(case, item)
         except Exception as exc:
