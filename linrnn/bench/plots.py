@@ -30,12 +30,24 @@ def _label(r) -> str:
     return r["op"]
 
 
+FIXED_T_SUITES = ("chunksize", "headdim")  # one T per op and head dim: points, not lines
+
+
+def length_rows(rows: list[dict], key: str) -> list[dict]:
+    """The rows :func:`runtime_vs_length` draws: ok rows with ``key``; in a report merged from
+    several suites, not those of the suites that hold T fixed (the paper suite's lines stay
+    readable)."""
+    if len({r.get("suite") for r in rows}) > 1:
+        rows = [r for r in rows if r.get("suite") not in FIXED_T_SUITES]
+    return _ok(rows, key)
+
+
 def runtime_vs_length(rows: list[dict], out_dir: Path, key: str = "fwdbwd_ms") -> list[Path]:
     """One PNG per family: ``key`` (ms) against T, one line per op × mode × chunk size and per
-    peer sharing that family's inputs, at each (H, K, V)."""
+    peer sharing that family's inputs, at each (H, K, V) (the rows of :func:`length_rows`)."""
     plt = _pyplot()
     by_family = defaultdict(list)
-    for r in _ok(rows, key):
+    for r in length_rows(rows, key):
         by_family[registry.OPS[peers.like_of(r["op"])].family].append(r)
     paths = []
     for family, fam_rows in sorted(by_family.items()):

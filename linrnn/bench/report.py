@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from linrnn.bench import registry
 from linrnn.bench.worker import ROOT
 
 SCHEMA_VERSION = 1
@@ -154,11 +155,13 @@ def format_table(header, rows, numeric, width: int = 100) -> str:
 
 
 def ms(value) -> str:
-    return "—" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
+    if value is None or isinstance(value, str):  # a JSON's "nan" or "inf" (clean_json)
+        return value or "—"
+    return f"{value:.3f}" if value < 10 else f"{value:.1f}"
 
 
 def _num(value, fmt: str) -> str:
-    return "—" if value is None else format(value, fmt)
+    return value if isinstance(value, str) else "—" if value is None else format(value, fmt)
 
 
 BENCH_HEADER = (
@@ -175,6 +178,7 @@ def bench_cells(r: dict) -> tuple:
     )
     if r.get("first_call_s") is not None:
         first = f"{r['first_call_s']:.2f}" + ("" if r.get("first_in_process", True) else "*")
+        first += "c" if r.get("triton_cache") == "shared" else ""
     elif r.get("first_call_s_at_least") is not None:
         first = f">{r['first_call_s_at_least']:.1f}"
     else:
@@ -245,3 +249,176 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+# --- keys, merging and Markdown (parts of one suite, and --report) --------------------------
+
+
+def key_of(suite, op, mode, backend, chunk, dtype, shape, layout=None) -> str:
+    """The identity of one measurement: two rows with the same key measured the same thing
+    (``chunk`` is the chunk size asked for, None for the op's default)."""
+    return json.dumps([suite, op, mode, backend, chunk, dtype, shape, layout])
+
+
+def row_key(row: dict) -> str:
+    """:func:`key_of` a report row (rows before ``chunk_requested`` existed: their chunk)."""
+    chunk = row["chunk_requested"] if "chunk_requested" in row else row.get("chunk")
+    return key_of(row.get("suite"), row["op"], row.get("mode"), row.get("backend"), chunk,
+                  row.get("dtype"), row["shape"], row.get("layout"))  # fmt: skip
+
+
+def ok_status(status: str) -> bool:
+    """ok, or not implemented yet (not a failure)."""
+    return status == "ok" or status.startswith("not implemented")
+
+
+def load_json(path: Path) -> dict:
+    """A ``linrnn bench`` report; ``ValueError`` for another kind of file."""
+    rep = json.loads(Path(path).read_text())
+    if not isinstance(rep, dict) or rep.get("benchmark") != "linrnn bench":
+        raise ValueError(f"{path} is not a linrnn bench report")
+    return rep
+
+
+def runs_of(rep: dict) -> list[dict]:
+    """The runs a report was made in (a report without ``runs``: its one run)."""
+    if rep.get("runs"):
+        return rep["runs"]
+    return [{k: rep.get(k) for k in ("command", "machine", "complete")}]
+
+
+def merge_reports(reports: list[dict]) -> dict:
+    """One report from several (parts of a suite, or several suites): every run kept in
+    ``runs`` (each row's ``run`` points into it), one row per :func:`row_key` — an ok row wins
+    over a failed one, otherwise the later report's row."""
+    runs: list[dict] = []
+    rows: dict[str, dict] = {}
+    for rep in reports:
+        offset = len(runs)
+        runs.extend(runs_of(rep))
+        for r in rep.get("bench", []):
+            r = dict(r, run=offset + (r.get("run") or 0))
+            old = rows.get(row_key(r))
+            if old is None or ok_status(r["status"]) or not ok_status(old["status"]):
+                rows[row_key(r)] = r
+    suites = list(dict.fromkeys(rep.get("suite") for rep in reports))
+    merged = list(rows.values())
+    return {
+        "benchmark": "linrnn bench",
+        "schema": SCHEMA_VERSION,
+        "complete": all(rep.get("complete") for rep in reports),
+        "suite": "+".join(map(str, suites)),
+        "machine": runs[-1].get("machine") if runs else None,
+        "command": runs[-1].get("command") if runs else None,
+        "runs": runs,
+        "gpu_spec": next((rep["gpu_spec"] for rep in reports if rep.get("gpu_spec")), None),
+        "notes": [n for rep in reports for n in rep.get("notes", [])],
+        "bench": merged,
+        "failures": {
+            "linrnn_bench": sum(
+                r["library"] == "linrnn" and not ok_status(r["status"]) for r in merged
+            )
+        },
+    }
+
+
+def _md(cell) -> str:
+    return str(cell).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header, body) -> list[str]:
+    lines = ["| " + " | ".join(map(_md, header)) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(map(_md, cells)) + " |" for cells in body]
+
+
+def _short_status(status: str) -> str:
+    """A table cell's word for a row that is not ok: timeout, aborted, error (stage)."""
+    for word in ("timeout", "aborted", "not implemented"):
+        if status.startswith(word):
+            return word
+    m = re.match(r"error \(([^)]*)\)", status)
+    return f"error ({m.group(1)})" if m else "error"
+
+
+def _run_line(i: int, run: dict) -> str:
+    m = run.get("machine") or {}
+    versions = ", ".join(
+        f"{name} {m[key]}"
+        for name, key in (("torch", "torch"), ("Triton", "triton"), ("fla-core", "fla-core"),
+                          ("mlstm-kernels", "mlstm-kernels"))
+        if m.get(key)
+    )  # fmt: skip
+    commit = (m.get("git_commit") or "?")[:12]
+    return (
+        f"- run {i}: {m.get('gpu') or m.get('device') or '?'}, {versions}, commit `{commit}`, "
+        f"{m.get('date') or '?'}: `{run.get('command') or '?'}`"
+    )
+
+
+def markdown(rep: dict) -> str:
+    """The report as Markdown: the runs it came from, then per family a table of fwd+bwd / fwd
+    ms (one line per linrnn op × mode and per peer, one column per shape), then every row in
+    detail (decode and varlen reports: the detail table only)."""
+    rows = rep.get("bench", [])
+    runs = runs_of(rep)
+    used = sorted({r.get("run") or 0 for r in rows}) or [len(runs) - 1]
+    lines = [f"## linrnn bench: {rep.get('suite')}", ""]
+    lines += [_run_line(i, runs[i]) for i in used if i < len(runs)]
+    gpus = {(runs[i].get("machine") or {}).get("gpu") for i in used if i < len(runs)}
+    commits = {(runs[i].get("machine") or {}).get("git_commit") for i in used if i < len(runs)}
+    if len(used) > 1:
+        lines.append(
+            f"\nRows from {len(used)} runs ({len(gpus)} GPU name(s), {len(commits)} commit(s)): "
+            "rows of different runs were not measured side by side (column `run` below)."
+        )
+    if not rep.get("complete", True):
+        lines.append("\nIncomplete: the last run stopped before its plan was done.")
+    if rows and not any("layout" in r or "step_ms" in r for r in rows):  # not decode, varlen
+        lines += ["", PIVOT_NOTE]
+        for family in dict.fromkeys(r["family"] for r in rows):
+            lines += ["", f"### {family}", ""]
+            lines += _pivot([r for r in rows if r["family"] == family])
+    lines += ["", "<details><summary>every row</summary>", ""]
+    header = (*BENCH_HEADER[:-1], "run", "status")
+    body = [(*bench_cells(r)[:-1], r.get("run", 0), r["status"][:120]) for r in rows]
+    lines += _md_table(header, body)
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+PIVOT_NOTE = (
+    "Cells: forward+backward / forward ms (medians: `triton.testing.do_bench` on CUDA, "
+    "`time.perf_counter` on CPU); a word where a row did not finish (its status is in the "
+    "detail table); L = chunk size."
+)
+
+
+def _pivot(rows: list[dict]) -> list[str]:
+    """One family's rows: a line per op × mode × requested chunk size, a column per shape
+    (largest head dim first, then by T)."""
+    dims = lambda s: (-registry.parse_shape(s)["K"], registry.parse_shape(s)["T"])  # noqa: E731
+    shapes = sorted(dict.fromkeys(r["shape"] for r in rows), key=dims)
+    series: dict = {}
+    for r in rows:
+        label = r["op"] if r["library"] != "linrnn" else f"linrnn {r['op']}"
+        series.setdefault((label, r.get("mode") or "", r.get("chunk_requested")), {})[
+            r["shape"]
+        ] = r
+    body = []
+    for (label, mode, _), by_shape in series.items():
+        chunks = sorted({r["chunk"] for r in by_shape.values() if r.get("chunk")})
+        cells = []
+        for shape in shapes:
+            r = by_shape.get(shape)
+            if r is None:
+                cells.append("")
+            elif r.get("fwd_ms") is None:
+                cells.append(_short_status(r["status"]))
+            elif r.get("fwdbwd_ms") is None:
+                cells.append(f"— / {ms(r['fwd_ms'])}" + (
+                    "" if ok_status(r["status"]) else f" ({_short_status(r['status'])})"
+                ))  # fmt: skip
+            else:
+                cells.append(f"{ms(r['fwdbwd_ms'])} / {ms(r['fwd_ms'])}")
+        body.append((label, mode, "/".join(map(str, chunks)), *cells))
+    return _md_table(("op", "mode", "L", *shapes), body)
