@@ -8,18 +8,29 @@
     linrnn bench --suite varlen                   # 8 packed documents vs padded, fwd+bwd
     linrnn bench --list                       # suites, ops, peers
 
+    # a long suite in parts that add to one JSON (rerun a part that stopped at its budget)
+    linrnn bench --suite paper --ops linrnn --modes chunk --out paper.json --resume \
+        --time-budget 480
+    linrnn bench --suite paper --ops fla --out paper.json --resume --triton-cache /tmp/tc
+    linrnn bench --suite paper --ops peers --plan --out paper.json --resume  # what is left
+    linrnn bench --report paper.json chunksize.json --out merged.json --plots  # no GPU
+
 Each case (op × mode × chunk size, its shapes in order) runs in its own worker subprocess on
-CUDA, with a fresh Triton cache (so the first call includes compilation) and ``--timeout``
-seconds per shape; a crash or timeout becomes the row's status (see
-:mod:`linrnn.bench.worker`). On CPU cases run in-process (``--isolate`` to change). Times,
-memory and the FLOP/byte counts are described in :mod:`linrnn.bench.timing` and
-:mod:`linrnn.bench.flops`. The JSON report is rewritten after every case. Exit status: 0 when
-every linrnn row is ok (or not implemented yet), 1 when one failed, 2 on a bad command line.
+CUDA, with a fresh Triton cache (so the first call includes compilation; ``--triton-cache``
+shares one folder instead) and ``--timeout`` seconds per shape; a crash or timeout becomes the
+row's status (see :mod:`linrnn.bench.worker`). On CPU cases run in-process (``--isolate`` to
+change). Times, memory and the FLOP/byte counts are described in :mod:`linrnn.bench.timing`
+and :mod:`linrnn.bench.flops`. The JSON report is rewritten after every case, with a Markdown
+table (``.md``) beside it at the end; ``--resume`` keeps its rows and runs only the missing
+ones, and ``--report`` merges reports and redraws tables and plots without running anything.
+Exit status: 0 when every linrnn row is ok (or not implemented yet), 1 when one failed, 2 on a
+bad command line, 3 when ``--time-budget`` left items unrun (run again with ``--resume``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import shutil
 import sys
@@ -84,6 +95,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "chunk_size='auto' (linrnn.bench.autotune)")  # fmt: skip
     p.add_argument("--cache-dir", type=Path, help="autotune cache folder (~/.cache/linrnn)")
     p.add_argument("--commit", help="git commit to record (a copy may lack .git)")
+    p.add_argument("--resume", action="store_true", help="keep the rows of an existing --out "
+                   "report (same suite) and run only the items it lacks")  # fmt: skip
+    p.add_argument("--retry-failed", action="store_true",
+                   help="with --resume: also rerun its rows that did not end ok")  # fmt: skip
+    p.add_argument("--time-budget", type=float, metavar="S", help="start nothing after S "
+                   "seconds and stop the case in progress there; its unfinished items stay "
+                   "unrecorded (exit 3; run again with --resume)")  # fmt: skip
+    p.add_argument("--triton-cache", type=Path, metavar="DIR", help="one Triton cache folder "
+                   "for every worker (and later runs): kernels compiled once, fla's autotuning "
+                   "kept; first calls may then exclude compilation (marked c)")  # fmt: skip
+    p.add_argument("--plan", action="store_true", help="print the cases and shapes that would "
+                   "run (peers as if installed), then exit; no GPU needed")  # fmt: skip
+    p.add_argument("--report", nargs="+", type=Path, metavar="JSON", help="run nothing: merge "
+                   "these reports (into --out when several), write the Markdown table (and "
+                   "--plots) from them")  # fmt: skip
     p.add_argument("--list", action="store_true", help="list suites, ops and peers, then exit")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--verbose", action="store_true", help="echo the workers' output")
@@ -108,7 +134,8 @@ def all_tags() -> set[str]:
 
 
 def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, list]], list[str]]:
-    """The cases (each with its shape items) and notes on what was left out and why."""
+    """The cases (each with its shape items) and notes on what was left out and why (with
+    ``--plan``, peers are planned as if their libraries were installed)."""
     wanted = set(args.ops or ())
     chosen = lambda op: not wanted or bool(op_tags(op) & wanted)  # noqa: E731
     modes = [m for m in suite.modes if not args.modes or m in args.modes]
@@ -116,8 +143,8 @@ def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, lis
     common = dict(
         task="bench", device=device, dtype=dtype, seed=args.seed, warmup_ms=args.warmup_ms,
         rep_ms=args.rep_ms, cpu_repeats=args.repeats, threads=args.threads,
-        fresh_triton_cache=True, fwdbwd=suite.fwdbwd, initial_state=suite.initial_state,
-        suite=suite.name, in_process=args.isolate == "none",
+        fresh_triton_cache=not args.triton_cache, fwdbwd=suite.fwdbwd,
+        initial_state=suite.initial_state, suite=suite.name, in_process=args.isolate == "none",
     )  # fmt: skip
     if suite.kind == "decode":
         from linrnn.bench import decode
@@ -156,7 +183,7 @@ def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, lis
                 continue
             if peer.cuda_only and device != "cuda":
                 continue
-            if not peers.available(peer.library):
+            if not peer_installed(args, peer.library):
                 notes.append(f"peer {name} skipped: {peer.library} is not installed")
                 continue
             family = registry.OPS[peer.like].family
@@ -166,6 +193,12 @@ def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, lis
         if device != "cuda":
             notes.append("peers fla and mlstm_kernels need CUDA; torch SDPA runs on CPU too")
     return cases, notes
+
+
+def peer_installed(args, library: str) -> bool:
+    """Whether a peer library counts as installed: always with ``--plan`` (it plans the GPU
+    machine's run from any machine), else when it imports."""
+    return bool(getattr(args, "plan", False)) or peers.available(library)
 
 
 def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
@@ -203,15 +236,52 @@ def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
 # --- running --------------------------------------------------------------------------------
 
 
-def run_case(case: dict, items: list, args) -> list[dict]:
+def run_case(case: dict, items: list, args, stop_at: float | None = None) -> list:
+    """The rows of one case's items (None for an item the time budget ``stop_at`` left unrun):
+    in a worker subprocess with a fresh Triton cache, or the shared ``--triton-cache``."""
     if case["in_process"]:
-        return worker.run_in_process(case, items, tasks())
+        return worker.run_in_process(case, items, tasks(), stop_at)
+    if args.triton_cache:
+        args.triton_cache.mkdir(parents=True, exist_ok=True)
+        env = worker.worker_env(str(args.triton_cache.resolve()))
+        return worker.run_items(case, items, args.timeout, env, args.verbose, stop_at=stop_at)
     cache = tempfile.mkdtemp(prefix="linrnn_bench_triton_cache_")
     try:
         env = worker.worker_env(cache)
-        return worker.run_items(case, items, args.timeout, env, args.verbose)
+        return worker.run_items(case, items, args.timeout, env, args.verbose, stop_at=stop_at)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def item_key(case: dict, item: dict) -> str:
+    """:func:`report.key_of` the row this case and item will make."""
+    return report.key_of(case["suite"], case["op"], case["mode"], case["backend"], case["chunk"],
+                         case["dtype"], item["shape"], item.get("layout"))  # fmt: skip
+
+
+def left_to_run(cases: list, done: set) -> tuple[list, int]:
+    """The cases with only their items whose key is not in ``done``, and how many were left
+    out."""
+    left, skipped = [], 0
+    for case, items in cases:
+        todo = [it for it in items if item_key(case, it) not in done]
+        skipped += len(items) - len(todo)
+        if todo:
+            left.append((case, todo))
+    return left, skipped
+
+
+def resume_from(path: Path, suite: str, retry_failed: bool) -> tuple[list, list, set]:
+    """``(rows, runs, done keys)`` of the report at ``path`` (nothing when it does not exist);
+    ``ValueError`` when it is no report or of another suite."""
+    if not path.exists():
+        return [], [], set()
+    previous = report.load_json(path)
+    if previous.get("suite") != suite:
+        raise ValueError(f"--resume: {path} holds suite {previous.get('suite')!r}, not {suite!r}")
+    rows = [dict(r, run=r.get("run") or 0) for r in previous.get("bench", [])]
+    done = {report.row_key(r) for r in rows if not retry_failed or _ok_status(r["status"])}
+    return rows, report.runs_of(previous), done
 
 
 def list_everything() -> str:
@@ -226,6 +296,52 @@ def list_everything() -> str:
         for n, p in peers.PEERS.items()
     ]
     return "\n".join(lines)
+
+
+def print_plan(cases: list, notes: list, suite: registry.Suite, device: str, skipped: int) -> None:
+    n_items = sum(len(items) for _, items in cases)
+    print(f"plan: suite {suite.name} on {device}: {len(cases)} cases, {n_items} items"
+          + (f" ({skipped} already in the report)" if skipped else ""))  # fmt: skip
+    for case, items in cases:
+        chunk = case["chunk"] or "default"
+        shapes = " ".join(it["shape"] + (f":{it['layout']}" if "layout" in it else "")
+                          for it in items)  # fmt: skip
+        print(f"  {case['op']} {case['mode'] or '-'} {case['backend'] or '-'} L={chunk}: {shapes}")
+    for note in notes:
+        print(f"  note: {note}")
+
+
+def report_main(args) -> int:
+    """``--report``: merge the reports, write the merged JSON (``--out``; needed for several),
+    the Markdown table beside it, the plots (``--plots``), and print the table."""
+    parser = args.bench_parser
+    if len(args.report) > 1 and not args.out:
+        parser.error("--report with several files needs --out for the merged JSON")
+    try:
+        merged = report.merge_reports([report.load_json(p) for p in args.report])
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    out = args.out or args.report[0]
+    if args.out:
+        report.write_json(out, merged)
+    md = Path(out).with_suffix(".md")
+    md.write_text(report.markdown(merged))
+    print(report.bench_table(merged["bench"]))
+    print(f"\n{len(merged['bench'])} rows from {len(merged['runs'])} run(s); wrote {md}"
+          + (f" and {out}" if args.out else ""))  # fmt: skip
+    if args.plots:
+        _plots(merged, Path(out))
+    return 0
+
+
+def _plots(rep: dict, path: Path) -> None:
+    try:
+        from linrnn.bench import plots
+
+        made = plots.make_plots(rep, path.parent / path.stem)
+        print(f"plots: {', '.join(str(p) for p in made) or 'none (no rows to plot)'}")
+    except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install 'linrnn[plot]')")
 
 
 def main(args) -> int:
@@ -248,8 +364,33 @@ def main(args) -> int:
     for flag in ("steps", "docs"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag} must be ≥ 1")
+    if args.time_budget is not None and args.time_budget <= 0:
+        parser.error("--time-budget must be > 0")
+    if args.retry_failed and not args.resume:
+        parser.error("--retry-failed goes with --resume")
+    if args.report:
+        return report_main(args)
 
     import torch
+
+    suite_name = args.suite or "quick"
+    suite = registry.SUITES[suite_name]
+    if args.plan:  # the GPU machine's plan unless --device cpu; nothing runs
+        device = "cpu" if args.device == "cpu" else "cuda"
+        args.isolate = args.isolate or ("process" if device == "cuda" else "none")
+        try:
+            cases, notes = plan(args, suite, device)
+        except ValueError as exc:
+            parser.error(str(exc))
+        skipped = 0
+        if args.resume and args.out:
+            try:
+                _, _, done = resume_from(args.out, suite.name, args.retry_failed)
+            except ValueError as exc:
+                parser.error(str(exc))
+            cases, skipped = left_to_run(cases, done)
+        print_plan(cases, notes, suite, device, skipped)
+        return 0
 
     cuda = torch.cuda.is_available()
     device = args.device if args.device != "auto" else ("cuda" if cuda else "cpu")
@@ -257,13 +398,11 @@ def main(args) -> int:
         print("no CUDA device (torch.cuda.is_available() is False); use --device cpu",
               file=sys.stderr)  # fmt: skip
         return 2
-    suite_name = args.suite or "quick"
     if device == "cpu" and args.device == "auto":
         print(
             f"no CUDA device: running the {suite_name} suite on the torch path on CPU "
             "(times from time.perf_counter; no memory figures, no floor)"
         )
-    suite = registry.SUITES[suite_name]
     if args.isolate is None:
         args.isolate = "process" if device == "cuda" else "none"
     if device == "cpu" and suite.name == "quick" and args.threads is None:
@@ -271,6 +410,8 @@ def main(args) -> int:
     if args.threads and args.isolate == "none":
         torch.set_num_threads(args.threads)
 
+    t_start = time.perf_counter()
+    stop_at = None if args.time_budget is None else time.monotonic() + args.time_budget
     info_case = dict(task="info", device=device, in_process=args.isolate == "none")
     if args.isolate == "none":
         info = report.info_case(info_case, {})
@@ -287,6 +428,16 @@ def main(args) -> int:
     out = args.out or out_dir / (
         f"{machine['date'][:10]}-{report.slug(machine.get('gpu'))}-{suite.name}.json"
     )
+    rows: list[dict] = []
+    runs: list[dict] = []
+    if args.resume:
+        try:
+            rows, runs, done = resume_from(out, suite.name, args.retry_failed)
+        except ValueError as exc:
+            parser.error(str(exc))
+        cases, skipped = left_to_run(cases, done)
+        if skipped:
+            notes.append(f"resume: {skipped} items already in {out} skipped")
     argv = getattr(args, "argv", None)
     command = shlex.join(["linrnn", "bench", *argv] if argv is not None else sys.argv)
     print(
@@ -297,11 +448,19 @@ def main(args) -> int:
     print(f"suite {suite.name}: {suite.description}")
     for note in [*notes, *([suite.note] if suite.note else [])]:
         print(f"  note: {note}")
+    if args.time_budget is not None and args.time_budget <= args.timeout:
+        print(f"  note: --time-budget {args.time_budget:g} s ≤ --timeout {args.timeout:g} s: a "
+              "slow item may be cut at the budget on every run")  # fmt: skip
 
-    rows: list[dict] = []
+    this_run = len(runs)
+    config = {k: v for k, v in vars(args).items() if k not in ("bench_parser", "run", "argv")}
+    runs.append(dict(command=command, machine=machine, config=config, complete=False))
+    pending = sum(len(items) for _, items in cases)
 
     def write(complete: bool) -> Path:
         failed = [r for r in rows if r["library"] == "linrnn" and not _ok_status(r["status"])]
+        runs[this_run].update(complete=complete, pending=pending,
+                              rows=sum(r.get("run") == this_run for r in rows))  # fmt: skip
         return report.write_json(
             out,
             {
@@ -311,8 +470,8 @@ def main(args) -> int:
                 "suite": suite.name,
                 "machine": machine,
                 "command": command,
-                "config": {k: v for k, v in vars(args).items() if k not in ("bench_parser",
-                                                                            "run", "argv")},
+                "config": config,
+                "runs": runs,  # every run that added rows (--resume); a row's "run" indexes it
                 "gpu_spec": spec,
                 "notes": notes,
                 "bench": rows,
@@ -320,16 +479,28 @@ def main(args) -> int:
             },
         )  # fmt: skip
 
+    def record(new: dict) -> None:
+        key = report.row_key(new)
+        rows[:] = [r for r in rows if report.row_key(r) != key]  # a retried row replaces its own
+        rows.append(new)
+
+    cache_mode = None if args.isolate == "none" else "shared" if args.triton_cache else "fresh"
     progress = report.Progress(len(cases), f"bench {suite.name}", enabled=not args.quiet)
-    t_start = time.perf_counter()
     for case, items in cases:
-        results = run_case(case, items, args)
-        rows.extend(full_row(case, item, row, spec) for item, row in zip(items, results))
+        if stop_at is not None and time.monotonic() >= stop_at:
+            break
+        results = run_case(case, items, args, stop_at)
+        for item, row in zip(items, results):
+            if row is not None:
+                record(dict(full_row(case, item, row, spec), run=this_run,
+                            triton_cache=cache_mode))  # fmt: skip
+                pending -= 1
         write(complete=False)
         label = f"{case['op']} {case['mode'] or ''} L={case['chunk'] or 'default'}"
-        progress.step(f"{label}: {', '.join(r['status'][:40] for r in results)}")
+        statuses = [r["status"][:40] if r else "not run (time budget)" for r in results]
+        progress.step(f"{label}: {', '.join(statuses)}")
     progress.close()
-    path = write(complete=True)
+    path = write(complete=pending == 0)
 
     spec_text = (
         f"floor from the {spec['matched']} spec sheet: {spec['bandwidth_Bps'] / 1e12:g} TB/s, "
@@ -338,7 +509,7 @@ def main(args) -> int:
         else "no floor (no GPU spec)"
     )
     timing = "do_bench medians" if device == "cuda" else f"perf_counter medians of {args.repeats}"
-    dtype = cases[0][0]["dtype"] if cases else "-"
+    dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
     if suite.kind in ("decode", "varlen"):
         from linrnn.bench import decode, varlen
 
@@ -348,20 +519,17 @@ def main(args) -> int:
         print(module.table(rows))
     else:
         print(
-            f"\n{suite.name}, {dtype}, {timing} in ms; peak = "
-            f"fwd+bwd call; first s = first fwd+bwd incl. compile; TFLOP/s and GB/s of the "
-            f"forward; × floor = fwd / floor; {spec_text}"
+            f"\n{suite.name}, {dtype}, {timing} in ms; peak = fwd+bwd call; first s = first "
+            "fwd+bwd incl. compile (* not the first item in its process, c shared Triton "
+            f"cache); TFLOP/s and GB/s of the forward; × floor = fwd / floor; {spec_text}"
         )
         print(report.bench_table(rows))
     failed = [r for r in rows if r["library"] == "linrnn" and not _ok_status(r["status"])]
+    final = json.loads(path.read_text())
+    md = path.with_suffix(".md")
+    md.write_text(report.markdown(final))
     if args.plots:
-        try:
-            from linrnn.bench import plots
-
-            made = plots.make_plots({"bench": rows, "gpu_spec": spec}, path.parent / path.stem)
-            print(f"plots: {', '.join(str(p) for p in made) or 'none (no rows to plot)'}")
-        except ImportError:
-            print("plots skipped: matplotlib is not installed (pip install 'linrnn[plot]')")
+        _plots(final, path)
     if args.save_cache:
         from linrnn.bench import autotune
 
@@ -373,13 +541,16 @@ def main(args) -> int:
     n_ok = sum(_ok_status(r["status"]) for r in rows)
     print(
         f"\n{n_ok}/{len(rows)} rows ok (or not implemented yet); {len(failed)} linrnn rows "
-        f"failed; {time.perf_counter() - t_start:.1f} s; wrote {path}"
+        f"failed; {time.perf_counter() - t_start:.1f} s; wrote {path} and {md.name}"
     )
+    if pending:
+        print(f"{pending} items not run within --time-budget: run the same command again "
+              "with --resume")  # fmt: skip
+        return 3
     return 1 if failed else 0
 
 
-def _ok_status(status: str) -> bool:
-    return status == "ok" or status.startswith("not implemented")
+_ok_status = report.ok_status
 
 
 def cli(argv: list[str] | None = None) -> int:
