@@ -227,13 +227,15 @@ def bench_table(rows: list[dict], use_rich: bool | None = None) -> str:
 
 
 class Progress:
-    """A progress bar over ``total`` steps: tqdm's when tqdm imports (and stderr is a
-    terminal or ``force``), else one plain line per step on stderr."""
+    """A progress bar over ``total`` steps: tqdm's when tqdm imports and stderr is a
+    terminal, else one plain line per step on stderr (a captured log, e.g. a GPU call's
+    output, keeps every case's statuses)."""
 
     def __init__(self, total: int, desc: str = "bench", enabled: bool = True):
         self.total, self.n, self.enabled = total, 0, enabled
         self.bar = None
-        if enabled and importlib.util.find_spec("tqdm") is not None:
+        tty = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+        if enabled and tty and importlib.util.find_spec("tqdm") is not None:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
