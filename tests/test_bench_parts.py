@@ -258,3 +258,54 @@ def test_plots_of_a_merged_paper_and_chunksize_report(tmp_path):
                                       "roofline.png"}  # fmt: skip
     assert len(plots.length_rows(merged["bench"], "fwdbwd_ms")) == 3  # no chunksize row
     assert len(plots.length_rows(sizes, "fwdbwd_ms")) == 3  # one suite: its rows as they are
+
+
+# --- scripts/paper_runbook.sh ---------------------------------------------------------------
+
+
+def runbook_parts() -> dict[str, list[str]]:
+    """Each numbered part of scripts/paper_runbook.sh: its linrnn bench arguments (its
+    part_args function, run by bash without running the script)."""
+    import subprocess
+
+    script = worker.ROOT / "scripts" / "paper_runbook.sh"
+    harness = (
+        f'eval "$(sed -n "/^PARTS=/p; /^part_args()/,/^}}/p" "{script}")"; '
+        'for p in "${PARTS[@]}"; do part_args "$p"; printf "%s\\0" "@$p" "${ARGS[@]}"; done'
+    )
+    out = subprocess.run(["bash", "-c", harness], capture_output=True, text=True, check=True,
+                         env={"TC": "/tmp/tc", "PATH": "/usr/bin:/bin"}).stdout  # fmt: skip
+    parts: dict[str, list[str]] = {}
+    for word in out.split("\0")[:-1]:
+        if word.startswith("@"):
+            parts[word[1:]] = []
+        else:
+            parts[next(reversed(parts))].append(word)
+    return parts
+
+
+def test_runbook_parts_cover_the_paper_and_chunksize_suites_once():
+    """Parts 1-6 together plan every item of the paper suite once (177), parts 7-8 every item
+    of the chunksize suite once, and the headdim parts every linrnn item once (fla left out)."""
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+
+    def keys(argv):
+        args = parser.parse_args([*argv, "--plan"])
+        args.isolate = "process"
+        cases, _ = cli.plan(args, registry.SUITES[args.suite], "cuda")
+        return [cli.item_key(c, it) for c, items in cases for it in items]
+
+    parts = runbook_parts()
+    assert list(parts) == [str(n) for n in range(1, 12)]
+    for suite in ("paper", "chunksize", "headdim"):
+        planned = [k for argv in parts.values() if argv[1] == suite for k in keys(argv)]
+        assert len(planned) == len(set(planned)), suite  # no item in two parts
+        full = set(keys(["--suite", suite]))
+        if suite == "headdim":
+            assert set(planned) == {k for k in full if '"fla:' not in k}
+        else:
+            assert set(planned) == full and len(full) == {"paper": 177, "chunksize": 70}[suite]
+    fla = [argv for argv in parts.values() if any(op.startswith("fla:") for op in argv)]
+    assert all("--triton-cache" in argv for argv in fla)
+    assert parts["6"][parts["6"].index("--ops") + 1 :][:1] == ["fla:chunk_gla"]
