@@ -12,12 +12,16 @@ The run is eager (torch.compile of the training step is benchmarks/compile_graph
 
 Per mixer it trains for a fixed wall-time budget (``--budget`` seconds of steps after the first
 one; the cosine schedule is sized from the step time measured after 5 steps, so every mixer
-reaches the end of its schedule), then evaluates train and validation loss on the trainer's
-fixed evaluation batches. Recorded: parameters, worker start-up, first-step time (Triton/cuBLAS
-compilation and autotuning included), median step time and tokens/s after 3 warm-up steps,
-mean tokens/s, peak memory, the per-step train loss (vs step and vs training time), final
-train/val loss. ``--deadline`` caps the whole run: later mixers get a smaller budget when
-earlier ones ran long, and a mixer that would start past it is recorded as skipped.
+reaches the end of its schedule), evaluating train and validation loss on the trainer's fixed
+evaluation batches every ``--eval-every-s`` seconds of training and at the end. Recorded:
+parameters, worker start-up, first-step time (Triton/cuBLAS compilation and autotuning
+included), median step time and tokens/s after 3 warm-up steps, mean tokens/s, peak memory,
+the per-step train loss (vs step and vs training time, evaluations not counted), the
+evaluations, final and best validation loss, and epochs over the corpus. The corpus is small
+(≈ 250 KB of training bytes, ≈ 15 steps per epoch at the default batch): the fast mixers run
+tens of epochs and overfit, so read the validation curve (and its best value), not only its
+last point. ``--deadline`` caps the whole run: later mixers get a smaller budget when earlier
+ones ran long, and a mixer that would start past it is recorded as skipped.
 
 Writes ``--out`` (JSON, rewritten after every mixer; GPU name, torch/Triton versions, the
 commit from ``--commit`` since a copied checkout's .git may be stale) and the loss curves
@@ -135,6 +139,17 @@ def train_task(case: dict, item: dict) -> dict:
     budget, planned = item["budget_s"], max_steps
     steps, times, losses, step_s = [], [], [], []
     train_s = 0.0  # wall time of the steps after the first one
+    evals, every = [], case["eval_every_s"]
+    next_eval = every or math.inf
+    splits = {"train": train_data, "val": val_data}
+
+    def run_eval():
+        t0 = time.perf_counter()
+        ev = evaluate(model, splits, cfg, device, autocast)
+        evals.append({"step": step, "time_s": round(train_s, 4), **ev,
+                      "eval_s": time.perf_counter() - t0})  # fmt: skip
+        return ev
+
     step = 0
     while (planned is None or step < planned) and (step == 0 or train_s < budget):
         for group in opt.param_groups:
@@ -161,11 +176,16 @@ def train_task(case: dict, item: dict) -> dict:
             est = statistics.median(step_s[1:])
             planned = step + max(1, int((budget - train_s) / est))
             cfg.steps = planned
+        if train_s >= next_eval and train_s < budget and (planned is None or step < planned):
+            run_eval()  # not counted in train_s: the curve's time axis is training only
+            while next_eval <= train_s:
+                next_eval += every
     timed = step_s[WARM_STEPS:] or step_s[1:] or step_s
     tokens = cfg.batch_size * cfg.seq_len
     row.update(
         steps=step, scheduled_steps=cfg.steps if cfg.steps < 10**9 else step,
         train_time_s=train_s, tokens_per_step=tokens,
+        epochs=step * tokens / len(train_data),
         median_step_ms=1e3 * statistics.median(timed),
         tokens_per_s=tokens / statistics.median(timed),
         tokens_per_s_mean=tokens * len(timed) / sum(timed),
@@ -174,15 +194,18 @@ def train_task(case: dict, item: dict) -> dict:
         last_train_loss=statistics.fmean(losses[-20:]),
         curve={"step": steps, "time_s": [round(t, 4) for t in times],
                "loss": [round(v, 5) for v in losses]},
-        step_ms=[round(1e3 * t, 3) for t in step_s],
+        step_ms=[round(1e3 * t, 3) for t in step_s], evals=evals,
     )  # fmt: skip
     _write_partial(case, item, row)
     if row["status"] == "ok":
         emit({"event": "stage", "stage": "eval"})
         _fault(item["name"])
-        t0 = time.perf_counter()
-        ev = evaluate(model, {"train": train_data, "val": val_data}, cfg, device, autocast)
-        row.update(eval_s=time.perf_counter() - t0, train_loss=ev["train"], val_loss=ev["val"])
+        ev = run_eval()
+        best = min(evals, key=lambda e: e["val"])
+        row.update(
+            eval_s=evals[-1]["eval_s"], train_loss=ev["train"], val_loss=ev["val"],
+            best_val_loss=best["val"], best_val_step=best["step"],
+        )  # fmt: skip
     return row
 
 
@@ -200,8 +223,9 @@ def _versions() -> dict:
 
 
 def _case(args) -> dict:
-    keys = ("d_model", "layers", "heads", "T", "batch", "lr", "warmup", "eval_batches", "seed",
-            "amp", "backend", "chunk_size", "max_steps", "threads")  # fmt: skip
+    keys = ("d_model", "layers", "heads", "T", "batch", "lr", "warmup", "eval_batches",
+            "eval_every_s", "seed", "amp", "backend", "chunk_size", "max_steps",
+            "threads")  # fmt: skip
     case = {k: getattr(args, k) for k in keys}
     case.update(task="train", device=args.device, data=str(args.data))
     return case
@@ -307,12 +331,13 @@ def table(report: dict) -> str:
             name, _fmt(params and params / 1e6, ".2f"), _fmt(r.get("first_step_s"), ".1f"),
             _fmt(r.get("steps"), "d"), _fmt(r.get("median_step_ms"), ".1f"),
             _fmt(tps, ",.0f"), _fmt(ratio, ".2f"), _fmt(r.get("peak_mem_mib"), ",.0f"),
-            _fmt(r.get("train_loss"), ".3f"), _fmt(r.get("val_loss"), ".3f"),
+            _fmt(r.get("epochs"), ".0f"), _fmt(r.get("train_loss"), ".3f"),
+            _fmt(r.get("val_loss"), ".3f"), _fmt(r.get("best_val_loss"), ".3f"),
             str(r.get("status", "?"))[:60],
         ])  # fmt: skip
     header = ["mixer", "params M", "first s", "steps", "step ms", "tok/s", "vs softmax",
-              "peak MiB", "train", "val", "status"]  # fmt: skip
-    return format_table(header, rows, [False] + [True] * 9 + [False])
+              "peak MiB", "epochs", "train", "val", "best val", "status"]  # fmt: skip
+    return format_table(header, rows, [False] + [True] * 11 + [False])
 
 
 def _smooth(values: list, beta: float = 0.9) -> list:
@@ -325,7 +350,8 @@ def _smooth(values: list, beta: float = 0.9) -> list:
 
 
 def plot(report: dict, path: Path) -> str:
-    """All mixers' train loss vs step and vs training time, on one figure."""
+    """All mixers' train loss (smoothed) and validation loss vs step and vs training time, on
+    one figure."""
     try:
         import matplotlib
     except ImportError:
@@ -344,18 +370,20 @@ def plot(report: dict, path: Path) -> str:
         label = name if tps is None else f"{name} ({tps:,.0f} tok/s)"
         (line,) = by_step.plot(curve["step"], loss, lw=1.2, label=label)
         by_time.plot(curve["time_s"], loss, lw=1.2, color=line.get_color())
-        if r.get("val_loss") is not None:
-            by_step.plot(curve["step"][-1], r["val_loss"], "x", color=line.get_color(), ms=8)
-            by_time.plot(curve["time_s"][-1], r["val_loss"], "x", color=line.get_color(), ms=8)
-        low = min(low, *loss, r.get("val_loss") or math.inf)
-        high = max(high, loss[min(len(loss) - 1, max(len(loss) // 10, 1))])
+        val = [e["val"] for e in r.get("evals", [])]
+        if val:
+            style = {"ls": "--", "marker": ".", "lw": 1.0, "color": line.get_color()}
+            by_step.plot([e["step"] for e in r["evals"]], val, **style)
+            by_time.plot([e["time_s"] for e in r["evals"]], val, **style)
+        low = min(low, *loss, *val)
+        high = max(high, loss[min(len(loss) - 1, max(len(loss) // 10, 1))], *val)
     if math.isfinite(low):
         by_step.set_ylim(max(low - 0.1, 0.0), max(high, low + 0.5) + 0.1)
     c = report["config"]
     gpu = report["machine"].get("gpu") or report["machine"].get("device")
     fig.suptitle(
         f"byte-level LM, d_model {c['d_model']}, {c['layers']} layers, T {c['T']}, batch "
-        f"{c['batch']}, {gpu}: train loss (EMA 0.9), × = final validation loss",
+        f"{c['batch']}, {gpu}: train loss (EMA 0.9, solid), validation (dashed)",
         fontsize=10,
     )
     by_step.set_xlabel("step")
@@ -379,18 +407,22 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("-T", type=int, default=2048, help="training sequence length (bytes)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
-    p.add_argument("--budget", type=float, default=35.0,
-                   help="seconds of training per mixer after its first step (35)")  # fmt: skip
+    p.add_argument("--budget", type=float, default=40.0,
+                   help="seconds of training per mixer after its first step (40)")  # fmt: skip
     p.add_argument("--max-steps", type=int, default=0, help="also stop after N steps (0: off)")
     p.add_argument("--deadline", type=float, default=480.0,
                    help="seconds for the whole run; later mixers get less time (480)")  # fmt: skip
     p.add_argument("--allowance", type=float, default=150.0,
                    help="a worker's timeout is its budget plus this much (150)")  # fmt: skip
-    p.add_argument("--overhead-guess", type=float, default=25.0,
-                   help="expected start-up + first step + eval per mixer, in s (25)")  # fmt: skip
+    p.add_argument("--overhead-guess", type=float, default=15.0,
+                   help="expected start-up + first step + evals per mixer, in s (15; an H200 "
+                   "took 6-13 s)")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--eval-batches", type=int, default=4,
+                   help="batches per evaluation (linrnn.train's fixed ones; 4)")  # fmt: skip
+    p.add_argument("--eval-every-s", type=float, default=2.0,
+                   help="also evaluate every N s of training (0: at the end only; 2)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--amp", default="auto", choices=["auto", "bf16", "fp16", "off"],
                    help="autocast dtype (auto: bf16 on CUDA, off on CPU, as linrnn.train); "

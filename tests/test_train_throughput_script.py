@@ -39,6 +39,8 @@ def test_tiny_run_writes_json_and_plot(script, tmp_path, capsys):
         assert len(r["curve"]["loss"]) == len(r["curve"]["time_s"]) == len(r["step_ms"]) == 6
         assert r["curve"]["time_s"][0] == 0.0  # the first step (compilation) is not counted
         assert 3.0 < r["val_loss"] < 6.0 and 3.0 < r["train_loss"] < 6.0
+        assert r["evals"][-1]["step"] == 6 and r["evals"][-1]["val"] == r["val_loss"]
+        assert r["best_val_loss"] <= r["val_loss"] and r["epochs"] > 0
     if importlib.util.find_spec("matplotlib") is not None:
         assert out.with_suffix(".png").stat().st_size > 1000
     assert not out.with_name("tt-partial").exists()
