@@ -93,6 +93,24 @@ def _start_state(S, N, i_st, o_k, o_v, K, V, m_k, m_v, HAS: tl.constexpr,
 
 
 @triton.jit
+def _dot_n(b_x, b_n, DOT_PREC: tl.constexpr):
+    """x·n per row, for x [BT, BD] in its input dtype and the fp32 normalizer state n [BD], on
+    the tensor cores: n as n_hi + n_lo in x's dtype (8 columns each), so the sum keeps about fp32
+    precision (den picks the normalizer's branch and scales the backward).
+
+    Not an elementwise product with x: where x is also an operand of a dot in a pipelined loop
+    (rows_kernel), Triton 3.6 on Hopper read the shared-memory copy of x for that product while
+    a later stage was overwriting it, with num_stages ≥ 2 (benchmarks/diag_determinism.py: den
+    differed between two runs on the same inputs, o by up to 5 % against fp32); and at BD = 256
+    the [BT, BD] fp32 temporary spills."""
+    b_hi = b_n.to(b_x.dtype)
+    b_lo = (b_n - b_hi.to(tl.float32)).to(b_x.dtype)
+    col = tl.arange(0, 16)[None, :]
+    b_nn = tl.where(col < 8, b_hi[:, None], b_lo[:, None])  # [BD, 16]
+    return tl.sum(tl.dot(b_x, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 8)
+
+
+@triton.jit
 def _denominator(b_den, b_mr, eps, NORM: tl.constexpr):
     """The normalizer's denominator from den = scale·q·n: den + eps (sum), max(|den|, 1) + eps
     (mLSTM, sigmoid gate) or max(|den|, exp(−m_r)) + eps (mLSTM, max state)."""
@@ -341,7 +359,7 @@ def rows_kernel(
             b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, H * D, m_r, m_d), input_precision=DOT_PREC)
             if (not IS_DQ) and NORM != 0:
                 b_n = _vec(NS + (i_bh * NT + i_c) * D, o_d, m_d)
-                b_den += tl.sum(b_x.to(tl.float32) * b_n[None, :], 1)
+                b_den += _dot_n(b_x, b_n, DOT_PREC)
         if IS_DQ and NORM != 0:
             b_no = _vec(NS + (i_bh * NT + i_c) * O, o_o, m_o)  # [BO]
             b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
