@@ -258,7 +258,7 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     dv = torch.empty_like(v)
     fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
         q, k, do, dv, dS_T if has_dst else dummy, mc, b, a, m_row, R_A, c.CO, c.CHUNKS,
-        *[dummy] * 6, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        *[dummy] * 8, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None

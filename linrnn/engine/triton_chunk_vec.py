@@ -231,7 +231,7 @@ class _VecChunkFn(torch.autograd.Function):
         q, k, v, u, bk, bkx, bv, S0, S_T, *saved = ctx.saved_tensors
         do = do.contiguous()
         if c.fused:
-            grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c)
+            grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c)
         else:
             grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c)
         dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv = grads
@@ -246,7 +246,8 @@ class _VecChunkFn(torch.autograd.Function):
             dgk = dgk - qdq + b_u
         dgv = None
         if bv is not None:
-            dgv = _revsum(saved[1] * do.float() - vdv, Wv, endv, c)
+            # fused: the kernel's o ⊙ do − v ⊙ dv (rounding-matched); chunk: from the fp32 output
+            dgv = _revsum(vdv if c.fused else saved[1] * do.float() - vdv, Wv, endv, c)
         return dq, dk, dv, dgk, dgv, du, (dS0 if S0 is not None else None), None
 
 
@@ -288,17 +289,20 @@ def _forward_fused(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
     has_gv, has_s0 = bv is not None, S0 is not None
     S_T = torch.empty(c.N, H, K, V, **f32)
     o = torch.empty_like(v, dtype=q.dtype)
-    o32 = torch.empty(v.shape, **f32) if has_gv else dummy  # for gv's gradient
+    # For gv's gradient: the output's intra- and inter-chunk parts (fp32), see fused_dv_kernel
+    o_in = torch.empty(v.shape, **f32) if has_gv else dummy
+    o_x = torch.empty(v.shape, **f32) if has_gv else dummy
     fused.fused_fwd_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
         q, k, v, o, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy, dummy, dummy, dummy,
-        dummy, dummy, o32, c.CO, c.CHUNKS, bk, bkx, bv if has_gv else dummy,
+        dummy, o_x, o_in, c.CO, c.CHUNKS, bk, bkx, bv if has_gv else dummy,
         u if c.excl else dummy, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale, 0.0,
         BK=c.KP, BV=c.BVf, TRACK_N=False, HAS_S0=has_s0, **_fused_common(c, has_gv),
+        SPLIT=has_gv and q.dtype != torch.float32,  # gv's gradient: see _backward_fused
     )  # fmt: skip
-    return o, S_T, (None, o32 if has_gv else None)
+    return o, S_T, ((o_in, o_x) if has_gv else (None, None))
 
 
-def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c: tc.Config):
+def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
     T, H, K = q.shape[1:]
     V = v.shape[3]
     f32 = dict(device=q.device, dtype=torch.float32)
@@ -307,7 +311,11 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c: tc.Config):
     has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
     gates = (bk, bkx, bv if has_gv else dummy, u if c.excl else dummy)
     common = _fused_common(c, has_gv)
-    split = q.dtype != torch.float32  # 16-bit products with the fp32 state as hi + lo
+    # 16-bit products with the fp32 state as hi + lo: the gate gradients are whole-sequence
+    # sums of o·do − v·dv (gv) and q·dq − k·dk (gk) whose cross-chunk terms cancel only if
+    # both sides see the state at (nearly) fp32 precision, so the forward's and dv's
+    # inter-chunk products are split too when gv is there.
+    split = q.dtype != torch.float32
     nK = triton.cdiv(K, c.BKf)
     dq = torch.empty_like(q)
     qdq = torch.empty(q.shape, **f32)
@@ -325,10 +333,12 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, c: tc.Config):
         c.scale, BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_DST=has_dst, SPLIT=split, **common,
     )  # fmt: skip
     dv = torch.empty_like(v)
+    # With gv: o ⊙ do − v ⊙ dv per step (fp32), ready for the reverse sum
     vdv = torch.empty(v.shape, **f32) if has_gv else dummy
+    o_in, o_x = saved if has_gv else (dummy, dummy)
     fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
         q, k, do, dv, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy, dummy, c.CO,
-        c.CHUNKS, *gates, v, vdv, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
-        BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
+        c.CHUNKS, *gates, v, vdv, o_in, o_x, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
+        BK=c.KP, BV=c.BVf, HAS_DST=has_dst, SPLIT=split and has_gv, **common,
     )  # fmt: skip
     return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, None, None

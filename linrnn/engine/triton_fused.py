@@ -27,6 +27,7 @@ import triton.language as tl
 from linrnn.engine.triton_kernels import (
     _bounds,
     _denominator,
+    _dot_n,
     _log_weights,
     _start_state,
     _tile,
@@ -112,7 +113,7 @@ def fused_fwd_kernel(
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
-    BC: tl.constexpr = 16, BD: tl.constexpr = 32,
+    BC: tl.constexpr = 16, BD: tl.constexpr = 32, SPLIT: tl.constexpr = False,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
@@ -143,23 +144,26 @@ def fused_fwd_kernel(
                 b_q = _vec_scale_rows(
                     _tile(p_q, o_r, o_k, H * K, m_r, m_k), p_gkx, o_r, m_r, o_k, m_k, H * K
                 )  # [BC, BK]
-                b_o = tl.dot(b_q, b_C.to(b_q.dtype), input_precision=DOT_PREC)
-                if VEC_V:
-                    b_o = _vec_scale_rows(b_o, p_gv, o_r, m_r, o_v, m_v, H * V)
-                b_o += _vec_diag(
+                b_x = _dot_state(b_q, b_C, SPLIT, DOT_PREC)  # the inter-chunk part [BC, BV]
+                b_in = _vec_diag(
                     p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, p_u, o_r, m_r, o_v, m_v, K, H * K,
                     H * V, BC, BD, False, True, VEC_V, EXCL, DOT_PREC,
                 )  # fmt: skip
-                b_o += _vec_rows_off(
+                b_in += _vec_rows_off(
                     p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, o_r, m_r, r0, c0, o_v, m_v, K, H * K,
                     H * V, BC, BT, BD, BV, True, VEC_V, DOT_PREC,
                 )  # fmt: skip
-                b_o *= scale
+                if VEC_V:
+                    b_o = scale * (_vec_scale_rows(b_x, p_gv, o_r, m_r, o_v, m_v, H * V) + b_in)
+                else:
+                    b_o = scale * (b_x + b_in)
                 p = o_r.to(tl.int64)[:, None] * H * V + o_v[None, :]
                 m_rv = m_r[:, None] & m_v[None, :]
                 tl.store(p_o + p, b_o.to(O_.dtype.element_ty), mask=m_rv)
-                if VEC_V:  # the fp32 output for gv's gradient (o ⊙ do), in DEN's place
-                    tl.store(DEN + (i_b * T * H + i_h) * V + p, b_o, mask=m_rv)
+                if VEC_V:  # for gv's gradient (fused_dv_kernel): the two parts, fp32, unscaled
+                    # by exp(G^V_r), in DEN's and M_ROW's places
+                    tl.store(DEN + (i_b * T * H + i_h) * V + p, scale * b_in, mask=m_rv)
+                    tl.store(M_ROW + (i_b * T * H + i_h) * V + p, scale * b_x, mask=m_rv)
             b_C = _vec_state_fwd(
                 b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, BT, VEC_V, DOT_PREC
             )
@@ -185,16 +189,7 @@ def fused_fwd_kernel(
             b_o += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
             b_o *= scale
             if NORM != 0:
-                # q·n on the tensor cores (n repeated over 16 columns): an elementwise [BT, K]
-                # fp32 product here would spill registers at K = 256.
-                # n as n_hi + n_lo in q's dtype (8 columns each): den decides the normalizer's
-                # branch and scales the backward, so it keeps (nearly) fp32 precision.
-                b_hi = b_n.to(b_q.dtype)
-                b_lo = (b_n - b_hi.to(tl.float32)).to(b_q.dtype)
-                col = tl.arange(0, 16)[None, :]
-                b_nn = tl.where(col < 8, b_hi[:, None], b_lo[:, None])  # [BK, 16]
-                b_qn = tl.sum(tl.dot(b_q, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 8)
-                b_den = b_qn * e_r + tl.sum(b_p, 1)
+                b_den = _dot_n(b_q, b_n, DOT_PREC) * e_r + tl.sum(b_p, 1)
                 b_den *= scale
                 b_o = b_o / _denominator(b_den, b_mr, eps, NORM)[:, None]
                 tl.store(DEN + i_bh * T + o_t, b_den, mask=m_t & ((o_t * 0 + i_v) == 0))
@@ -460,13 +455,13 @@ def fused_dk_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_dv_kernel(
     Q, K_, DH, DV, DS_T, MC, G_B, G_A, M_ROW, R_A, CO, CHUNKS,
-    GK, GKX, GV, U, V_, PART,
+    GK, GKX, GV, U, V_, PART, DEN_IN, DEN_X,
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
-    BC: tl.constexpr = 16, BD: tl.constexpr = 32,
+    BC: tl.constexpr = 16, BD: tl.constexpr = 32, SPLIT: tl.constexpr = False,
 ):  # fmt: skip
     """dv_s = w_s k_s dC + scale·Σ_{r≥s} D_rs A_r (k_s·q_r) dh_r, walking back."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -494,9 +489,11 @@ def fused_dv_kernel(
                 b_k = _vec_to_end(
                     _tile(p_k, o_s, o_k, H * K, m_s, m_k), p_gk, o_s, m_s, o_k, m_k, H * K, c1
                 )  # [BC, BK]
-                b_dv = tl.dot(b_k, b_dC.to(b_k.dtype), input_precision=DOT_PREC)
+                b_y = _dot_state(b_k, b_dC, SPLIT, DOT_PREC)  # the inter-chunk part [BC, BV]
                 if VEC_V:
-                    b_dv = _vec_to_end(b_dv, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
+                    b_dv = _vec_to_end(b_y, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
+                else:
+                    b_dv = b_y
                 b_in = _vec_diag(
                     p_k, p_q, p_dh, p_gkx, p_gk, p_gv, p_gv, p_u, o_s, m_s, o_v, m_v, K, H * K,
                     H * V, BC, BD, True, True, VEC_V, EXCL, DOT_PREC,
@@ -510,9 +507,23 @@ def fused_dv_kernel(
                 p = o_s.to(tl.int64)[:, None] * H * V + o_v[None, :]
                 tl.store(DV + (i_b * T * H + i_h) * V + p, b_dv.to(DV.dtype.element_ty), mask=m_sv)
                 if VEC_V:
+                    # o ⊙ do − v ⊙ dv at these steps, gv's gradient before its reverse sum
+                    # (fp32). The cross-chunk pairs (r later than s) enter o_r ⊙ do_r and
+                    # v_s ⊙ dv_s; in exact arithmetic they cancel in the whole-sequence sum,
+                    # and they still cancel here because each side takes its 16-bit factor
+                    # rounded exactly as the other side's state update rounded it:
+                    # dh_r·exp(G^V_r) as in dC (_vec_state_bwd), v_s·exp(G^V_L − G^V_s) as in
+                    # C (_vec_state_fwd); the states themselves are hi + lo (SPLIT).
+                    p_at = (i_b * T * H + i_h) * V + p
                     b_vv = _ld(V_ + (i_b * T * H + i_h) * V, o_s, o_v, H * V, m_s, m_v)
-                    tl.store(PART + (i_b * T * H + i_h) * V + p, b_vv.to(tl.float32) * b_dv,
-                             mask=m_sv)  # fmt: skip
+                    b_vt = _vec_to_end(b_vv, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
+                    b_do = _ld(p_dh, o_s, o_v, H * V, m_s, m_v)
+                    b_dot = _vec_scale_rows(b_do, p_gv, o_s, m_s, o_v, m_v, H * V)
+                    b_oin = tl.load(DEN_IN + p_at, mask=m_sv, other=0.0)
+                    b_ox = tl.load(DEN_X + p_at, mask=m_sv, other=0.0)
+                    part = b_ox * b_dot.to(tl.float32) + b_oin * b_do.to(tl.float32)
+                    part -= b_vt.to(tl.float32) * b_y + b_vv.to(tl.float32) * (scale * b_in)
+                    tl.store(PART + p_at, part, mask=m_sv)
             b_dC = _vec_state_bwd(
                 b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, scale,
                 BT, VEC_V, DOT_PREC,
