@@ -68,11 +68,16 @@ class SoftmaxAttention(Mixer):
             v = torch.cat([entry["v"], v], dim=2)
             key_valid = torch.cat([entry["key_valid"], valid], dim=1)
         P = k.shape[2] - T  # columns already cached
-        rows = torch.arange(T, device=x.device)[:, None] + P
-        cols = torch.arange(k.shape[2], device=x.device)[None]
-        allowed = (cols <= rows)[None] & key_valid[:, None, :]
-        allowed = allowed | (cols == rows)[None]  # a padding query sees itself: no empty row
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+        if attention_mask is None and P == 0:
+            # No padding, no cache: plain causal, which SDPA runs with its fused (flash)
+            # kernels; any explicit mask would send it to the slower masked path.
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            rows = torch.arange(T, device=x.device)[:, None] + P
+            cols = torch.arange(k.shape[2], device=x.device)[None]
+            allowed = (cols <= rows)[None] & key_valid[:, None, :]
+            allowed = allowed | (cols == rows)[None]  # a padding query sees itself
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
         o = o.transpose(1, 2).flatten(-2) * valid[..., None].to(x.dtype)
         if cache is not None:
             cache.update(
