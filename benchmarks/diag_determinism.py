@@ -69,34 +69,48 @@ def main():
                 print(f"D={D} T={T} {fam:17s} rows_fwd stages={ns}: differing elements "
                       + ", ".join(line), flush=True)  # fmt: skip
             tc.TILES["rows_fwd"] = base
-            # One check against the torch engine in fp32 on the same (rounded) inputs.
-            if dev == "cuda":
-                from linrnn.engine import torch_chunk
+            check_public(fam, q, k, v, f, i, args.chunk, min(T, 8192))
 
-                del torch_chunk  # only that it imports; the public op below uses it
-            import linrnn
 
-            n = min(T, 8192)
-            args_ = [t[:, :n] for t in (q, k, v)]
-            fi, ff = i[:, :n], f[:, :n]
-            for backend in ("triton", "torch"):
-                xs = [t.float() for t in args_] if backend == "torch" else args_
-                if fam.startswith("mlstm"):
-                    o, _ = linrnn.mlstm(*xs, fi, ff, input_gate="exp" if fam == "mlstm_exp"
-                                        else "sigmoid", normalize=True, backend=backend,
-                                        mode="chunk", chunk_size=args.chunk)  # fmt: skip
-                elif fam == "linear_attn_norm":
-                    o, _ = linrnn.linear_attn(*xs, normalize=True, backend=backend, mode="chunk",
-                                              chunk_size=args.chunk)  # fmt: skip
-                else:
-                    o, _ = linrnn.simple_gla(*xs, F.logsigmoid(ff), backend=backend,
-                                             mode="chunk", chunk_size=args.chunk)  # fmt: skip
-                if backend == "triton":
-                    o_tr = o.float()
-                else:
-                    err = float((o_tr - o).norm() / o.norm())
-                    print(f"   {fam} T={n} D={D}: triton vs torch fp32 rel. error {err:.2e}")
+def call(fam, xs, fi, ff, backend, L, mode="chunk"):
+    import linrnn
 
+    if fam.startswith("mlstm"):
+        gate = "exp" if fam == "mlstm_exp" else "sigmoid"
+        return linrnn.mlstm(*xs, fi, ff, input_gate=gate, normalize=True, backend=backend,
+                            mode=mode, chunk_size=L)[0]  # fmt: skip
+    if fam == "linear_attn_norm":  # positive features, as the sum normalizer assumes
+        xs = [F.elu(xs[0]) + 1, F.elu(xs[1]) + 1, xs[2]]
+        return linrnn.linear_attn(*xs, normalize=True, backend=backend, mode=mode, chunk_size=L)[0]
+    return linrnn.simple_gla(*xs, F.logsigmoid(ff), backend=backend, mode=mode, chunk_size=L)[0]
+
+
+def check_public(fam, q, k, v, f, i, L, n):
+    """Forward and backward through the public op, twice (bitwise) and against fp32 torch."""
+    gen = torch.Generator(device=q.device).manual_seed(1)
+    do = torch.randn(q.shape[0], n, q.shape[2], v.shape[3], generator=gen, device=q.device)
+    res = {}
+    for mode, backend, cast in (("chunk", "triton", None), ("chunk", "triton", None),
+                                ("fused_chunk", "triton", None),
+                                ("chunk", "torch", torch.float32)):  # fmt: skip
+        leaves = [t[:, :n].detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]
+        gates = [t[:, :n].detach().clone().requires_grad_() for t in (i, f)]
+        o = call(fam, leaves, *gates, backend, L, mode)
+        grads = torch.autograd.grad(o, leaves + gates, do.to(o.dtype), allow_unused=True)
+        out = [o.float()] + [g.float() if g is not None else None for g in grads]
+        key = (mode, backend)
+        if key in res:
+            same = [int((a != b).sum()) if a is not None else 0 for a, b in zip(res[key], out)]
+            print(f"   {fam} T={n}: {mode} differing elements between two runs (o, dq, dk, dv, "
+                  f"di, df): {same}")  # fmt: skip
+        else:
+            res[key] = out
+    ref = res[("chunk", "torch")]
+    for key in (("chunk", "triton"), ("fused_chunk", "triton")):
+        errs = [float((a - b).norm() / b.norm()) if a is not None and b is not None else 0.0
+                for a, b in zip(res[key], ref)]  # fmt: skip
+        print(f"   {fam} T={n} {key[0]}: rel. error vs fp32 torch (o, dq, dk, dv, di, df): "
+              + " ".join(f"{e:.1e}" for e in errs), flush=True)  # fmt: skip
 
 if __name__ == "__main__":
     main()

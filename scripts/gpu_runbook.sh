@@ -48,6 +48,10 @@ scalar-check)
     done
     wait
     tail -qn 2 "$OUT"/test_triton_*.txt
+    # Bitwise repeatability and fp32 agreement at T = 65,536 (a race hides at small T)
+    timeout 200 python3 benchmarks/diag_determinism.py --stages 3 --repeats 2 \
+        >"$OUT/determinism.txt" 2>&1
+    grep -v Warn "$OUT/determinism.txt"
     timeout 320 python3 benchmarks/gpu_engine.py --skip-bench --ops linrnn --jobs 6 \
         --commit "$C" --out "$OUT/check_scalar.json"
     ;;
