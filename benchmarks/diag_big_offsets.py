@@ -18,7 +18,8 @@ from linrnn.engine import triton_chunk as tc
 
 def forward(q, k, v, f, i, L):
     c = tc.Config(q, k, v, scale=q.shape[-1] ** -0.5, has_decay=True, has_igate=True,
-                  stabilize=True, track_n=True, normalizer="mlstm", eps=1e-6, chunk_size=L)  # fmt: skip
+                  stabilize=True, track_n=True, normalizer="mlstm", eps=1e-6,
+                  chunk_size=L)  # fmt: skip
     b = tc._chunk_cumsum(F.logsigmoid(f), L, c)
     a = tc._rows(i)
     o, S_T, n_T, m_T, (states, ns, mc, den, m_row) = tc._forward(q, k, v, b, a, None, None, None, c)
@@ -61,7 +62,8 @@ def main():
             print(f" first {bad[0].tolist()} last {bad[-1].tolist()}", end="")
             for dim in range(bad.shape[1]):
                 u = bad[:, dim].unique()
-                print(f" | dim{dim}: {u.numel()} values in [{int(u.min())}, {int(u.max())}]", end="")
+                lo, hi = int(u.min()), int(u.max())
+                print(f" | dim{dim}: {u.numel()} values in [{lo}, {hi}]", end="")
         print()
 
 

@@ -34,7 +34,8 @@ def forward(fam, q, k, v, f, i, L):
     dummy = torch.empty(1, device=q.device)
     b = tc._chunk_cumsum(F.logsigmoid(f), L, c) if d else dummy
     a = tc._rows(i if stab else F.logsigmoid(i)) if ig else dummy
-    o, S_T, n_T, m_T, (states, ns, mc, den, m_row) = tc._forward(q, k, v, b, a, None, None, None, c)
+    o, _, _, _, saved = tc._forward(q, k, v, b, a, None, None, None, c)
+    states, den, m_row = saved[0], saved[3], saved[4]
     return dict(o=o, den=den, m_row=m_row, states=states)
 
 
@@ -111,6 +112,7 @@ def check_public(fam, q, k, v, f, i, L, n):
                 for a, b in zip(res[key], ref)]  # fmt: skip
         print(f"   {fam} T={n} {key[0]}: rel. error vs fp32 torch (o, dq, dk, dv, di, df): "
               + " ".join(f"{e:.1e}" for e in errs), flush=True)  # fmt: skip
+
 
 if __name__ == "__main__":
     main()
