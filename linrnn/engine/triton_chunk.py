@@ -406,6 +406,25 @@ def _chunk_local(dF, bnd, c: Config):
     return G[:, :T] - G[:, end] + bnd.double()[:, chunk]
 
 
+def _route(dm: torch.Tensor, idx: torch.Tensor, width: int) -> torch.Tensor:
+    """dz[p] = Σ_{t: idx_t = p} dm_t ([rows, width] fp32), deterministically: idx (a running
+    argmax) never decreases along a row, so each p collects one contiguous run of t, whose sum
+    is a difference of fp64 prefix sums (a CUDA scatter_add would add in a varying order)."""
+    rows, L = dm.shape
+    S = dm.double().cumsum(1)
+    ends = torch.ones_like(idx, dtype=torch.bool)
+    ends[:, :-1] = idx[:, 1:] != idx[:, :-1]  # the last t of each run
+    t = torch.arange(L, device=dm.device).expand(rows, L)
+    last = torch.where(ends, t, -1).cummax(1).values  # the latest run end ≤ t
+    before = F.pad(last[:, :-1], (1, 0), value=-1)  # the latest run end < t
+    S_before = torch.where(before >= 0, S.gather(1, before.clamp_min(0)), 0.0)
+    run_sum = torch.where(ends, S - S_before, 0.0)
+    # Run ends write their sums to distinct columns; every other t writes 0 to a spare one.
+    dz = torch.zeros(rows, width + 1, device=dm.device, dtype=torch.float64)
+    dz.scatter_(1, torch.where(ends, idx, width), run_sum)
+    return dz[:, :width].float()
+
+
 def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T, m0, dm0,
                 c: Config, bnd=None):  # fmt: skip
     """∂L/∂g, ∂L/∂gi ([B, T, H]) and the routed part of ∂L/∂m_0 (see the module docstring).
@@ -447,7 +466,7 @@ def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T
         a_seq = sq.spread(_rows(gi).double(), fill=-torch.inf)
         z = torch.cat([start, a_seq - Fg], dim=1)
         idx = z.cummax(dim=1).indices[:, 1:]  # the argmax behind each m_t (0 = m_0)
-        dz = torch.zeros(NH, sq.Lmax + 1, device=dF.device).scatter_add_(1, idx, dm)
+        dz = _route(dm, idx, sq.Lmax + 1)
         dF += dm - dz[:, 1:]
         da += dz[:, 1:]
         if m0 is not None:
