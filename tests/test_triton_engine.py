@@ -12,7 +12,16 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 import torch
-from helpers import FAMILIES, RTOL, assert_close, flat_state, rel_err, run_with_grads
+from helpers import (
+    FAMILIES,
+    RTOL,
+    SENSITIVITY_FACTOR,
+    assert_close,
+    flat_state,
+    rel_err,
+    run_with_grads,
+    sensitivity,
+)
 
 import linrnn
 
@@ -47,40 +56,6 @@ def _identity_scale(fam, inputs, grads):
     return scale
 
 
-# Unit roundoff per input dtype: the relative size of the rounding every input carries.
-ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11}
-# How many times the inputs' own rounding effect a kernel may show. Rounding every input once
-# costs that effect; a chunked kernel rounds its intermediates a few more times in the same
-# dtype, each adding a comparable amount.
-SENSITIVITY_FACTOR = 8.0
-
-
-def _sensitivity(fam, inputs, h0, dtype, ref, **kw):
-    """RMS-relative change of the fp64 results when every input and initial-state element is
-    multiplied by (1 + u·N(0,1)), u the dtype's unit roundoff (max over two draws): the error
-    any implementation in that dtype inherits from the problem's conditioning. Near-zero
-    normalizers (mLSTM-exp with input gates at ±20) make it reach 1e-4..1e-3 in fp32."""
-    u = ROUNDOFF[dtype]
-    gen = torch.Generator(device=DEVICE).manual_seed(1)
-
-    def jig(t):
-        noise = torch.randn(t.shape, generator=gen, device=DEVICE, dtype=torch.float64)
-        return t.double() * (1 + u * noise)
-
-    worst = {}
-    for _ in range(2):
-        h = None
-        if h0 is not None:
-            h = tuple(jig(x) for x in h0) if isinstance(h0, tuple) else jig(h0)
-        o, st, grads = run_with_grads(fam, {n: jig(t) for n, t in inputs.items()}, h,
-                                      torch.float64, mode="reference", **kw)  # fmt: skip
-        errs = {"o": rel_err(o, ref[0])}
-        errs.update({f"state[{j}]": rel_err(a, b) for j, (a, b) in enumerate(zip(st, ref[1]))})
-        errs.update({f"d{n}": rel_err(g, ref[2][n]) for n, g in grads.items()})
-        worst = {n: max(e, worst.get(n, 0.0)) for n, e in errs.items()}
-    return worst
-
-
 def _m0_identity_scale(h0, grads):
     """Size of the terms of the initial max state's gradient, ∂L/∂m_0 = ⟨dC_0, C_0⟩ +
     ⟨dn_0, n_0⟩ (+ the routed max path): the stored state is C_0·e^{−m_0}. A normalized output
@@ -94,7 +69,7 @@ def _m0_identity_scale(h0, grads):
 def _check(fam, inputs, h0, dtype, factor=1.0, cu_seqlens=None, decay_by_terms=False, **kw):
     """Triton run vs the fp64 reference loop; the tolerance is the dtype's, or 2× the error
     of the reference loop run in the same dtype (see helpers.assert_close), or
-    SENSITIVITY_FACTOR × what rounding the inputs alone costs (:func:`_sensitivity`). With
+    SENSITIVITY_FACTOR × what rounding the inputs alone costs (:func:`helpers.sensitivity`). With
     ``decay_by_terms`` the [B, T, H] log-decay gradient is held to the conditioning bound of
     :func:`_identity_scale` instead, and mLSTM-exp's ∂L/∂m_0 to :func:`_m0_identity_scale`."""
     inputs, h0 = _on(inputs), _on(h0)
@@ -104,7 +79,7 @@ def _check(fam, inputs, h0, dtype, factor=1.0, cu_seqlens=None, decay_by_terms=F
     ref = run_with_grads(fam, inputs, h0, torch.float64, mode="reference", **seq)
     low = run_with_grads(fam, inputs, h0, dtype, mode="reference", **seq)
     got = run_with_grads(fam, inputs, h0, dtype, backend="triton", **kw)
-    sens = _sensitivity(fam, inputs, h0, dtype, ref, **seq)
+    sens = sensitivity(fam, inputs, h0, dtype, ref, **seq)
     fac = lambda name: max(factor, SENSITIVITY_FACTOR * sens[name] / RTOL[dtype])  # noqa: E731
     assert got[0].dtype == dtype
     assert_close("o", got[0], ref[0], dtype, fac("o"), low[0])

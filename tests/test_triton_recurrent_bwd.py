@@ -9,7 +9,7 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 import torch
-from helpers import FAMILIES, assert_close, run_with_grads
+from helpers import FAMILIES, RTOL, SENSITIVITY_FACTOR, assert_close, run_with_grads, sensitivity
 
 pytest.importorskip("triton")
 
@@ -26,23 +26,28 @@ def _state(fam, N, H, K, V):
     return tuple(s.to(DEVICE) for s in st) if isinstance(st, tuple) else st.to(DEVICE)
 
 
-def _check(fam, inputs, h0, factor=1.0, same_dtype=False, **kw):
+def _check(fam, inputs, h0, factor=1.0, same_dtype=False, same_factor=2.0, **kw):
     """All outputs and gradients in fp32 against the fp64 reference loop; ``same_dtype``: also
-    allow 2× the error of the PyTorch loop run in fp32 (for ill-conditioned gradients)."""
+    allow 2× the error of the PyTorch loop run in fp32 (for ill-conditioned gradients). Each
+    tolerance also covers SENSITIVITY_FACTOR × what rounding the inputs to fp32 alone costs
+    (helpers.sensitivity), as in the chunk engine's tests: a normalizer near its threshold
+    makes that reach ~1e-4 at some seeds (337570440: mLSTM-exp dq 1.24e-4, several_tiles)."""
     o_ref, st_ref, g_ref = run_with_grads(fam, inputs, h0, mode="reference", **kw)
+    sens = sensitivity(fam, inputs, h0, torch.float32, (o_ref, st_ref, g_ref), **kw)
+    fac = lambda name: max(factor, SENSITIVITY_FACTOR * sens[name] / RTOL[torch.float32])  # noqa: E731
     h32 = None
     if h0 is not None:
         h32 = tuple(s.float() for s in h0) if isinstance(h0, tuple) else h0.float()
     f32 = dict(dtype=torch.float32, mode="recurrent", **kw)
     o, st, grads = run_with_grads(fam, inputs, h32, backend="triton", **f32)
     g_same = run_with_grads(fam, inputs, h32, backend="torch", **f32)[2] if same_dtype else {}
-    assert_close("o", o, o_ref, torch.float32)
+    assert_close("o", o, o_ref, torch.float32, fac("o"))
     for j, (a, b) in enumerate(zip(st, st_ref)):
-        assert_close(f"state[{j}]", a, b, torch.float32)
+        assert_close(f"state[{j}]", a, b, torch.float32, fac(f"state[{j}]"))
     assert set(grads) == set(g_ref), (set(grads), set(g_ref))
     for name in g_ref:
-        assert_close(f"d{name}", grads[name], g_ref[name], torch.float32, factor,
-                     same_dtype_ref=g_same.get(name))  # fmt: skip
+        assert_close(f"d{name}", grads[name], g_ref[name], torch.float32, fac(f"d{name}"),
+                     same_dtype_ref=g_same.get(name), same_dtype_factor=same_factor)  # fmt: skip
 
 
 @pytest.mark.parametrize("h0", [False, True], ids=["zero", "h0"])
@@ -93,7 +98,12 @@ def test_direct_call_without_state_outputs():
 
 @pytest.mark.parametrize("family", ["linear_attn_norm", "gla_gv", "rwkv6", "mlstm_exp"])
 def test_recurrent_backward_several_tiles(family):
-    """K = V = 80: two K tiles in the dq/dk walks and two V tiles in the dv walk."""
+    """K = V = 80: two K tiles in the dq/dk walks and two V tiles in the dv walk.
+
+    A normalizer's dq is a difference of two terms, (C dh − (dh·o) n)/den, which can cancel:
+    at seed 337570440 (mLSTM-exp) the fp32 PyTorch loop itself is off by 6.2e-5 there (its
+    inputs' rounding alone by < 1.3e-5) and the kernel, forming the terms per K tile, by
+    1.24e-4. So 4× the fp32 loop's own error is allowed as well (41 further seeds pass)."""
     fam = FAMILIES[family]
     inputs = _inputs(fam, 1, 5, 1, 80, 80)
-    _check(fam, inputs, _state(fam, 1, 1, 80, 80))
+    _check(fam, inputs, _state(fam, 1, 1, 80, 80), same_dtype=True, same_factor=4.0)
