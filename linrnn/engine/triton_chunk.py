@@ -242,7 +242,7 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     dq = torch.empty_like(q)
     fused.fused_dq_kernel[(nK, c.walkers)](
         q, k, v, do, dq, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
-        mc, b, a, m_row, R_A, R_D, q_part, c.CO, c.CHUNKS, *[dummy] * 4,
+        mc, b, a, m_row, R_A, R_D, q_part, c.CO, c.CHUNKS, *[dummy] * 5,
         T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_S0=has_s0, SPLIT=split, **common,
     )  # fmt: skip
@@ -252,13 +252,13 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     fused.fused_dk_kernel[(nK, c.walkers)](
         q, k, v, do, dk, dS0, dn0, dS_T if has_dst else dummy,
         dn_T if (has_dst and c.track_n) else dummy, mc, b, a, m_row, R_A, R_D, k_part,
-        c.CO, c.CHUNKS, *[dummy] * 4, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        c.CO, c.CHUNKS, *[dummy] * 5, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_DST=has_dst, SPLIT=split, **common,
     )  # fmt: skip
     dv = torch.empty_like(v)
     fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
         q, k, do, dv, dS_T if has_dst else dummy, mc, b, a, m_row, R_A, c.CO, c.CHUNKS,
-        *[dummy] * 8, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        *[dummy] * 9, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None

@@ -80,14 +80,16 @@ def _padded(x, c: tc.Config):
     return y, lambda z: z.reshape(B, NT * L, H, D)[:, :T]
 
 
-def _revsum(x, W, end, c: tc.Config):
+def _revsum(x, W, end, c: tc.Config, totals=None):
     """Σ_{t≥u} x_t within u's sequence ([B, T, H, D], fp32 result): a reverse sum restarted at
     every chunk end from W ([B, NT, H, D], the exact tail after each chunk), or — W None — from
-    the later chunks' totals summed in fp64 plus ``end`` ([N, H, D]) after each sequence."""
+    the later chunks' totals summed in fp64 plus ``end`` ([N, H, D]) after each sequence. The
+    totals are ``totals`` where given (fused_chunk: each chunk's inter-chunk terms alone, whose
+    intra-chunk pairs would cancel anyway), else the chunks' sums of x."""
     y, back = _padded(x.float(), c)
     local = y.flip(2).cumsum(2).flip(2)  # [B, NT, L, H, D]
     if W is None:
-        tot = local[:, :, 0].double()  # each chunk's total
+        tot = (local[:, :, 0] if totals is None else totals).double()  # each chunk's total
         NT = c.NT
         if c.varlen:
             rc = F.pad(tot.flip(1).cumsum(1).flip(1), (0, 0, 0, 0, 0, 1))  # [1, NT + 1, H, D]
@@ -235,11 +237,13 @@ class _VecChunkFn(torch.autograd.Function):
         else:
             grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c)
         dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv = grads
-        endk = endv = None
-        if c.fused and dS_T is not None:
-            endk = (dS_T.float() * S_T).sum(-1)
-            endv = (dS_T.float() * S_T).sum(-2)
-        dgk = _revsum(qdq - kdk, Wk, endk, c)
+        endk = endv = totk = totv = None
+        if c.fused:  # tails from the chunks' inter-chunk totals
+            Wk, Wv, totk, totv = None, None, Wk, Wv
+            if dS_T is not None:
+                endk = (dS_T.float() * S_T).sum(-1)
+                endv = (dS_T.float() * S_T).sum(-2)
+        dgk = _revsum(qdq - kdk, Wk, endk, c, totk)
         du = None
         if c.excl:
             b_u, du = _bonus(q, k, v, do, u, c.scale)
@@ -247,7 +251,7 @@ class _VecChunkFn(torch.autograd.Function):
         dgv = None
         if bv is not None:
             # fused: the kernel's o ⊙ do − v ⊙ dv (rounding-matched); chunk: from the fp32 output
-            dgv = _revsum(vdv if c.fused else saved[1] * do.float() - vdv, Wv, endv, c)
+            dgv = _revsum(vdv if c.fused else saved[1] * do.float() - vdv, Wv, endv, c, totv)
         return dq, dk, dv, dgk, dgv, du, (dS0 if S0 is not None else None), None
 
 
@@ -319,9 +323,15 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
     nK = triton.cdiv(K, c.BKf)
     dq = torch.empty_like(q)
     qdq = torch.empty(q.shape, **f32)
+    # Per chunk, the inter-chunk parts of q⊙dq, k⊙dk (and o⊙do − v⊙dv): the tails the gate
+    # gradients' reverse sums restart from (triton_fused._store_total)
+    B, NT = q.shape[0], c.NT
+    q_tot = torch.empty(B, NT, H, K, **f32)
+    k_tot = torch.empty(B, NT, H, K, **f32)
+    v_tot = torch.empty(B, NT, H, V, **f32) if has_gv else dummy
     fused.fused_dq_kernel[(nK, c.walkers)](
         q, k, v, do, dq, S0 if has_s0 else dummy, dummy, dummy, dummy, dummy, dummy, dummy,
-        dummy, qdq, c.CO, c.CHUNKS, *gates, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
+        dummy, qdq, c.CO, c.CHUNKS, *gates, q_tot, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
         BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_S0=has_s0, SPLIT=split, **common,
     )  # fmt: skip
     dk = torch.empty_like(k)
@@ -329,7 +339,7 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
     dS0 = torch.empty(c.N, H, K, V, **f32)
     fused.fused_dk_kernel[(nK, c.walkers)](
         q, k, v, do, dk, dS0, dummy, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy,
-        dummy, dummy, dummy, kdk, c.CO, c.CHUNKS, *gates, T, H, K, V, c.L, c.NT, c.NSEQ,
+        dummy, dummy, dummy, kdk, c.CO, c.CHUNKS, *gates, k_tot, T, H, K, V, c.L, c.NT, c.NSEQ,
         c.scale, BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_DST=has_dst, SPLIT=split, **common,
     )  # fmt: skip
     dv = torch.empty_like(v)
@@ -338,7 +348,17 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
     o_in, o_x = saved if has_gv else (dummy, dummy)
     fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
         q, k, do, dv, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy, dummy, c.CO,
-        c.CHUNKS, *gates, v, vdv, o_in, o_x, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
+        c.CHUNKS, *gates, v, vdv, o_in, o_x, v_tot, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
         BK=c.KP, BV=c.BVf, HAS_DST=has_dst, SPLIT=split and has_gv, **common,
     )  # fmt: skip
-    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, None, None
+    return (
+        dq,
+        dk,
+        dv,
+        dS0,
+        qdq,
+        kdk,
+        vdv if has_gv else None,
+        q_tot - k_tot,
+        (v_tot if has_gv else None),
+    )

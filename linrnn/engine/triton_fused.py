@@ -63,6 +63,20 @@ def _dot_state(a, b_f32, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
+def _store_total(TOT, b_tot, i_b, i_c, i_h, NT, H, D, o_d, m_d):
+    """One chunk's total of a gate gradient's inter-chunk terms, TOT [B, NT, H, D] fp32.
+
+    A per-channel gate gradient is a reverse sum over the sequence of per-step terms
+    (q⊙dq − k⊙dk, o⊙do − v⊙dv). Each pair of steps in one chunk enters it twice, with opposite
+    signs, and cancels only up to rounding, so a whole-sequence sum piles those roundings up
+    (~√T). The sum therefore restarts at each chunk end from the tail after it, which is the
+    sum over later chunks of the inter-chunk terms alone (their cross-chunk pairs cancel
+    exactly: rounding-matched operands, hi + lo states): triton_chunk_vec._revsum."""
+    p = TOT + ((i_b * NT + i_c) * H + i_h) * D + o_d
+    tl.store(p, b_tot, mask=m_d)
+
+
+@triton.jit
 def _gates(G_B, G_A, o_t, m_t, c1, BT: tl.constexpr, HAS_DECAY: tl.constexpr,
            HAS_IGATE: tl.constexpr):  # fmt: skip
     """The chunk's b (per row), a (per row) and b_L (its total log decay)."""
@@ -223,7 +237,7 @@ def fused_fwd_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_dq_kernel(
     Q, K_, V_, DH, DQ, S0, N0, MC, G_B, G_A, M_ROW, R_A, R_D, PART, CO, CHUNKS,
-    GK, GKX, GV, U,
+    GK, GKX, GV, U, TOT,
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
@@ -251,6 +265,7 @@ def fused_dq_kernel(
             p_gkx = GKX + (i_b * T * H + i_h) * K
             p_gv = GV + (i_b * T * H + i_h) * V
             p_u = U + i_h * K
+            b_tot = tl.zeros([BK], dtype=tl.float32)
             for r0 in range(c0, c1, BC):
                 o_r = r0 + tl.arange(0, BC)
                 m_r = o_r < c1
@@ -276,8 +291,10 @@ def fused_dq_kernel(
                 # rounds it into dC (so cross-chunk pairs cancel against k ⊙ dk there).
                 b_qf = (b_q * f).to(Q.dtype.element_ty).to(tl.float32)
                 tl.store(PART + (i_b * T * H + i_h) * K + p, b_qf * b_x + b_q * b_dq, mask=m_rk)
+                b_tot += tl.sum(b_qf * b_x, 0)
                 b_dq += b_x * f
                 tl.store(DQ + (i_b * T * H + i_h) * K + p, b_dq.to(DQ.dtype.element_ty), mask=m_rk)
+            _store_total(TOT, b_tot, i_b, i_c, i_h, NT, H, K, o_k, m_k)
             b_C = _vec_state_fwd(
                 b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, BT, VEC_V, DOT_PREC
             )
@@ -340,7 +357,7 @@ def _state_grad_step(b_dC, b_dn, b_qt, b_dh, f, fd, decay, TRACK_N: tl.constexpr
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_dk_kernel(
     Q, K_, V_, DH, DK, DS0, DN0, DS_T, DN_T, MC, G_B, G_A, M_ROW, R_A, R_D, PART, CO, CHUNKS,
-    GK, GKX, GV, U,
+    GK, GKX, GV, U, TOT,
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
@@ -371,6 +388,7 @@ def fused_dk_kernel(
             p_gkx = GKX + (i_b * T * H + i_h) * K
             p_gv = GV + (i_b * T * H + i_h) * V
             p_u = U + i_h * K
+            b_tot = tl.zeros([BK], dtype=tl.float32)
             for s0 in range(c0, c1, BC):
                 o_s = s0 + tl.arange(0, BC)
                 m_s = o_s < c1
@@ -396,8 +414,10 @@ def fused_dk_kernel(
                 # fused_dq_kernel rounds it into C (see q ⊙ dq there).
                 b_kw = (b_k * w).to(K_.dtype.element_ty).to(tl.float32)
                 tl.store(PART + (i_b * T * H + i_h) * K + p, b_kw * b_y + b_k * b_in, mask=m_sk)
+                b_tot += tl.sum(b_kw * b_y, 0)
                 b_dk = b_y * w + b_in
                 tl.store(DK + (i_b * T * H + i_h) * K + p, b_dk.to(DK.dtype.element_ty), mask=m_sk)
+            _store_total(TOT, b_tot, i_b, i_c, i_h, NT, H, K, o_k, m_k)
             b_dC = _vec_state_bwd(
                 b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, scale,
                 BT, VEC_V, DOT_PREC,
@@ -455,7 +475,7 @@ def fused_dk_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def fused_dv_kernel(
     Q, K_, DH, DV, DS_T, MC, G_B, G_A, M_ROW, R_A, CO, CHUNKS,
-    GK, GKX, GV, U, V_, PART, DEN_IN, DEN_X,
+    GK, GKX, GV, U, V_, PART, DEN_IN, DEN_X, TOT,
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
@@ -483,6 +503,7 @@ def fused_dv_kernel(
             p_gkx = GKX + (i_b * T * H + i_h) * K
             p_gv = GV + (i_b * T * H + i_h) * V
             p_u = U + i_h * K
+            b_tot = tl.zeros([BV], dtype=tl.float32)
             for s0 in range(c0, c1, BC):
                 o_s = s0 + tl.arange(0, BC)
                 m_s = o_s < c1
@@ -521,9 +542,13 @@ def fused_dv_kernel(
                     b_dot = _vec_scale_rows(b_do, p_gv, o_s, m_s, o_v, m_v, H * V)
                     b_oin = tl.load(DEN_IN + p_at, mask=m_sv, other=0.0)
                     b_ox = tl.load(DEN_X + p_at, mask=m_sv, other=0.0)
-                    part = b_ox * b_dot.to(tl.float32) + b_oin * b_do.to(tl.float32)
-                    part -= b_vt.to(tl.float32) * b_y + b_vv.to(tl.float32) * (scale * b_in)
+                    b_cross = b_ox * b_dot.to(tl.float32) - b_vt.to(tl.float32) * b_y
+                    part = b_cross + b_oin * b_do.to(tl.float32)
+                    part -= b_vv.to(tl.float32) * (scale * b_in)
                     tl.store(PART + p_at, part, mask=m_sv)
+                    b_tot += tl.sum(b_cross, 0)
+            if VEC_V:
+                _store_total(TOT, b_tot, i_b, i_c, i_h, NT, H, V, o_v, m_v)
             b_dC = _vec_state_bwd(
                 b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H, scale,
                 BT, VEC_V, DOT_PREC,
