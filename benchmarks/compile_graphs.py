@@ -149,8 +149,10 @@ def bench_decode(args, mixer, device, dtype, batch: int) -> dict:
     return rows
 
 
-def machine(device) -> dict:
+def machine(device, commit=None) -> dict:
     sha, dirty = git_commit()
+    if commit:  # the GPU machine's copy of .git may be stale
+        sha, dirty = commit, None
     try:
         import triton
 
@@ -189,6 +191,7 @@ def parse(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the script")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--commit", help="git commit to record (the GPU copy may lack .git)")
     args = p.parse_args(argv)
     if args.quick:
         args.d_model, args.layers, args.heads, args.vocab = 32, 1, 2, 64
@@ -203,9 +206,8 @@ def parse(argv=None):
 def main(argv=None) -> int:
     args = parse(argv)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    report = {"machine": machine(device), "config": {k: (str(v) if isinstance(v, Path) else v)
-                                                      for k, v in vars(args).items()},
-              "results": {}}  # fmt: skip
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    report = {"machine": machine(device, args.commit), "config": config, "results": {}}
     for mixer in args.mixers:
         res = {"training": bench_training(args, mixer, device, dtype)}
         for b in args.decode_batches:

@@ -17,6 +17,7 @@
 #   compile       issue 9: benchmarks/compile_graphs.py
 #   decode        issue 5: linrnn bench --suite decode
 #   varlen        issue 5: linrnn bench --suite varlen
+#   train         issue 7: benchmarks/train_throughput.py (8 mixers, ~7 min)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -38,7 +39,7 @@ MLSTM_OPS=(
     mlstm_kernels:triton_xl_chunk mlstm_kernels:triton_limit_chunk torch:sdpa_causal
 )
 
-stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, compile, decode, varlen}
+stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, compile, decode, varlen, train}
 case "$stage" in
 scalar-check)
     # Test files in parallel first (compilation is CPU-bound), then the correctness matrix.
@@ -78,7 +79,12 @@ vector-check)
     tail -3 "$OUT/pytest_vector.txt"
     ;;
 compile)
-    timeout 570 python3 benchmarks/compile_graphs.py --out "$OUT/compile_graphs.json"
+    timeout 570 python3 benchmarks/compile_graphs.py --commit "$C" \
+        --out "$OUT/compile_graphs.json"
+    ;;
+train)
+    timeout 560 python3 benchmarks/train_throughput.py --commit "$C" \
+        --out "$OUT/train-throughput.json"
     ;;
 decode)
     timeout 570 python3 -m linrnn.bench --suite decode --commit "$C" --out-dir "$OUT"
