@@ -19,6 +19,10 @@ T = 1, ``initial_state`` and ``output_final_state=True`` (a new state tensor per
 mlstm_kernels' step kernels (``[B, NH, D]`` layout; the Triton one writes into a second set of
 state buffers, alternating). Before timing, the first step's output is compared with the
 PyTorch recurrence in fp32 from the same state (``err_vs_torch_fp32``, RMS-relative).
+
+On CUDA the loop is also captured once in a CUDA graph and the replay timed (``graph_step_ms``,
+:func:`graph_timing`): eager one-token steps are bound by the host's launch overhead, which a
+decoder removes with ``linrnn.graphs.capture_decode``; every library is captured the same way.
 """
 
 from __future__ import annotations
@@ -181,6 +185,28 @@ BUILDERS = {"linrnn": build_linrnn, "fla": build_fla, "mlstm_kernels": build_mls
 # --- the task -------------------------------------------------------------------------------
 
 
+def graph_timing(loop, case: dict, device, steps: int) -> dict:
+    """The same ``steps`` calls captured once in a CUDA graph and replayed: the step time
+    without the host's launch overhead, which an eager loop of small one-token kernels is
+    bound by (what a decoder gets from ``linrnn.graphs.capture_decode``). Every library's step
+    is captured the same way; one that cannot be captured gets ``graph_status`` instead."""
+    from linrnn.bench import timing
+
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch recommends
+            loop()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loop()
+        graph_ms = timing.median_ms(graph.replay, case, device)
+    except Exception as exc:
+        return {"graph_status": f"error: {short_error(exc)}"}
+    return {"graph_status": "ok", "graph_loop_ms": graph_ms, "graph_step_ms": graph_ms / steps}
+
+
 def decode_case(case: dict, item: dict) -> dict:
     """One op × shape of the decode suite (runs in the worker, or in-process on CPU)."""
     from linrnn.bench import timing
@@ -220,6 +246,9 @@ def decode_case(case: dict, item: dict) -> dict:
             stage("timing forward")
             row["loop_ms"] = timing.median_ms(loop, case, device)
             row["peak_fwd_mib"], row["extra_fwd_mib"] = timing.peak_mib(loop, device)
+            if device.type == "cuda":
+                stage("cuda graph")
+                row.update(graph_timing(loop, case, device, steps))
         row["steps"] = steps
         row["step_ms"] = row["loop_ms"] / steps
     except NotImplementedError as exc:
@@ -309,12 +338,15 @@ def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
     full["fwd_ms"] = full.get("step_ms")  # one forward = one step
     gates = registry.OPS[like].gate_elems(shape["K"], shape["V"])
     full.update(figures(shape, flops.DTYPE_BYTES[case["dtype"]], gates, full["fwd_ms"], spec))
+    graph = figures(shape, flops.DTYPE_BYTES[case["dtype"]], gates, full.get("graph_step_ms"),
+                    spec)  # fmt: skip
+    full["graph_tokens_per_s"], full["graph_x_floor"] = graph["tokens_per_s"], graph["x_floor"]
     return full
 
 
 HEADER = ("op", "backend", "shape", "steps", "step ms", "tokens/s", "state MB", "state GB/s",
-          "× floor", "err", "status")  # fmt: skip
-NUMERIC = (0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0)
+          "× floor", "graph ms", "graph tok/s", "graph × floor", "err", "status")  # fmt: skip
+NUMERIC = (0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0)
 
 
 def table(rows: list[dict]) -> str:
@@ -332,6 +364,9 @@ def table(rows: list[dict]) -> str:
             num(r["state_bytes_step"] / 1e6, ".4g"),
             num(r.get("state_gbps"), ".4g"),
             num(r.get("x_floor"), ".2f"),
+            num(r.get("graph_step_ms"), ".4f"),
+            num(r.get("graph_tokens_per_s"), ",.0f"),
+            num(r.get("graph_x_floor"), ".2f"),
             num(r.get("err_vs_torch_fp32"), ".1e"),
             r["status"],
         )
@@ -343,5 +378,6 @@ def table(rows: list[dict]) -> str:
 SUMMARY = (
     "decode, {dtype}, {timing}; step ms = loop of {steps} one-token calls / {steps}; tokens/s "
     "= B / step; state MB = 2·B·H·K·V·4 (fp32 state read + written per step); × floor = step "
-    "/ (fewest bytes per step / bandwidth); err = first step vs the PyTorch recurrence in fp32"
+    "/ (fewest bytes per step / bandwidth); graph: the same loop captured in one CUDA graph "
+    "(no launch overhead); err = first step vs the PyTorch recurrence in fp32"
 )
