@@ -222,11 +222,10 @@ def _auto_chunk_size(family: str, q: Tensor, v: Tensor, mode) -> int:
     return min(L, 64 if max(K, v.shape[-1]) > 128 else 128)
 
 
-# backend=None sends per-channel decays (gla, rwkv6) in mode="chunk" to the PyTorch path until
-# the Triton vector-gate kernels have passed the GPU correctness check: so far they are tested
-# under the Triton interpreter only. backend="triton" (and mode="fused_chunk", which has no
-# PyTorch version) uses them already.
-TRITON_VECTOR_CHUNK_BY_DEFAULT = False
+# Whether backend=None serves per-channel decays (gla, rwkv6) in mode="chunk" with the Triton
+# kernels (else the PyTorch path). On since their chunk mode passed the GPU correctness check
+# (H200, Triton 3.6: gla, gla[gv], rwkv6 × bf16/fp16/fp32, every gradient; session 4).
+TRITON_VECTOR_CHUNK_BY_DEFAULT = True
 
 
 def _triton_takes(impl, q, g, gv, u) -> bool:
