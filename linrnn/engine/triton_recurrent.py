@@ -132,15 +132,22 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
     q, k, v, g, gv, gi, u = map(c, (q, k, v, g, gv, gi, u))
     S_T, n_T, m_T = out_state if out_state is not None else (None, None, None)
     S_T = torch.empty(N, H, K, V, **f32) if S_T is None else S_T
-    # n and m are shared by the V tiles of a head: never written over their own input.
-    n_buf = torch.empty(N, H, K, **f32) if track_n else dummy
-    m_buf = torch.empty(N, H, **f32) if stabilize else dummy
+    BK = max(16, triton.next_power_of_2(K))
+    BV = max(16, min(64, 8192 // BK, triton.next_power_of_2(V)))
+    # n and m are read by every V tile of a head: with several tiles one tile's final n/m must
+    # not land on the initial n/m another tile has yet to read, so they go to fresh buffers and
+    # are copied after; with one tile the kernel writes them in place (two launches fewer per
+    # decode step).
+    direct = triton.cdiv(V, BV) == 1
+    n_buf = m_buf = dummy
+    if track_n:
+        n_buf = n_T if direct and n_T is not None else torch.empty(N, H, K, **f32)
+    if stabilize:
+        m_buf = m_T if direct and m_T is not None else torch.empty(N, H, **f32)
     has_s0 = S0 is not None
     if has_s0:  # (an fp32 contiguous S0 stays the same tensor, so S_T may alias it)
         S0 = S0.float().contiguous()
     o = torch.empty_like(v, dtype=q.dtype)
-    BK = max(16, triton.next_power_of_2(K))
-    BV = max(16, min(64, 8192 // BK, triton.next_power_of_2(V)))
     if offsets is not None:
         offsets = torch.as_tensor(offsets, dtype=torch.int64, device=dev)
     recurrent_fwd_kernel[(triton.cdiv(V, BV), N * H)](
@@ -160,7 +167,7 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
     )  # fmt: skip
     n_out = m_out = None
     if track_n:
-        n_out = n_T.copy_(n_buf) if n_T is not None else n_buf
+        n_out = n_T.copy_(n_buf) if n_T is not None and n_T is not n_buf else n_buf
     if stabilize:
-        m_out = m_T.copy_(m_buf) if m_T is not None else m_buf
+        m_out = m_T.copy_(m_buf) if m_T is not None and m_T is not m_buf else m_buf
     return o, S_T, n_out, m_out
