@@ -204,13 +204,15 @@ def _chunk_vec_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gv: Tensor | None, u: Tensor | None,
     S0: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
-    """[o, S_T, states, o32] (states empty for fused, o32 — the fp32 output — without gv)."""
+    """[o, S_T, saved0, saved1]: what the backward needs besides the inputs — chunk: the
+    states and (with gv) the fp32 output; fused_chunk: (with gv) the output's intra- and
+    inter-chunk parts; empty tensors where there is nothing."""
     c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
     ctx = _Ctx()
     o, S_T = triton_chunk_vec._VecChunkFn.forward(ctx, q, k, v, g, gv, u, S0, c)
-    states, o32 = ctx.saved_tensors[9:11]
+    saved0, saved1 = ctx.saved_tensors[9:11]
     e = lambda x: _empty(q) if x is None else x  # noqa: E731
-    return _distinct([o, S_T, e(states), e(o32)], (q, k, v, g, gv, u, S0))
+    return _distinct([o, S_T, e(saved0), e(saved1)], (q, k, v, g, gv, u, S0))
 
 
 @_chunk_vec_fwd.register_fake
@@ -219,14 +221,15 @@ def _chunk_vec_fwd_fake(q, k, v, g, gv, u, S0, scale, chunk_size, fused, offsets
     V = v.shape[3]
     N, NT, _ = _chunk_counts(B, T, chunk_size, offsets)
     f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
-    return [q.new_empty(v.shape), f(N, H, K, V), f(0) if fused else f(B * H, NT, K, V),
-            f(*v.shape) if gv is not None else f(0)]  # fmt: skip
+    by_gv = lambda: f(*v.shape) if gv is not None else f(0)  # noqa: E731  (distinct tensors)
+    return [q.new_empty(v.shape), f(N, H, K, V), by_gv() if fused else f(B * H, NT, K, V),
+            by_gv()]  # fmt: skip
 
 
 @torch.library.custom_op("linrnn::chunk_vec_bwd", mutates_args=())
 def _chunk_vec_bwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gv: Tensor | None, u: Tensor | None,
-    S0: Tensor | None, S_T: Tensor, states: Tensor, o32: Tensor, do: Tensor,
+    S0: Tensor | None, S_T: Tensor, saved0: Tensor, saved1: Tensor, do: Tensor,
     dS_T: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
     """[dq, dk, dv, dg, dgv, du, dS0] (empty where the input was None)."""
@@ -238,11 +241,11 @@ def _chunk_vec_bwd(
     ctx.saved_tensors = (
         q.contiguous(), k.contiguous(), v.contiguous(),
         u.float().contiguous() if u is not None else None, bk, bkx, bv, S0, S_T,
-        None if fused else states, o32 if gv is not None else None,
+        saved0 if not fused or gv is not None else None, saved1 if gv is not None else None,
     )  # fmt: skip
     grads = triton_chunk_vec._VecChunkFn.backward(ctx, do, dS_T)[:7]
     outs = [_empty(q) if x is None else x for x in grads]
-    return _distinct(outs, (q, k, v, g, gv, u, S0, S_T, states, o32, do, dS_T))
+    return _distinct(outs, (q, k, v, g, gv, u, S0, S_T, saved0, saved1, do, dS_T))
 
 
 @_chunk_vec_bwd.register_fake
@@ -259,8 +262,8 @@ def _chunk_vec_setup(ctx, inputs, output):
     q, k, v, g, gv, u, S0, *opts = inputs
     ctx.opts = opts
     ctx.has = [x is not None for x in (g, gv, u, S0)]
-    _, S_T, states, o32 = output
-    ctx.save_for_backward(q, k, v, g, gv, u, S0, S_T, states, o32)
+    _, S_T, saved0, saved1 = output
+    ctx.save_for_backward(q, k, v, g, gv, u, S0, S_T, saved0, saved1)
     ctx.set_materialize_grads(False)
 
 
