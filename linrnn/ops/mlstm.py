@@ -90,8 +90,31 @@ def mlstm(
     log_f = F.logsigmoid(f.to(cdt))
     gi = i.to(cdt) if exp_gate else F.logsigmoid(i.to(cdt))
     if m0 is not None and not exp_gate:  # the sigmoid form carries the true (unscaled) state
-        scale_0 = torch.exp(m0.to(cdt))
-        C0, n0, m0 = C0.to(cdt) * scale_0[..., None, None], n0.to(cdt) * scale_0[..., None], None
+        starts = [0] if c.offsets is None else c.offsets[:-1]
+        if (
+            mode == "recurrent"
+            and c.T > 0
+            and all(s < c.T for s in starts)
+            and (c.offsets is None or all(a < b for a, b in zip(c.offsets, c.offsets[1:])))
+        ):
+            # Stepwise: exp(m_0) joins the first step's forget gate, f_1·e^{m_0}, instead of a
+            # rescaled copy of the whole state (which doubled a decode step's memory traffic).
+            # Exact for a recurrence that applies each step's decay on its own; every sequence
+            # has a first step here (an empty one would keep its state unscaled).
+            m0 = m0.to(cdt)
+            if c.offsets is None:
+                log_f = torch.cat([log_f[:, :1] + m0[:, None], log_f[:, 1:]], dim=1)
+            else:
+                idx = torch.as_tensor(starts, device=log_f.device)
+                log_f = log_f.index_add(1, idx, m0[None])
+            C0, n0, m0 = C0.to(cdt), n0.to(cdt), None
+        else:
+            scale_0 = torch.exp(m0.to(cdt))
+            C0, n0, m0 = (
+                C0.to(cdt) * scale_0[..., None, None],
+                n0.to(cdt) * scale_0[..., None],
+                None,
+            )
     o, (C, n, m) = c.run(
         "mlstm", q, k, v, g=log_f, gi=gi, stabilize=exp_gate, track_n=True,
         normalizer="mlstm" if normalize else None, eps=eps, S0=C0, n0=n0, m0=m0,
