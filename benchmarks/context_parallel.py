@@ -52,7 +52,10 @@ TIME_SPLIT = {"q", "r", "k", "v", "g", "gk", "w", "i", "f"}
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--family", choices=FAMILIES, default="simple_gla")
+    p.add_argument("--family", choices=FAMILIES, default="simple_gla", help="throughput family")
+    p.add_argument("--check-families", nargs="+", choices=FAMILIES, default=list(FAMILIES),
+                   help="families of the equality check (all six)")  # fmt: skip
+    p.add_argument("--commit", help="git commit to record (the GPU copy's .git may be stale)")
     p.add_argument("--lengths", type=int, nargs="+", default=[256 * 1024, 1024 * 1024])
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--dim", type=int, default=256, help="K = V")
@@ -113,17 +116,22 @@ def flat(state):
     return [] if state is None else (list(state) if isinstance(state, tuple) else [state])
 
 
-def check(args, rank, world, device, opts):
+def family_opts(family, opts):
+    return dict(opts, normalize=True) if family == "linear_attn" else opts
+
+
+def check(args, family, rank, world, device, opts):
     """Per-rank errors of output, final state and gradients vs one device; max over ranks."""
     dtype = DTYPES[args.dtype]
-    full = make_inputs(args.family, args.check_T, args.heads, args.dim, dtype, device, seed=1)
+    opts = family_opts(family, opts)
+    full = make_inputs(family, args.check_T, args.heads, args.dim, dtype, device, seed=1)
     T = args.check_T
     lo, hi = rank * T // world, (rank + 1) * T // world
     gen = torch.Generator(device="cpu").manual_seed(2)
 
     def run(op, inputs):
         leaves = {n: x.detach().clone().requires_grad_() for n, x in inputs.items()}
-        o, st = call(op, args.family, leaves, output_final_state=True, **opts)
+        o, st = call(op, family, leaves, output_final_state=True, **opts)
         return leaves, o, flat(st)
 
     ref_in, o_ref, st_ref = run(lambda fn, *a, **k: fn(*a, **k), full)
@@ -185,7 +193,7 @@ def throughput(args, rank, world, device, opts, T):
     return out
 
 
-def versions(device) -> dict:
+def versions(device, commit=None) -> dict:
     info = {"torch": torch.__version__, "python": platform.python_version()}
     info["linrnn"] = linrnn.__version__
     try:
@@ -194,6 +202,8 @@ def versions(device) -> dict:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         info["git_commit"] = None
+    if commit:
+        info["git_commit"] = commit
     try:
         import triton
 
@@ -220,17 +230,20 @@ def main(argv=None) -> int:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     opts = {"mode": "chunk", "backend": args.backend, "chunk_size": args.chunk_size}
-    if args.family == "linear_attn":
-        opts["normalize"] = True
     try:
-        errs = check(args, rank, world, device, opts)
-        ok = all(e <= args.tol for e in errs.values())
-        results = [throughput(args, rank, world, device, opts, T) for T in args.lengths]
+        errs = {f: check(args, f, rank, world, device, opts) for f in args.check_families}
+        ok = all(e <= args.tol for fam in errs.values() for e in fam.values())
+        if rank == 0:
+            for f, fam in errs.items():
+                worst = max(fam, key=fam.get)
+                print(f"check {f}: worst {worst} {fam[worst]:.2e} (tol {args.tol})", flush=True)
+        fopts = family_opts(args.family, opts)
+        results = [throughput(args, rank, world, device, fopts, T) for T in args.lengths]
         if rank == 0:
             report = {
                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                 "world_size": world,
-                "versions": versions(device),
+                "versions": versions(device, args.commit),
                 "config": {
                     k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                 },

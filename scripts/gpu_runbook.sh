@@ -18,6 +18,8 @@
 #   decode        issue 5: linrnn bench --suite decode
 #   varlen        issue 5: linrnn bench --suite varlen
 #   train         issue 7: benchmarks/train_throughput.py (8 mixers, ~7 min)
+#   cp            issue 8 (nvidia-h200-x2 or -x4): context_parallel.py on 1, 2 (and 4) GPUs,
+#                 NCCL; every family's equality check, then 256K and 1M tokens, fwd+bwd
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -39,7 +41,7 @@ MLSTM_OPS=(
     mlstm_kernels:triton_xl_chunk mlstm_kernels:triton_limit_chunk torch:sdpa_causal
 )
 
-stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, compile, decode, varlen, train}
+stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, compile, decode, varlen, train, cp}
 case "$stage" in
 scalar-check)
     # Test files in parallel first (compilation is CPU-bound), then the correctness matrix.
@@ -91,6 +93,16 @@ compile)
 train)
     timeout 560 python3 benchmarks/train_throughput.py --commit "$C" \
         --out "$OUT/train-throughput.json"
+    ;;
+cp)
+    gpus=$(nvidia-smi -L | wc -l)
+    for g in 1 2 4; do
+        [ "$g" -le "$gpus" ] || continue
+        timeout 180 python3 -m torch.distributed.run --nproc_per_node "$g" \
+            benchmarks/context_parallel.py --commit "$C" --out "$OUT/cp-${g}gpu.json" \
+            >"$OUT/cp-${g}gpu.log" 2>&1
+        echo "gpus=$g rc=$?"; grep -E "^check |tokens_per_s" "$OUT/cp-${g}gpu.log"
+    done
     ;;
 decode)
     timeout 570 python3 -m linrnn.bench --suite decode --commit "$C" --out-dir "$OUT"
