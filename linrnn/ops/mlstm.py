@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from linrnn import _runtime
 from linrnn import _validation as check
+from linrnn.ops import _generic
 from linrnn.ops._generic import compute_dtype, document, prepare
 
 
@@ -121,6 +122,11 @@ def mlstm(
     )  # fmt: skip
     if not output_final_state:
         return o, None
-    if m is None:
-        m = C.new_zeros(C.shape[:2])
+    if m is None:  # the sigmoid form: m = 0 (an in-place step zeroes the caller's m itself)
+        out = _generic.OUT_STATE.get()
+        m_out = out[2] if out is not None and len(out) > 2 else None
+        if m_out is not None and m_out.shape == C.shape[:2] and m_out.dtype == C.dtype:
+            m = m_out.zero_()
+        else:
+            m = C.new_zeros(C.shape[:2])
     return o, (C, n, m)
