@@ -123,7 +123,7 @@ def mlstm(
     if not output_final_state:
         return o, None
     if m is None:  # the sigmoid form: m = 0 (an in-place step zeroes the caller's m itself)
-        out = _generic.OUT_STATE.get()
+        out = None if _runtime.tracing() else _generic.OUT_STATE.get()
         m_out = out[2] if out is not None and len(out) > 2 else None
         if m_out is not None and m_out.shape == C.shape[:2] and m_out.dtype == C.dtype:
             m = m_out.zero_()
