@@ -4,7 +4,7 @@
 # BUDGET seconds and is killed at 570 s). Run from the checkout root there, with the peer
 # wheels in .whl/ (carry .whl; see ../shared/GPU.md and scripts/gpu_runbook.sh):
 #
-#   LINRNN_COMMIT=<hash> bash scripts/paper_runbook.sh <part>     # 1..11, or its name
+#   LINRNN_COMMIT=<hash> bash scripts/paper_runbook.sh <part>     # 1..12, or its name
 #   bash scripts/paper_runbook.sh plan                 # what each part runs / has left (no GPU)
 #   FROM=<folder with the parts' JSONs> bash scripts/paper_runbook.sh report    # (no GPU)
 #       -> benchmarks/results/<DATE>-<GPU>-{paper,chunksize,headdim}.json, .md and plots/
@@ -33,7 +33,8 @@
 #   9  headdim-chunk     headdim, every linrnn op, mode chunk                   40   5-8 min
 #   10 headdim-fused     headdim, every linrnn op, mode fused_chunk             40   5-8 min
 #   11 headdim-peers     headdim, torch SDPA + the 4 mlstm_kernels chunkwise    20   2-4 min
-#   (1-6: the paper suite, ≈ 25-40 min of device time; 7-11: ≈ 20-35 min more)
+#   12 fla-recurrent     paper, fla fused_recurrent_gla / _rwkv6, whole sequences  9   3-6 min
+#   (1-6 and 12: the paper suite, ≈ 30-45 min of device time; 7-11: ≈ 20-35 min more)
 #
 # Peers known to be slow or to fail, and what the parts do about them:
 # - fla chunk_gla and chunk_rwkv6: > 110 s on their first call (compile + autotune), once per
@@ -60,7 +61,7 @@ RES=${RES:-benchmarks/results/tmp/paper}
 TC=${TC:-benchmarks/results/tmp/triton-cache}
 BUDGET=${BUDGET:-480}
 C=${LINRNN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-PARTS=(1 2 3 4 5 6 7 8 9 10 11)
+PARTS=(1 2 3 4 5 6 7 8 9 10 11 12)
 
 part_args() {  # sets NAME (the JSON's name) and ARGS (linrnn bench arguments) of part $1
     case "$1" in
@@ -89,6 +90,9 @@ part_args() {  # sets NAME (the JSON's name) and ARGS (linrnn bench arguments) o
         ARGS=(--suite headdim --ops linrnn --modes fused_chunk --timeout 150) ;;
     11 | headdim-peers) NAME=headdim-11-peers-cheap
         ARGS=(--suite headdim --ops torch mlstm_kernels --timeout 120) ;;
+    12 | fla-recurrent) NAME=paper-12-fla-recurrent  # issue 4: fla's whole-sequence recurrence
+        ARGS=(--suite paper --ops "fla:fused_recurrent_gla[seq]" "fla:fused_recurrent_rwkv6[seq]"
+              --timeout 240 --triton-cache "$TC") ;;
     *) return 1 ;;
     esac
 }

@@ -120,7 +120,7 @@ def test_row_keys_match_the_planned_items():
                               triton_cache=None)  # fmt: skip
     cases, _ = cli.plan(args, registry.SUITES["paper"], "cuda")
     keys = {cli.item_key(c, it) for c, items in cases for it in items}
-    assert len(keys) == sum(len(items) for _, items in cases) == 177
+    assert len(keys) == sum(len(items) for _, items in cases) == 186
     case, items = next((c, i) for c, i in cases if c["op"] == "fla:chunk_gla")
     row = cli.full_row(case, items[0], {"status": "ok"}, None)
     assert report.row_key(row) == cli.item_key(case, items[0])
@@ -132,7 +132,7 @@ def test_row_keys_match_the_planned_items():
 def test_plan_lists_the_gpu_run_with_peers_and_what_is_left(tmp_path, capsys):
     assert linrnn_main(["bench", "--suite", "paper", "--plan"]) == 0
     text = capsys.readouterr().out
-    assert "plan: suite paper on cuda: 31 cases, 177 items" in text
+    assert "plan: suite paper on cuda: 33 cases, 186 items" in text
     assert "fla:chunk_gla - - L=64: B32-T2048-H16-K256-V256" in text
     assert "rwkv6 fused_chunk triton L=default: B32-T2048-H64-K64-V64" in text
     out = tmp_path / "paper.json"
@@ -285,7 +285,7 @@ def runbook_parts() -> dict[str, list[str]]:
 
 
 def test_runbook_parts_cover_the_paper_and_chunksize_suites_once():
-    """Parts 1-6 together plan every item of the paper suite once (177), parts 7-8 every item
+    """Parts 1-6 and 12 together plan every item of the paper suite once (186), parts 7-8 every item
     of the chunksize suite once, and the headdim parts every linrnn item once (fla left out)."""
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
@@ -297,7 +297,7 @@ def test_runbook_parts_cover_the_paper_and_chunksize_suites_once():
         return [cli.item_key(c, it) for c, items in cases for it in items]
 
     parts = runbook_parts()
-    assert list(parts) == [str(n) for n in range(1, 12)]
+    assert list(parts) == [str(n) for n in range(1, 13)]
     for suite in ("paper", "chunksize", "headdim"):
         planned = [k for argv in parts.values() if argv[1] == suite for k in keys(argv)]
         assert len(planned) == len(set(planned)), suite  # no item in two parts
@@ -305,7 +305,7 @@ def test_runbook_parts_cover_the_paper_and_chunksize_suites_once():
         if suite == "headdim":
             assert set(planned) == {k for k in full if '"fla:' not in k}
         else:
-            assert set(planned) == full and len(full) == {"paper": 177, "chunksize": 70}[suite]
+            assert set(planned) == full and len(full) == {"paper": 186, "chunksize": 70}[suite]
     fla = [argv for argv in parts.values() if any(op.startswith("fla:") for op in argv)]
     assert all("--triton-cache" in argv for argv in fla)
     assert parts["6"][parts["6"].index("--ops") + 1 :][:1] == ["fla:chunk_gla"]

@@ -42,6 +42,9 @@ PEERS = {
     "fla:chunk_linear_attn[normalize]": Peer("fla", "linear_attn[normalize]", 64),
     "fla:chunk_gla": Peer("fla", "gla", 64, "g = log decay [B,T,H,K]"),
     "fla:chunk_rwkv6": Peer("fla", "rwkv6", 64, "w = log decay; scale=1.0"),
+    # fla's recurrent kernels over whole sequences (issue 4 compares the chunk engine with them)
+    "fla:fused_recurrent_gla[seq]": Peer("fla", "gla", None, "whole sequence; gk"),
+    "fla:fused_recurrent_rwkv6[seq]": Peer("fla", "rwkv6", None, "whole sequence; scale=1.0"),
     "torch:sdpa_causal": Peer(
         "torch", "linear_attn", None, "softmax baseline; [B,H,T,D]", cuda_only=False
     ),
@@ -151,6 +154,16 @@ def build_fla(case: dict, shape: dict):
 
         r, k, v, w, u = args
         return leaves, lambda: chunk_rwkv6(r, k, v, w, u, scale=1.0)[0]
+    if op == "fused_recurrent_gla[seq]":
+        from fla.ops.gla import fused_recurrent_gla
+
+        q, k, v, g = args
+        return leaves, lambda: fused_recurrent_gla(q, k, v, gk=g)[0]
+    if op == "fused_recurrent_rwkv6[seq]":
+        from fla.ops.rwkv6 import fused_recurrent_rwkv6
+
+        r, k, v, w, u = args
+        return leaves, lambda: fused_recurrent_rwkv6(r, k, v, w, u, scale=1.0)[0]
     from fla.ops.linear_attn import chunk_linear_attn
 
     q, k, v = args
