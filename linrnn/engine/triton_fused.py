@@ -36,7 +36,6 @@ from linrnn.engine.triton_kernels import (
     _walk,
 )
 from linrnn.engine.triton_vector import (
-    _ld,
     _ld_row,
     _vec_cols_off,
     _vec_diag,
@@ -274,7 +273,7 @@ def fused_dq_kernel(
                     b_dh = _vec_scale_rows(b_dh, p_gv, o_r, m_r, o_v, m_v, H * V)
                 b_x = _dot_state(b_dh, tl.trans(b_C), SPLIT, DOT_PREC)  # dh_r Cᵀ [BC, BK]
                 m_rk = m_r[:, None] & m_k[None, :]
-                f = _xp(_ld(p_gkx, o_r, o_k, H * K, m_r, m_k), m_rk)  # exp(G^X_r) [BC, BK]
+                f = _xp(_tile(p_gkx, o_r, o_k, H * K, m_r, m_k), m_rk)  # exp(G^X_r) [BC, BK]
                 b_dq = _vec_diag(
                     p_dh, p_v, p_k, p_gv, p_gv, p_gkx, p_gk, p_u, o_r, m_r, o_k, m_k, V, H * V,
                     H * K, BC, BD, False, VEC_V, True, EXCL, DOT_PREC,
@@ -286,7 +285,7 @@ def fused_dq_kernel(
                 b_dq *= scale
                 b_x *= scale
                 p = o_r.to(tl.int64)[:, None] * H * K + o_k[None, :]
-                b_q = _ld(p_q, o_r, o_k, H * K, m_r, m_k).to(tl.float32)
+                b_q = _tile(p_q, o_r, o_k, H * K, m_r, m_k).to(tl.float32)
                 # q ⊙ dq, its inter-chunk part with q_r·exp(G^X_r) rounded as fused_dk_kernel
                 # rounds it into dC (so cross-chunk pairs cancel against k ⊙ dk there).
                 b_qf = (b_q * f).to(Q.dtype.element_ty).to(tl.float32)
@@ -398,7 +397,7 @@ def fused_dk_kernel(
                 b_y = _dot_state(b_v, tl.trans(b_dC), SPLIT, DOT_PREC)  # v_s dCᵀ [BC, BK]
                 m_sk = m_s[:, None] & m_k[None, :]
                 g_last = _ld_row(p_gk, c1 - 1, o_k, H * K, m_k)
-                w = _xp(g_last[None, :] - _ld(p_gk, o_s, o_k, H * K, m_s, m_k), m_sk)  # [BC, BK]
+                w = _xp(g_last[None, :] - _tile(p_gk, o_s, o_k, H * K, m_s, m_k), m_sk)  # [BC, BK]
                 b_in = _vec_diag(
                     p_v, p_dh, p_q, p_gv, p_gv, p_gkx, p_gk, p_u, o_s, m_s, o_k, m_k, V, H * V,
                     H * K, BC, BD, True, VEC_V, True, EXCL, DOT_PREC,
@@ -409,7 +408,7 @@ def fused_dk_kernel(
                 )  # fmt: skip
                 b_in *= scale
                 p = o_s.to(tl.int64)[:, None] * H * K + o_k[None, :]
-                b_k = _ld(p_k, o_s, o_k, H * K, m_s, m_k).to(tl.float32)
+                b_k = _tile(p_k, o_s, o_k, H * K, m_s, m_k).to(tl.float32)
                 # k ⊙ dk, its inter-chunk part with k_s·exp(G_L − G_s) rounded as
                 # fused_dq_kernel rounds it into C (see q ⊙ dq there).
                 b_kw = (b_k * w).to(K_.dtype.element_ty).to(tl.float32)
@@ -536,9 +535,9 @@ def fused_dv_kernel(
                     # dh_r·exp(G^V_r) as in dC (_vec_state_bwd), v_s·exp(G^V_L − G^V_s) as in
                     # C (_vec_state_fwd); the states themselves are hi + lo (SPLIT).
                     p_at = (i_b * T * H + i_h) * V + p
-                    b_vv = _ld(V_ + (i_b * T * H + i_h) * V, o_s, o_v, H * V, m_s, m_v)
+                    b_vv = _tile(V_ + (i_b * T * H + i_h) * V, o_s, o_v, H * V, m_s, m_v)
                     b_vt = _vec_to_end(b_vv, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
-                    b_do = _ld(p_dh, o_s, o_v, H * V, m_s, m_v)
+                    b_do = _tile(p_dh, o_s, o_v, H * V, m_s, m_v)
                     b_dot = _vec_scale_rows(b_do, p_gv, o_s, m_s, o_v, m_v, H * V)
                     b_oin = tl.load(DEN_IN + p_at, mask=m_sv, other=0.0)
                     b_ox = tl.load(DEN_X + p_at, mask=m_sv, other=0.0)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from linrnn.engine.triton_tiles import _tile, _tile_t
 from linrnn.engine.triton_vector import (
     _vec_cols_off,
     _vec_diag,
@@ -48,20 +49,6 @@ from linrnn.engine.triton_vector import (
 
 # Normalizer kinds (the NORM switch).
 NORM_NONE, NORM_SUM, NORM_MAX1, NORM_MAXM = 0, 1, 2, 3
-
-
-@triton.jit
-def _tile(ptr, rows, cols, row_stride, m_rows, m_cols):
-    """Load ``ptr[rows, cols]`` as a [len(rows), len(cols)] block (row-major, int64 rows)."""
-    p = ptr + rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
-    return tl.load(p, mask=m_rows[:, None] & m_cols[None, :], other=0.0)
-
-
-@triton.jit
-def _tile_t(ptr, rows, cols, row_stride, m_rows, m_cols):
-    """Load ``ptr[rows, cols]`` transposed, as a [len(cols), len(rows)] block."""
-    p = ptr + rows.to(tl.int64)[None, :] * row_stride + cols[:, None]
-    return tl.load(p, mask=m_cols[:, None] & m_rows[None, :], other=0.0)
 
 
 @triton.jit

@@ -29,19 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _ld(ptr, rows, cols, row_stride, m_rows, m_cols):
-    """``ptr[rows, cols]`` as a [len(rows), len(cols)] block (int64 rows)."""
-    p = ptr + rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
-    return tl.load(p, mask=m_rows[:, None] & m_cols[None, :], other=0.0)
-
-
-@triton.jit
-def _ld_t(ptr, rows, cols, row_stride, m_rows, m_cols):
-    """``ptr[rows, cols]`` transposed, as a [len(cols), len(rows)] block."""
-    p = ptr + rows.to(tl.int64)[None, :] * row_stride + cols[:, None]
-    return tl.load(p, mask=m_cols[:, None] & m_rows[None, :], other=0.0)
+from linrnn.engine.triton_tiles import _tile, _tile_t
 
 
 @triton.jit
@@ -63,8 +51,8 @@ def _pair_gate(p_gx, p_gk, p_u, o_t, m_t, o_c, m_c, s_c, pair, same,
                REV: tl.constexpr, EXCL: tl.constexpr):  # fmt: skip
     """[BT, BT, BC] weights E_ij[c] = exp(G^X_a[c] − G^K_b[c]) on the pairs (a, b) = (i, j)
     (``REV``: (j, i)) of one tile, u[c] on its diagonal (``EXCL``), 0 elsewhere."""
-    gx = _ld(p_gx, o_t, o_c, s_c, m_t, m_c)  # [BT, BC] fp32
-    gk = _ld(p_gk, o_t, o_c, s_c, m_t, m_c)
+    gx = _tile(p_gx, o_t, o_c, s_c, m_t, m_c)  # [BT, BC] fp32
+    gk = _tile(p_gk, o_t, o_c, s_c, m_t, m_c)
     if REV:
         lw = gx[None, :, :] - gk[:, None, :]
     else:
@@ -99,8 +87,8 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
     for d0 in range(0, D, BD):
         o_d = d0 + tl.arange(0, BD)
         m_d = o_d < D
-        b_x = _ld(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
-        b_y = _ld(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+        b_x = _tile(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+        b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
         if VEC_D:
             e = _pair_gate(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, REV, EXCL)
             b_p += tl.sum(b_x.to(tl.float32)[:, None, :] * b_y.to(tl.float32)[None, :, :] * e, 2)
@@ -108,7 +96,7 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
             b_p += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PREC)
     if not VEC_D:
         b_p = tl.where(pair | same, b_p, 0.0)
-    b_z = _ld(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
+    b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
     if VEC_O:
         e = _pair_gate(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, pair, same, REV, EXCL)
         return tl.sum(b_p[:, :, None] * b_z.to(tl.float32)[None, :, :] * e, 1)
@@ -136,26 +124,26 @@ def _vec_rows_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o
         for d0 in range(0, D, BD):
             o_d = d0 + tl.arange(0, BD)
             m_d = o_d < D
-            b_x = _ld(p_x, o_r, o_d, sD, m_r, m_d)  # [BQ, BD]
-            b_yt = _ld_t(p_y, o_s, o_d, sD, m_s, m_d)  # [BD, BS]
+            b_x = _tile(p_x, o_r, o_d, sD, m_r, m_d)  # [BQ, BD]
+            b_yt = _tile_t(p_y, o_s, o_d, sD, m_s, m_d)  # [BD, BS]
             if VEC_D:
                 z_d = _ld_row(p_gdk, i_z, o_d, sD, m_d)  # [BD]
-                gx = _ld(p_gdx, o_r, o_d, sD, m_r, m_d)
-                gk = _ld_t(p_gdk, o_s, o_d, sD, m_s, m_d)
+                gx = _tile(p_gdx, o_r, o_d, sD, m_r, m_d)
+                gk = _tile_t(p_gdk, o_s, o_d, sD, m_s, m_d)
                 fx = _xp(gx - z_d[None, :], m_r[:, None] & m_d[None, :])
                 fy = _xp(z_d[:, None] - gk, m_d[:, None] & m_s[None, :])
                 b_x = (b_x.to(tl.float32) * fx).to(b_x.dtype)
                 b_yt = (b_yt.to(tl.float32) * fy).to(b_yt.dtype)
             b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
-        b_z = _ld(p_z, o_s, o_o, sO, m_s, m_o)  # [BS, BO]
+        b_z = _tile(p_z, o_s, o_o, sO, m_s, m_o)  # [BS, BO]
         if VEC_O:
-            gk = _ld(p_gok, o_s, o_o, sO, m_s, m_o)
+            gk = _tile(p_gok, o_s, o_o, sO, m_s, m_o)
             b_z = (b_z.to(tl.float32) * _xp(z_o[None, :] - gk, m_s[:, None] & m_o[None, :])).to(
                 b_z.dtype
             )
         b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     if VEC_O:
-        gx = _ld(p_gox, o_r, o_o, sO, m_r, m_o)
+        gx = _tile(p_gox, o_r, o_o, sO, m_r, m_o)
         b_acc *= _xp(gx - z_o[None, :], m_r[:, None] & m_o[None, :] & has)
     return b_acc
 
@@ -178,26 +166,26 @@ def _vec_cols_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, s_end, c1
         for d0 in range(0, D, BD):
             o_d = d0 + tl.arange(0, BD)
             m_d = o_d < D
-            b_x = _ld(p_x, o_s, o_d, sD, m_s, m_d)  # [BS, BD]
-            b_yt = _ld_t(p_y, o_r, o_d, sD, m_r, m_d)  # [BD, BQ]
+            b_x = _tile(p_x, o_s, o_d, sD, m_s, m_d)  # [BS, BD]
+            b_yt = _tile_t(p_y, o_r, o_d, sD, m_r, m_d)  # [BD, BQ]
             if VEC_D:
                 z_d = _ld_row(p_gdk, i_z, o_d, sD, m_d)
-                gk = _ld(p_gdk, o_s, o_d, sD, m_s, m_d)
-                gx = _ld_t(p_gdx, o_r, o_d, sD, m_r, m_d)
+                gk = _tile(p_gdk, o_s, o_d, sD, m_s, m_d)
+                gx = _tile_t(p_gdx, o_r, o_d, sD, m_r, m_d)
                 fx = _xp(z_d[None, :] - gk, m_s[:, None] & m_d[None, :])
                 fy = _xp(gx - z_d[:, None], m_d[:, None] & m_r[None, :])
                 b_x = (b_x.to(tl.float32) * fx).to(b_x.dtype)
                 b_yt = (b_yt.to(tl.float32) * fy).to(b_yt.dtype)
             b_pt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
-        b_z = _ld(p_z, o_r, o_o, sO, m_r, m_o)  # [BQ, BO]
+        b_z = _tile(p_z, o_r, o_o, sO, m_r, m_o)  # [BQ, BO]
         if VEC_O:
-            gx = _ld(p_gox, o_r, o_o, sO, m_r, m_o)
+            gx = _tile(p_gox, o_r, o_o, sO, m_r, m_o)
             b_z = (b_z.to(tl.float32) * _xp(gx - z_o[None, :], m_r[:, None] & m_o[None, :])).to(
                 b_z.dtype
             )
         b_acc += tl.dot(b_pt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     if VEC_O:
-        gk = _ld(p_gok, o_s, o_o, sO, m_s, m_o)
+        gk = _tile(p_gok, o_s, o_o, sO, m_s, m_o)
         b_acc *= _xp(z_o[None, :] - gk, m_s[:, None] & m_o[None, :])
     return b_acc
 
@@ -205,7 +193,7 @@ def _vec_cols_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, s_end, c1
 @triton.jit
 def _vec_scale_rows(b_x, p_g, o_t, m_t, o_c, m_c, s_c):
     """x_t[c]·exp(G_t[c]) (G ≤ 0 chunk-locally: a factor ≤ 1), in x's dtype."""
-    g = _ld(p_g, o_t, o_c, s_c, m_t, m_c)
+    g = _tile(p_g, o_t, o_c, s_c, m_t, m_c)
     return (b_x.to(tl.float32) * _xp(g, m_t[:, None] & m_c[None, :])).to(b_x.dtype)
 
 
@@ -213,7 +201,7 @@ def _vec_scale_rows(b_x, p_g, o_t, m_t, o_c, m_c, s_c):
 def _vec_to_end(b_x, p_g, o_t, m_t, o_c, m_c, s_c, c1):
     """x_t[c]·exp(G_{c1−1}[c] − G_t[c]): a step's weight in the state leaving its chunk."""
     g_last = _ld_row(p_g, c1 - 1, o_c, s_c, m_c)
-    g = _ld(p_g, o_t, o_c, s_c, m_t, m_c)
+    g = _tile(p_g, o_t, o_c, s_c, m_t, m_c)
     f = _xp(g_last[None, :] - g, m_t[:, None] & m_c[None, :])
     return (b_x.to(tl.float32) * f).to(b_x.dtype)
 
@@ -229,8 +217,10 @@ def _vec_state_fwd(b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, 
     for s0 in range(c0, c1, BS):
         o_s = s0 + tl.arange(0, BS)
         m_s = o_s < c1
-        b_k = _vec_to_end(_ld(p_k, o_s, o_k, H * K, m_s, m_k), p_gk, o_s, m_s, o_k, m_k, H * K, c1)
-        b_v = _ld(p_v, o_s, o_v, H * V, m_s, m_v)
+        b_k = _vec_to_end(
+            _tile(p_k, o_s, o_k, H * K, m_s, m_k), p_gk, o_s, m_s, o_k, m_k, H * K, c1
+        )
+        b_v = _tile(p_v, o_s, o_v, H * V, m_s, m_v)
         if VEC_V:
             b_v = _vec_to_end(b_v, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
         b_C += tl.dot(tl.trans(b_k), b_v.to(b_k.dtype), input_precision=DOT_PREC)
@@ -249,8 +239,10 @@ def _vec_state_bwd(b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_
     for r0 in range(c0, c1, BS):
         o_r = r0 + tl.arange(0, BS)
         m_r = o_r < c1
-        b_q = _vec_scale_rows(_ld(p_q, o_r, o_k, H * K, m_r, m_k), p_gkx, o_r, m_r, o_k, m_k, H * K)
-        b_dh = _ld(p_dh, o_r, o_v, H * V, m_r, m_v)
+        b_q = _vec_scale_rows(
+            _tile(p_q, o_r, o_k, H * K, m_r, m_k), p_gkx, o_r, m_r, o_k, m_k, H * K
+        )
+        b_dh = _tile(p_dh, o_r, o_v, H * V, m_r, m_v)
         if VEC_V:
             b_dh = _vec_scale_rows(b_dh, p_gv, o_r, m_r, o_v, m_v, H * V)
         b_dC += scale * tl.dot(tl.trans(b_q), b_dh.to(b_q.dtype), input_precision=DOT_PREC)
