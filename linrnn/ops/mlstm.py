@@ -92,12 +92,8 @@ def mlstm(
     gi = i.to(cdt) if exp_gate else F.logsigmoid(i.to(cdt))
     if m0 is not None and not exp_gate:  # the sigmoid form carries the true (unscaled) state
         starts = [0] if c.offsets is None else c.offsets[:-1]
-        if (
-            mode == "recurrent"
-            and c.T > 0
-            and all(s < c.T for s in starts)
-            and (c.offsets is None or all(a < b for a, b in zip(c.offsets, c.offsets[1:])))
-        ):
+        ends = [c.T] if c.offsets is None else c.offsets[1:]
+        if mode == "recurrent" and all(a < b for a, b in zip(starts, ends)):
             # Stepwise: exp(m_0) joins the first step's forget gate, f_1·e^{m_0}, instead of a
             # rescaled copy of the whole state (which doubled a decode step's memory traffic).
             # Exact for a recurrence that applies each step's decay on its own; every sequence
