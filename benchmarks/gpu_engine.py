@@ -374,14 +374,21 @@ def selected(op: str, wanted: list[str] | None, vector: bool = False) -> bool:
     family prefix (``mlstm`` matches ``mlstm[exp]``) or peer kernel name. Vector-gate ops
     (:data:`VECTOR_OPS`) and their peers only with ``vector`` or when named or family-named;
     peers of the decode and varlen suites only when named (a library name would otherwise pull
-    step kernels into a chunkwise comparison)."""
+    step kernels into a chunkwise comparison). A name that is itself an op (``gla``,
+    ``linear_attn``) selects that op alone, not its bracketed variants (``gla[gv]``): a
+    family prefix selects variants only when no op bears it (``mlstm``)."""
     lib = library_of(op)
-    tags = {op, lib, op.split("[")[0], op.split(":")[-1].split("[")[0]}
+
+    def family(name):
+        base = name.split("[")[0]
+        return base if base != name and base not in LINRNN_OPS else name
+
+    tags = {op, lib, family(op), family(op.split(":")[-1])}
     like = PEERS[op].like if op in PEERS else op
     if op in PEERS and PEERS[op].kind != "ops":  # decode/varlen peers: only when named
         return bool(wanted) and op in wanted
     if like in VECTOR_OPS and not vector:
-        return bool(wanted) and bool({op, like, like.split("[")[0]} & set(wanted))
+        return bool(wanted) and bool({op, like, family(like)} & set(wanted))
     if not wanted:
         return True
     if lib != "linrnn":

@@ -119,6 +119,17 @@ def test_vector_ops_only_on_request(engine_script):
     sel = engine_script.selected
     assert sel("simple_gla", None) and not sel("gla", None) and not sel("fla:chunk_rwkv6", None)
     assert sel("gla[gv]", None, vector=True) and sel("fla:chunk_gla", None, vector=True)
-    assert sel("gla", ["gla"]) and sel("gla[gv]", ["gla"]) and sel("fla:chunk_rwkv6", ["rwkv6"])
+    assert sel("gla", ["gla"]) and sel("gla[gv]", ["gla[gv]"]) and sel("fla:chunk_rwkv6", ["rwkv6"])
     assert not sel("fla:chunk_gla", ["fla"]) and sel("fla:chunk_simple_gla", ["fla"])
+
+
+def test_op_name_selects_that_op_alone(engine_script):
+    """A name that is an op selects it alone; a family prefix that is no op selects every
+    variant. (``--ops gla`` once also ran gla[gv], which spent a GPU call's time.)"""
+    sel = engine_script.selected
+    for vector in (False, True):
+        assert sel("gla", ["gla"], vector) and not sel("gla[gv]", ["gla"], vector)
+        assert not sel("linear_attn[normalize]", ["linear_attn"], vector)
+        assert all(sel(f"mlstm[{g}]", ["mlstm"], vector) for g in ("exp", "sigmoid"))
+    assert sel("mlstm_kernels:triton_xl_chunk_siging[normalize]", ["triton_xl_chunk_siging"])
     assert engine_script.parse_args(["--vector"]).vector
