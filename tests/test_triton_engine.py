@@ -250,3 +250,23 @@ def test_backend_none_falls_back_where_triton_cannot(monkeypatch):
     o, _ = linrnn.gla(q, q, q, gk, mode="chunk")  # (mode=None on CUDA: the recurrent kernel)
     assert picked == [True, False]  # Triton chunk first, then the PyTorch chunk engine
     assert_close("o", o, ref, torch.float64)
+
+
+@pytest.mark.parametrize("rows,L,targets", [(4, 64, 3), (3, 300, 301), (2, 1, 2), (5, 33, 8)])
+def test_max_state_routing_sums_each_run(rows, L, targets):
+    """mLSTM-exp's max-state gradient routing (``_route``): dz[p] = Σ_{t: idx_t = p} dm_t for a
+    running argmax idx, against a plain loop; targets that no step points at get exactly 0."""
+    from linrnn.engine.triton_chunk import _route
+
+    dm = torch.randn(rows, L, dtype=torch.float32)
+    idx = torch.randint(0, targets, (rows, L)).cummax(1).values
+    want = torch.zeros(rows, L + 1, dtype=torch.float64)
+    hit = torch.zeros(rows, L + 1, dtype=torch.bool)
+    for r in range(rows):
+        for t in range(L):
+            want[r, int(idx[r, t])] += float(dm[r, t])
+            hit[r, int(idx[r, t])] = True
+    got = _route(dm, idx, L + 1)
+    assert got.dtype == torch.float32 and got.shape == (rows, L + 1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    assert torch.all(got[~hit] == 0)

@@ -408,21 +408,14 @@ def _chunk_local(dF, bnd, c: Config):
 
 def _route(dm: torch.Tensor, idx: torch.Tensor, width: int) -> torch.Tensor:
     """dz[p] = Σ_{t: idx_t = p} dm_t ([rows, width] fp32), deterministically: idx (a running
-    argmax) never decreases along a row, so each p collects one contiguous run of t, whose sum
-    is a difference of fp64 prefix sums (a CUDA scatter_add would add in a varying order)."""
-    rows, L = dm.shape
-    S = dm.double().cumsum(1)
-    ends = torch.ones_like(idx, dtype=torch.bool)
-    ends[:, :-1] = idx[:, 1:] != idx[:, :-1]  # the last t of each run
-    t = torch.arange(L, device=dm.device).expand(rows, L)
-    last = torch.where(ends, t, -1).cummax(1).values  # the latest run end ≤ t
-    before = F.pad(last[:, :-1], (1, 0), value=-1)  # the latest run end < t
-    S_before = torch.where(before >= 0, S.gather(1, before.clamp_min(0)), 0.0)
-    run_sum = torch.where(ends, S - S_before, 0.0)
-    # Run ends write their sums to distinct columns; every other t writes 0 to a spare one.
-    dz = torch.zeros(rows, width + 1, device=dm.device, dtype=torch.float64)
-    dz.scatter_(1, torch.where(ends, idx, width), run_sum)
-    return dz[:, :width].float()
+    argmax) never decreases along a row, so each p collects one contiguous run of t, and its
+    sum is E[p] − E[p−1] with E[p] = Σ_{t: idx_t ≤ p} dm_t, an fp64 prefix sum found by a
+    sorted search (a CUDA scatter_add would add in a varying order)."""
+    rows = dm.shape[0]
+    S = F.pad(dm.double().cumsum(1), (1, 0))  # S[:, t] = Σ_{t' < t} dm_t'
+    p = torch.arange(width, device=dm.device, dtype=idx.dtype).expand(rows, width)
+    E = S.gather(1, torch.searchsorted(idx.contiguous(), p.contiguous(), right=True))
+    return torch.diff(E, dim=1, prepend=E.new_zeros(rows, 1)).float()
 
 
 def _gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T, m0, dm0,
