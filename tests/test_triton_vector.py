@@ -47,6 +47,23 @@ def test_tiling_shapes(family, mode, shape):
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
 
 
+@pytest.mark.parametrize("shape", [(2, 37, 2, 20, 12, 32), (1, 9, 1, 40, 24, 5)],
+                         ids=["T37-L32", "T9-L5"])  # fmt: skip
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", VECTOR)
+def test_diagonal_walk_matches_reference(monkeypatch, family, mode, shape):
+    """The diagonal sub-chunk as a walk over its key rows (``DIAG_LOOP``), the other form of
+    the same products: forward (depth gate), dq (output gate), dk and dv (transposed pairs),
+    RWKV6's bonus, gv's two gates, a partial tile and depth tiles beyond one (K=40)."""
+    from linrnn.engine import triton_chunk_vec
+
+    monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", True)
+    fam = FAMILIES[family]
+    B, T, H, K, V, L = shape
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", VECTOR)
 def test_float16(family, mode):

@@ -41,6 +41,11 @@ VEC_TILES = {
     "fused": (16, 0, 32, 0, 4, 1),
 }
 GATED_BO = 32
+# The diagonal sub-chunk's gated products (triton_vector._vec_diag): False, one [BC, BC, tile]
+# fp32 block per depth/output tile; True, a walk over the BC key rows, each a [BC, tile]
+# product (BC× fewer registers, the same exponentials, more and smaller steps; slower under
+# the interpreter). Both are tested; the faster on the GPU should become the default.
+DIAG_LOOP = False
 
 
 def _fit(x: int, n: int) -> int:
@@ -143,7 +148,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
         o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy,
         T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, 0.0,
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
-        VEC_O=has_gv, EXCL=c.excl, num_warps=nw, num_stages=ns,
+        VEC_O=has_gv, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return o, S_T, (states, o32 if has_gv else None)
 
@@ -174,7 +179,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
         HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, VEC=True, VEC_V=has_gv,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl)
+    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
     BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
     nQ = triton.cdiv(L, BC)
@@ -280,7 +285,8 @@ def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> tc.Confi
 
 def _fused_common(c: tc.Config, has_gv: bool):
     BC, _, BD, _, nw, ns = VEC_TILES["fused"]
-    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, BC=BC, BD=BD, HAS_DECAY=False,
+    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP, BC=BC, BD=BD,
+                HAS_DECAY=False,
                 HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen,
                 num_warps=nw, num_stages=ns)  # fmt: skip
 

@@ -247,6 +247,7 @@ def rows_kernel(
     STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, VEC: tl.constexpr = False, VEC_D: tl.constexpr = False,
     VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
+    DIAG_LOOP: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, output tiles, B·H). Rows r of one query tile:
 
@@ -302,7 +303,7 @@ def rows_kernel(
             b_acc = _vec_scale_rows(b_acc, p_gox, o_r, m_r, o_o, m_o, H * O)
         b_acc += _vec_diag(
             p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_r, m_r, o_o, m_o, D, H * D, H * O,
-            BQ, BD, False, VEC_D, VEC_O, EXCL, DOT_PREC,
+            BQ, BD, False, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP,
         )  # fmt: skip
         b_acc += _vec_rows_off(
             p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o_o, m_o, D, H * D,
@@ -562,6 +563,7 @@ def cols_kernel(
     STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, VEC: tl.constexpr = False, VEC_D: tl.constexpr = False,
     VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
+    DIAG_LOOP: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, output tiles, B·H). Columns s of one key tile:
 
@@ -612,7 +614,7 @@ def cols_kernel(
             b_int = _vec_to_end(b_int, p_gok, o_s, m_s, o_o, m_o, H * O, c1)
         b_acc = _vec_diag(
             p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_s, m_s, o_o, m_o, D, H * D, H * O,
-            BS, BD, True, VEC_D, VEC_O, EXCL, DOT_PREC,
+            BS, BD, True, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP,
         )  # fmt: skip
         b_acc += _vec_cols_off(
             p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, tl.minimum(s0 + BS, c1), c1,

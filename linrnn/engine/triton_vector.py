@@ -65,12 +65,37 @@ def _pair_gate(p_gx, p_gk, p_u, o_t, m_t, o_c, m_c, s_c, pair, same,
 
 
 @triton.jit
+def _col(x, ar, j):
+    """Column j of a [BT, BT] tile ([BT]; register tiles have no indexing)."""
+    return tl.sum(tl.where(ar[None, :] == j, x, 0), 1)
+
+
+@triton.jit
+def _diag_gate(g_tile, g_j, pc, sc, m_c, b_u, REV: tl.constexpr, EXCL: tl.constexpr):
+    """Column j of the pair gate: exp(G^X_i − G^K_j) ([BT, BC]; ``REV``: exp(G^X_j − G^K_i),
+    the tile then holding G^K), 0 off the pairs ``pc``, u on the diagonal ``sc`` (``EXCL``)."""
+    if REV:
+        lw = g_j[None, :] - g_tile
+    else:
+        lw = g_tile - g_j[None, :]
+    e = _xp(lw, pc[:, None] & m_c[None, :])
+    if EXCL:
+        e = tl.where(sc[:, None], b_u[None, :], e)
+    return e
+
+
+@triton.jit
 def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, D, sD, sO,
               BT: tl.constexpr, BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
-              VEC_O: tl.constexpr, EXCL: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+              VEC_O: tl.constexpr, EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
+              LOOP: tl.constexpr = False):  # fmt: skip
     """The diagonal sub-chunk of one tile of BT positions o_t, in fp32 log space:
     out_i[o] = Σ_j P_ij Z_j[o] E^O_ij[o], P_ij = Σ_d X_i[d] Y_j[d] E^D_ij[d]; causal pairs
-    j ≤ i (``REV``: j ≥ i), strict with the bonus on the diagonal for ``EXCL``. [BT, BO] fp32."""
+    j ≤ i (``REV``: j ≥ i), strict with the bonus on the diagonal for ``EXCL``. [BT, BO] fp32.
+
+    The gated products are [BT, BT, BD] (or BO) fp32 blocks, or with ``LOOP`` a walk over the
+    BT columns j, each a [BT, BD] product with row j (no 3-D block: BT× fewer registers, the
+    same exponentials)."""
     ii = o_t[:, None]
     jj = o_t[None, :]
     valid = m_t[:, None] & m_t[None, :]
@@ -83,19 +108,65 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
         pair = later
     else:
         pair = later | same
+    ar = tl.arange(0, BT)
+    t0 = tl.min(o_t, 0)
+    n_t = tl.sum(m_t.to(tl.int32), 0)  # the tile's valid rows (a prefix)
+    pair_i = pair.to(tl.int32)
     b_p = tl.zeros([BT, BT], dtype=tl.float32)
     for d0 in range(0, D, BD):
         o_d = d0 + tl.arange(0, BD)
         m_d = o_d < D
         b_x = _tile(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
-        b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
-        if VEC_D:
+        if VEC_D and LOOP:
+            b_x = b_x.to(tl.float32)
+            # rows i carry G^X (REV: G^K), the walked row j the other side
+            if REV:
+                g_t = _tile(p_gdk, o_t, o_d, sD, m_t, m_d)
+            else:
+                g_t = _tile(p_gdx, o_t, o_d, sD, m_t, m_d)
+            b_u = tl.zeros([BD], dtype=tl.float32)
+            if EXCL:
+                b_u = tl.load(p_u + o_d, mask=m_d, other=0.0).to(tl.float32)
+            for j in range(0, BT):
+                pc = _col(pair_i, ar, j) > 0
+                # row j exists: as a [BD] mask (the interpreter rejects a block & a scalar)
+                m_j = m_d & (o_d * 0 + j < n_t)
+                y_j = _ld_row(p_y, t0 + j, o_d, sD, m_j)
+                if REV:
+                    g_j = _ld_row(p_gdx, t0 + j, o_d, sD, m_j)
+                else:
+                    g_j = _ld_row(p_gdk, t0 + j, o_d, sD, m_j)
+                e = _diag_gate(g_t, g_j, pc, o_t == t0 + j, m_d, b_u, REV, EXCL)
+                b_p += tl.where(ar[None, :] == j, tl.sum(b_x * y_j[None, :] * e, 1)[:, None], 0.0)
+        elif VEC_D:
+            b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
             e = _pair_gate(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, REV, EXCL)
             b_p += tl.sum(b_x.to(tl.float32)[:, None, :] * b_y.to(tl.float32)[None, :, :] * e, 2)
         else:
+            b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
             b_p += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PREC)
     if not VEC_D:
         b_p = tl.where(pair | same, b_p, 0.0)
+    if VEC_O and LOOP:
+        if REV:
+            g_t = _tile(p_gok, o_t, o_o, sO, m_t, m_o)
+        else:
+            g_t = _tile(p_gox, o_t, o_o, sO, m_t, m_o)
+        b_out = tl.zeros_like(g_t)
+        b_u = tl.sum(b_out, 0)  # [BO] zeros
+        if EXCL:
+            b_u = tl.load(p_u + o_o, mask=m_o, other=0.0).to(tl.float32)
+        for j in range(0, BT):
+            pc = _col(pair_i, ar, j) > 0
+            m_j = m_o & (o_o * 0 + j < n_t)
+            z_j = _ld_row(p_z, t0 + j, o_o, sO, m_j)
+            if REV:
+                g_j = _ld_row(p_gox, t0 + j, o_o, sO, m_j)
+            else:
+                g_j = _ld_row(p_gok, t0 + j, o_o, sO, m_j)
+            e = _diag_gate(g_t, g_j, pc, o_t == t0 + j, m_o, b_u, REV, EXCL)
+            b_out += _col(b_p, ar, j)[:, None] * z_j[None, :] * e
+        return b_out
     b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
     if VEC_O:
         e = _pair_gate(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, pair, same, REV, EXCL)
