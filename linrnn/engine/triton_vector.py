@@ -71,17 +71,36 @@ def _col(x, ar, j):
 
 
 @triton.jit
-def _diag_gate(g_tile, g_j, pc, sc, m_c, b_u, REV: tl.constexpr, EXCL: tl.constexpr):
-    """Column j of the pair gate: exp(G^X_i − G^K_j) ([BT, BC]; ``REV``: exp(G^X_j − G^K_i),
-    the tile then holding G^K), 0 off the pairs ``pc``, u on the diagonal ``sc`` (``EXCL``)."""
+def _walk_gates(p_gx, p_gk, p_u, o_t, m_t, o_c, m_c, s_c, REV: tl.constexpr,
+                EXCL: tl.constexpr):  # fmt: skip
+    """For a walk over a tile's key rows: the rows' own gate ([BT, BC]: G^X, ``REV``: G^K)
+    and the bonus u ([BC], ``EXCL``; else 0)."""
     if REV:
-        lw = g_j[None, :] - g_tile
+        g_t = _tile(p_gk, o_t, o_c, s_c, m_t, m_c)
     else:
-        lw = g_tile - g_j[None, :]
-    e = _xp(lw, pc[:, None] & m_c[None, :])
+        g_t = _tile(p_gx, o_t, o_c, s_c, m_t, m_c)
+    b_u = tl.sum(tl.zeros_like(g_t), 0)
     if EXCL:
-        e = tl.where(sc[:, None], b_u[None, :], e)
-    return e
+        b_u = tl.load(p_u + o_c, mask=m_c, other=0.0).to(tl.float32)
+    return g_t, b_u
+
+
+@triton.jit
+def _walk_row(p_a, p_gx, p_gk, g_t, b_u, pair_i, ar, t0, n_t, j, o_t, o_c, m_c, s_c,
+              REV: tl.constexpr, EXCL: tl.constexpr):  # fmt: skip
+    """Step j of the walk: row j of ``p_a`` ([BC] fp32, 0 past the tile's n_t valid rows) and
+    its gates against every row i, exp(G^X_i − G^K_j) (``REV``: exp(G^X_j − G^K_i)) on the
+    pairs, u on the diagonal (``EXCL``), else 0 ([BT, BC])."""
+    m_j = m_c & (o_c * 0 + j < n_t)  # a [BC] mask: the interpreter rejects a block & a scalar
+    a_j = _ld_row(p_a, t0 + j, o_c, s_c, m_j)
+    if REV:
+        lw = _ld_row(p_gx, t0 + j, o_c, s_c, m_j)[None, :] - g_t
+    else:
+        lw = g_t - _ld_row(p_gk, t0 + j, o_c, s_c, m_j)[None, :]
+    e = _xp(lw, (_col(pair_i, ar, j) > 0)[:, None] & m_c[None, :])
+    if EXCL:
+        e = tl.where((o_t == t0 + j)[:, None], b_u[None, :], e)
+    return a_j, e
 
 
 @triton.jit
@@ -119,24 +138,10 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
         b_x = _tile(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
         if VEC_D and LOOP:
             b_x = b_x.to(tl.float32)
-            # rows i carry G^X (REV: G^K), the walked row j the other side
-            if REV:
-                g_t = _tile(p_gdk, o_t, o_d, sD, m_t, m_d)
-            else:
-                g_t = _tile(p_gdx, o_t, o_d, sD, m_t, m_d)
-            b_u = tl.zeros([BD], dtype=tl.float32)
-            if EXCL:
-                b_u = tl.load(p_u + o_d, mask=m_d, other=0.0).to(tl.float32)
+            g_t, b_u = _walk_gates(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, REV, EXCL)
             for j in range(0, BT):
-                pc = _col(pair_i, ar, j) > 0
-                # row j exists: as a [BD] mask (the interpreter rejects a block & a scalar)
-                m_j = m_d & (o_d * 0 + j < n_t)
-                y_j = _ld_row(p_y, t0 + j, o_d, sD, m_j)
-                if REV:
-                    g_j = _ld_row(p_gdx, t0 + j, o_d, sD, m_j)
-                else:
-                    g_j = _ld_row(p_gdk, t0 + j, o_d, sD, m_j)
-                e = _diag_gate(g_t, g_j, pc, o_t == t0 + j, m_d, b_u, REV, EXCL)
+                y_j, e = _walk_row(p_y, p_gdx, p_gdk, g_t, b_u, pair_i, ar, t0, n_t, j, o_t,
+                                   o_d, m_d, sD, REV, EXCL)  # fmt: skip
                 b_p += tl.where(ar[None, :] == j, tl.sum(b_x * y_j[None, :] * e, 1)[:, None], 0.0)
         elif VEC_D:
             b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
@@ -148,23 +153,11 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
     if not VEC_D:
         b_p = tl.where(pair | same, b_p, 0.0)
     if VEC_O and LOOP:
-        if REV:
-            g_t = _tile(p_gok, o_t, o_o, sO, m_t, m_o)
-        else:
-            g_t = _tile(p_gox, o_t, o_o, sO, m_t, m_o)
+        g_t, b_u = _walk_gates(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, REV, EXCL)
         b_out = tl.zeros_like(g_t)
-        b_u = tl.sum(b_out, 0)  # [BO] zeros
-        if EXCL:
-            b_u = tl.load(p_u + o_o, mask=m_o, other=0.0).to(tl.float32)
         for j in range(0, BT):
-            pc = _col(pair_i, ar, j) > 0
-            m_j = m_o & (o_o * 0 + j < n_t)
-            z_j = _ld_row(p_z, t0 + j, o_o, sO, m_j)
-            if REV:
-                g_j = _ld_row(p_gox, t0 + j, o_o, sO, m_j)
-            else:
-                g_j = _ld_row(p_gok, t0 + j, o_o, sO, m_j)
-            e = _diag_gate(g_t, g_j, pc, o_t == t0 + j, m_o, b_u, REV, EXCL)
+            z_j, e = _walk_row(p_z, p_gox, p_gok, g_t, b_u, pair_i, ar, t0, n_t, j, o_t, o_o,
+                               m_o, sO, REV, EXCL)  # fmt: skip
             b_out += _col(b_p, ar, j)[:, None] * z_j[None, :] * e
         return b_out
     b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
