@@ -14,6 +14,11 @@
 #   mlstm-target  issue 3: mLSTM vs mlstm_kernels (+ SDPA) at the target shape, side by side
 #   mlstm-shapes  issue 3: the same at the other three shapes of the issue
 #   vector-check  issue 4: vector-gate tests on CUDA and the bf16/fp16/fp32 correctness matrix
+#   vector-sweep  issue 4: where a GLA / GLA+gv / RWKV6 fwd+bwd spends its time (per kernel,
+#                 by launch role and engine step), then the VEC_TILES / GATED_BO tile sweep
+#                 (benchmarks/vector_sweep.py, one kernel's candidates at a time), ≤ 530 s
+#   vector-bench  issue 4: GLA and RWKV6 against fla's chunk and fused-recurrent kernels,
+#                 chunk mode at L = 64, GLA's two shapes then RWKV6's three, ≤ 555 s
 #   compile       issue 9: benchmarks/compile_graphs.py
 #   decode        issue 5: linrnn bench --suite decode
 #   varlen        issue 5: linrnn bench --suite varlen
@@ -41,7 +46,7 @@ MLSTM_OPS=(
     mlstm_kernels:triton_xl_chunk mlstm_kernels:triton_limit_chunk torch:sdpa_causal
 )
 
-stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, compile, decode, varlen, train, cp}
+stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, vector-sweep, vector-bench, compile, decode, varlen, train, cp}
 case "$stage" in
 scalar-check)
     # Test files in parallel first (compilation is CPU-bound), then the correctness matrix.
@@ -85,6 +90,32 @@ vector-check)
         --jobs 4 --commit "$C" --out "$OUT/check_vector.json"
     wait
     tail -3 "$OUT/pytest_vector.txt"
+    ;;
+vector-sweep)
+    # The profile first (its own process: its compiled kernels stay in the Triton cache for the
+    # sweep), then the sweep with what is left; --deadline leaves room for the last config.
+    timeout 150 python3 benchmarks/vector_sweep.py --profile --skip-sweep --commit "$C" \
+        --out "$OUT/vector_profile.json" 2>&1 | tee "$OUT/vector_profile.txt"
+    left=$((530 - SECONDS))
+    timeout "$left" python3 benchmarks/vector_sweep.py --deadline $((left - 45)) \
+        --commit "$C" --out "$OUT/vector_sweep.json" 2>&1 | tee "$OUT/vector_sweep.txt"
+    ;;
+vector-bench)
+    # Explicit op names: --ops gla selects gla alone (not gla[gv]). fla's chunk kernels compile
+    # for 70-95 s on their first call (and again for another head dim); --timeout is per shape.
+    # A half cut by its outer timeout leaves its worker running (own session): check the
+    # statuses in the JSON before trusting the rows measured after it.
+    timeout 320 python3 benchmarks/gpu_engine.py --skip-correctness --vector --chunk-sizes 64 \
+        --modes chunk --shapes B8-T8192-H16-K256-V256 B8-T8192-H32-K128-V128 \
+        --ops gla fla:chunk_gla "fla:fused_recurrent_gla[seq]" --timeout 130 --commit "$C" \
+        --out "$OUT/bench_gla_fla.json"
+    left=$((555 - SECONDS))
+    [ "$left" -ge 60 ] || left=60
+    timeout "$left" python3 benchmarks/gpu_engine.py --skip-correctness --vector \
+        --chunk-sizes 64 --modes chunk \
+        --shapes B32-T2048-H64-K64-V64 B8-T8192-H64-K64-V64 B4-T16384-H64-K64-V64 \
+        --ops rwkv6 fla:chunk_rwkv6 "fla:fused_recurrent_rwkv6[seq]" --timeout 110 \
+        --commit "$C" --out "$OUT/bench_rwkv6_fla.json"
     ;;
 compile)
     timeout 570 python3 benchmarks/compile_graphs.py --commit "$C" \

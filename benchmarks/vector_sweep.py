@@ -1,0 +1,1053 @@
+"""Profile and tile sweep of the vector-gate chunk engine (GLA with gk, GLA with gk and gv,
+RWKV6) on the GPU machine: where the time of one forward+backward goes, and which tiles of
+``triton_chunk_vec.VEC_TILES`` / ``GATED_BO`` are faster. In one process, under a time budget;
+the JSON is rewritten after every measured row, so a run cut short keeps what it measured.
+
+    python3 benchmarks/vector_sweep.py --profile --skip-sweep --commit <sha> --out prof.json
+    python3 benchmarks/vector_sweep.py --deadline 400 --commit <sha> --out sweep.json
+    python3 benchmarks/vector_sweep.py --ops gla --kernels rows gated_bo \\
+        --rows 16,64,32,256,8,2 16,64,64,256,8,3 --gated-bo 64,8       # own candidates
+    python3 benchmarks/vector_sweep.py --quick --profile     # CPU, TRITON_INTERPRET=1, tiny
+
+Ops, through the public API with backend="triton": ``gla`` (gk), ``gla_gv`` (gk and gv),
+``rwkv6`` (w and u); q, k, v in ``--dtype`` (bf16), log decays logsigmoid(randn + 3) per
+channel (fp32, ≈ −0.05 per step), u = 0.1·randn. Shapes: ``--shapes`` for every op, else GLA at
+B8-T8192-H16-K256-V256 and RWKV6 at B8-T8192-H64-K64-V64.
+
+``--profile`` (first): per op, one forward+backward at the first chunk size after two warm-up
+calls, measured twice: (1) every kernel launch and every host-side step of the engine timed
+with CUDA events (Triton launches by role: rows_kernel[fwd] / [dq], cols_kernel[dk] / [dv],
+states_fwd/bwd_kernel, fused_*; with the tiles each launch got after clipping; and the torch
+glue by engine function: _cumsums, _revsum, _bonus, plus "other" = the rest of the
+forward+backward), and (2) torch.profiler's CUDA time per kernel name (the glue kernels under
+their ATen names). Per iteration, mean of ``--profile-iters``.
+
+Sweep: per op × shape × mode, the default tiles first (its output and gradients are the
+reference), then the candidates one kernel at a time, the other kernels at their defaults,
+round robin over the kernels (so a run cut short has some of each), then the combination of
+the kernels' bests that beat the default by ≥ 1% (``--combine-below``). Each config: one
+forward+backward compared with the default's (RMS-relative error of o and every gradient ≤
+``--tol``, 1e-2 in bf16; a config over it is "wrong" and not timed), then
+``triton.testing.do_bench`` medians of the forward (under no_grad; not for kernels only the
+backward uses) and of forward+backward (``torch.autograd.grad``). Errors (Triton
+compile errors, out of resources, out of memory) become the row's status. Candidates are swept
+at the first of ``--chunks``; the other chunk sizes get the default and the combined best
+(``--full-chunks``: the whole sweep at every chunk size). Each op × shape × mode gets an equal
+share of the time left before ``--deadline`` (seconds from the start); after the deadline no
+new config starts.
+
+Which kernel takes which tiles (linrnn/engine/triton_chunk_vec.py; power-of-two tiles, each
+clipped by ``_fit`` to [16, next_pow2(extent)], except the sub-chunk BC):
+
+  states (BS, BK, BV, warps, stages)      states_fwd_kernel and states_bwd_kernel; BS the time
+                                          step of the chunk walk, grid K/BK × V/BV × B·H walks
+  rows (BC, BS, BD, BO, warps, stages)    rows_kernel: forward (BD over K, BO over V, or
+                                          GATED_BO with gv) and dq (BD over V, GATED_BO over K)
+  cols (BC, BQ, BD, BO, warps, stages)    cols_kernel: dk (BD over V, GATED_BO over K) and dv
+                                          (BD over K, BO over V, or GATED_BO with gv)
+  fused (BC, 0, BD, 0, warps, stages)     fused_chunk's fused_{fwd,dq,dk,dv}_kernel (their K/V
+                                          tiles come from triton_chunk.Config)
+  GATED_BO                                the output tile over a gated dimension; a candidate
+                                          "BO,W" also sets rows' and cols' warps to W
+
+BC is the sub-chunk whose diagonal block is computed in fp32 log space as [BC, BC, BD] (and,
+gated output, [BC, BC, BO]) products: not clipped, 16 or 32 (≥ 16 for tl.dot; the register
+cost grows with BC²). BS/BQ (the other time side) tile the earlier keys / later queries.
+Candidates equal to the default (or to an earlier candidate) after clipping are skipped.
+
+``--quick``: a CPU check of this script (TRITON_INTERPRET=1, fp32, B1-T32-H1-K32-V32, chunk
+16, one candidate per kernel, perf_counter times; the profile uses torch.profiler's CPU times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import math
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from a checkout without installing linrnn
+    sys.path.insert(0, str(ROOT))
+if __name__ == "__main__" and "--quick" in sys.argv[1:]:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (linrnn imports it)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import linrnn  # noqa: E402
+from linrnn.bench import report  # noqa: E402
+from linrnn.bench.registry import parse_shape  # noqa: E402
+from linrnn.engine import triton_chunk_vec as tcv  # noqa: E402
+from linrnn.engine import triton_fused, triton_kernels  # noqa: E402
+
+OPS = ("gla", "rwkv6", "gla_gv")  # in this order: a run cut short has the headline op first
+GLA_SHAPES = ("B8-T8192-H16-K256-V256",)  # B8-T8192-H32-K128-V128 with --shapes
+RWKV6_SHAPES = ("B8-T8192-H64-K64-V64",)
+QUICK_SHAPE = "B1-T32-H1-K32-V32"
+MODES = ("chunk", "fused_chunk")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
+KERNELS = ("rows", "states", "cols", "gated_bo", "fused")  # round-robin order
+MODE_KERNELS = {"chunk": ("rows", "states", "cols", "gated_bo"), "fused_chunk": ("fused",)}
+ARITY = {"states": 5, "rows": 6, "cols": 6, "fused": 6}
+
+# Built-in candidates, most promising first (the sweep is cut by the deadline). Defaults are
+# VEC_TILES = states (64, 64, 64, 4, 2), rows / cols (16, 64, 32, 64, 4, 2),
+# fused (16, 0, 32, 0, 4, 1), GATED_BO = 32.
+CANDIDATES = {
+    "rows": [  # (BC, BS, BD, BO, warps, stages)
+        (16, 64, 32, 256, 4, 2),  # BO = V: the forward computes the gated q·kᵀ once, not V/64×
+        (16, 64, 32, 256, 8, 2),
+        (16, 64, 32, 64, 8, 2),  # 8 warps alone (RWKV6: V = 64, the BO above clip to this)
+        (16, 64, 64, 256, 8, 2),  # BD 64: half the depth steps; [16, 16, 64] fp32 diagonal
+        (16, 64, 16, 256, 4, 2),  # BD 16
+        (16, 32, 32, 256, 8, 2),  # BS 32: fewer masked keys before query tiles 1–3 of a chunk
+        (16, 64, 32, 256, 8, 3),
+        (16, 128, 32, 256, 8, 2),  # BS 128: one key tile at L = 128 (same as BS 64 at L = 64)
+        (16, 64, 32, 256, 8, 1),
+        (16, 64, 16, 64, 4, 1),
+        (32, 64, 16, 256, 8, 2),  # BC 32: half the query tiles, twice the log-space diagonal
+    ],
+    "states": [  # (BS, BK, BV, warps, stages)
+        (64, 64, 256, 4, 2),  # the scalar engine's tuned states_fwd tile
+        (64, 64, 128, 4, 2),
+        (64, 64, 64, 8, 2),
+        (64, 64, 256, 8, 2),
+        (64, 128, 128, 8, 2),
+        (32, 64, 64, 4, 2),
+        (64, 64, 64, 4, 3),
+        (64, 32, 64, 4, 2),  # more walks (RWKV6: B·H·K/BK programs)
+        (128, 64, 64, 4, 2),  # BS 128 (L = 128)
+        (64, 64, 64, 4, 1),
+    ],
+    "cols": [  # (BC, BQ, BD, BO, warps, stages); BO: dv's V tile without gv
+        (16, 64, 32, 256, 4, 2),  # dv's BO = V: one pass over the later queries, not V/64
+        (16, 64, 32, 64, 8, 2),
+        (16, 64, 32, 256, 8, 2),
+        (16, 64, 64, 256, 8, 2),
+        (16, 64, 16, 64, 4, 2),
+        (16, 32, 32, 64, 4, 2),
+        (16, 64, 32, 64, 4, 3),
+        (16, 128, 32, 64, 4, 2),
+        (16, 64, 32, 64, 4, 1),
+        (32, 64, 16, 64, 8, 2),
+    ],
+    "gated_bo": [  # (BO,) or (BO, warps of rows and cols)
+        (64, 8),  # RWKV6: the whole K in dq and dk (one output tile, not two)
+        (64,),
+        (128, 8),  # GLA K = 256: dq and dk recompute the gated products per K tile (8× at 32)
+        (16,),
+    ],
+    "fused": [  # (BC, 0, BD, 0, warps, stages)
+        (16, 0, 32, 0, 8, 1),
+        (16, 0, 16, 0, 4, 1),
+        (16, 0, 64, 0, 8, 1),
+        (16, 0, 32, 0, 4, 2),
+        (32, 0, 16, 0, 8, 1),
+    ],
+}
+QUICK_CANDIDATES = {  # distinct from the defaults after clipping at K = V = 32, L = 16
+    "rows": [(16, 16, 16, 32, 4, 1)],
+    "states": [(16, 32, 16, 4, 1)],
+    "cols": [(16, 16, 16, 32, 4, 1)],
+    "gated_bo": [(16,)],
+    "fused": [(16, 0, 16, 0, 4, 1)],
+}
+
+# Kernels whose launches are timed / recorded, by module; rows and cols run twice per call.
+KERNEL_MODULES = (
+    (triton_kernels, ("states_fwd_kernel", "rows_kernel", "states_bwd_kernel", "cols_kernel")),
+    (triton_fused, ("fused_fwd_kernel", "fused_dq_kernel", "fused_dk_kernel", "fused_dv_kernel")),
+)
+# Host-side steps of the engine (triton_chunk_vec), timed as phases of a forward+backward.
+PHASES = (
+    "_cumsums",
+    "_forward",
+    "_forward_fused",
+    "_backward",
+    "_backward_fused",
+    "_revsum",
+    "_bonus",
+)
+TILE_KEYS = ("BQ", "BS", "BC", "BT", "BD", "BO", "BK", "BV", "num_warps", "num_stages")
+
+
+class CudaBroken(RuntimeError):
+    """The CUDA context is unusable (e.g. an illegal memory access): nothing more can run."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs, calls, errors, timing
+# ---------------------------------------------------------------------------------------------
+
+
+def make_inputs(op: str, shape: dict, dtype, device, seed: int) -> dict:
+    """Leaves (all with gradients): q, k, v in ``dtype``; per-channel log decays
+    logsigmoid(randn + 3) (≈ −0.05 per step) and RWKV6's u = 0.1·randn in fp32."""
+    B, T, H, K, V = (shape[d] for d in "BTHKV")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, device=device)  # noqa: E731
+    x = {"q": r(B, T, H, K).to(dtype), "k": r(B, T, H, K).to(dtype), "v": r(B, T, H, V).to(dtype)}
+    x["g"] = F.logsigmoid(r(B, T, H, K) + 3)
+    if op == "gla_gv":
+        x["gv"] = F.logsigmoid(r(B, T, H, V) + 3)
+    if op == "rwkv6":
+        x["u"] = 0.1 * r(H, K)
+    return {n: t.requires_grad_() for n, t in x.items()}
+
+
+def call(op: str, x: dict, mode: str, chunk: int):
+    """The op's output through the public API (backend triton)."""
+    kw = dict(mode=mode, chunk_size=chunk, backend="triton")
+    if op == "rwkv6":
+        o, _ = linrnn.rwkv6(x["q"], x["k"], x["v"], x["g"], x["u"], **kw)
+    else:
+        o, _ = linrnn.gla(x["q"], x["k"], x["v"], x["g"], gv=x.get("gv"), **kw)
+    return o
+
+
+def outputs(op: str, x: dict, do, mode: str, chunk: int) -> dict:
+    """o and the gradient of every leaf for the cotangent ``do``."""
+    o = call(op, x, mode, chunk)
+    grads = torch.autograd.grad(o, list(x.values()), do)
+    return {"o": o.detach(), **{f"d{n}": g for n, g in zip(x, grads)}}
+
+
+def rel_err(a, b, block: int = 2**26) -> float:
+    """RMS-relative difference ‖a − b‖ / ‖b‖, in blocks (the tensors hold ~10⁸ elements)."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    num = den = 0.0
+    for i in range(0, a.numel(), block):
+        x, y = a[i : i + block].double(), b[i : i + block].double()
+        num += float(((x - y) ** 2).sum())
+        den += float((y**2).sum())
+    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+
+
+def short_error(exc: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > limit:  # the head (what) and the tail (often the resource numbers)
+        text = text[: limit // 2] + " … " + text[-limit // 2 :]
+    return f"{type(exc).__name__}: {text}"
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def check_cuda(device) -> None:
+    """Raise :class:`CudaBroken` when the context no longer works after an exception."""
+    if device.type != "cuda":
+        return
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device=device).add_(1).item()
+    except Exception as exc:
+        raise CudaBroken(short_error(exc)) from exc
+
+
+def bench_ms(fn, args, device) -> float:
+    """``triton.testing.do_bench`` median on CUDA; on CPU the median of ``--cpu-repeats``
+    perf_counter calls (the config's correctness call was the warm-up)."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(
+            triton.testing.do_bench(
+                fn, warmup=args.warmup_ms, rep=args.rep_ms, return_mode="median"
+            )
+        )
+    times = []
+    for _ in range(args.cpu_repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiles: candidates, clipping, patching
+# ---------------------------------------------------------------------------------------------
+
+
+def defaults() -> tuple[dict, int]:
+    return dict(tcv.VEC_TILES), tcv.GATED_BO
+
+
+def candidate_problem(kernel: str, t: tuple) -> str | None:
+    """Why ``t`` is no legal candidate for ``kernel`` (None: legal)."""
+    pow2 = lambda n: n >= 16 and n & (n - 1) == 0  # noqa: E731
+    if kernel == "gated_bo":
+        if len(t) not in (1, 2) or not pow2(t[0]):
+            return "GATED_BO is BO or BO,warps with BO a power of two ≥ 16"
+        if len(t) == 2 and t[1] not in (1, 2, 4, 8, 16):
+            return "warps must be 1, 2, 4, 8 or 16"
+        return None
+    if len(t) != ARITY[kernel]:
+        return f"{kernel} takes {ARITY[kernel]} numbers, got {len(t)}"
+    tiles = {"states": (0, 1, 2), "rows": (0, 1, 2, 3), "cols": (0, 1, 2, 3), "fused": (0, 2)}
+    if not all(pow2(t[i]) for i in tiles[kernel]):
+        return "tiles must be powers of two ≥ 16 (tl.arange, tl.dot)"
+    if kernel == "fused" and (t[1] or t[3]):
+        return "fused entries 2 and 4 are unused: 0"
+    if t[-2] not in (1, 2, 4, 8, 16) or not 1 <= t[-1] <= 6:
+        return "warps must be 1, 2, 4, 8 or 16 and stages 1–6"
+    return None
+
+
+def apply(kernel: str | None, t, tiles: dict, bo: int) -> tuple[dict, int]:
+    """(VEC_TILES, GATED_BO) with candidate ``t`` of ``kernel`` in place of the default."""
+    tiles = dict(tiles)
+    if kernel == "gated_bo":
+        bo = t[0]
+        if len(t) > 1:  # its warps for rows and cols
+            for k in ("rows", "cols"):
+                tiles[k] = (*tiles[k][:4], t[1], tiles[k][5])
+    elif kernel is not None:
+        tiles[kernel] = tuple(t)
+    return tiles, bo
+
+
+def effective(tiles: dict, bo: int, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
+    """What the kernels of ``mode`` get from (VEC_TILES, GATED_BO) after clipping (depth and
+    output tiles to max(K, V): conservative when K ≠ V). Equal keys: the same kernels."""
+    f = tcv._fit
+    D, V = max(shape["K"], shape["V"]), shape["V"]
+    if mode == "fused_chunk":
+        BC, _, BD, _, nw, ns = tiles["fused"]
+        return ("fused", BC, BD, nw, ns)
+    BS, BK, BV, nw, ns = tiles["states"]
+    key = [("states", f(BS, chunk), f(BK, shape["K"]), f(BV, V), nw, ns)]
+    for k in ("rows", "cols"):
+        BC, BT, BD, BO, nw, ns = tiles[k]
+        key.append((k, BC, f(BT, chunk), f(BD, D), None if gv else f(BO, V), nw, ns))
+    key.append(("gated_bo", f(bo, D)))
+    return tuple(key)
+
+
+@contextlib.contextmanager
+def using(tiles: dict, bo: int):
+    """triton_chunk_vec.VEC_TILES (in place) and GATED_BO set, restored afterwards."""
+    saved, saved_bo = defaults()
+    tcv.VEC_TILES.update(tiles)
+    tcv.GATED_BO = bo
+    try:
+        yield
+    finally:
+        tcv.VEC_TILES.clear()
+        tcv.VEC_TILES.update(saved)
+        tcv.GATED_BO = saved_bo
+
+
+def fmt(t) -> str:
+    return ",".join(map(str, t)) if isinstance(t, (tuple, list)) else str(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# Instrumentation: kernel launches by role, engine steps as phases
+# ---------------------------------------------------------------------------------------------
+
+
+class Stopwatch:
+    """Timed spans: CUDA events on the GPU's timeline, perf_counter on CPU (where the
+    interpreter runs each kernel synchronously)."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.spans = []  # (kind, label, start, end)
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def add(self, kind, label, start, end) -> None:
+        self.spans.append((kind, label, start, end))
+
+    def totals(self, device) -> dict:
+        """{(kind, label): [ms total, count]}"""
+        sync(device)
+        out: dict = {}
+        for kind, label, s, e in self.spans:
+            ms = s.elapsed_time(e) if self.cuda else 1e3 * (e - s)
+            acc = out.setdefault((kind, label), [0.0, 0])
+            acc[0] += ms
+            acc[1] += 1
+        return out
+
+
+def role(name: str, kw: dict) -> str:
+    if name == "rows_kernel":
+        return "rows_kernel[dq]" if kw.get("IS_DQ") else "rows_kernel[fwd]"
+    if name == "cols_kernel":
+        return "cols_kernel[dk]" if kw.get("IS_DK") else "cols_kernel[dv]"
+    return name
+
+
+class _Launcher:
+    """Stands in for a Triton kernel: ``kernel[grid](...)`` runs it, noting the tiles it got
+    (and, with a stopwatch, its time)."""
+
+    def __init__(self, kernel, name, seen: dict, watch: Stopwatch | None):
+        self.kernel, self.name, self.seen, self.watch = kernel, name, seen, watch
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*a, **kw):
+            label = role(self.name, kw)
+            tiles = {k: kw[k] for k in TILE_KEYS if k in kw}
+            g = list(grid) if isinstance(grid, (tuple, list)) else str(grid)
+            self.seen.setdefault(label, {"grid": g, **tiles})
+            if self.watch is None:
+                return launch(*a, **kw)
+            s = self.watch.mark()
+            try:
+                return launch(*a, **kw)
+            finally:
+                self.watch.add("launch", label, s, self.watch.mark())
+
+        return run
+
+    def __getattr__(self, attr):
+        return getattr(self.kernel, attr)
+
+
+@contextlib.contextmanager
+def instrumented(watch: Stopwatch | None = None):
+    """Within the block the engine's kernels note their launches (dict role -> tiles, the
+    value of the ``with``); with ``watch``, launches and engine steps are also timed."""
+    seen: dict = {}
+    saved = []
+    for module, names in KERNEL_MODULES:
+        for name in names:
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, _Launcher(getattr(module, name), name, seen, watch))
+    if watch is not None:
+        for name in PHASES:
+            fn = getattr(tcv, name)
+            saved.append((tcv, name, fn))
+            setattr(tcv, name, _timed_phase(fn, name, watch))
+    try:
+        yield seen
+    finally:
+        for module, name, obj in reversed(saved):
+            setattr(module, name, obj)
+
+
+def _timed_phase(fn, name, watch):
+    def timed(*a, **kw):
+        s = watch.mark()
+        try:
+            return fn(*a, **kw)
+        finally:
+            watch.add("phase", name, s, watch.mark())
+
+    return timed
+
+
+# ---------------------------------------------------------------------------------------------
+# Profile
+# ---------------------------------------------------------------------------------------------
+
+
+def kernel_table(op, x, do, mode, chunk, device, iters) -> list[dict]:
+    """torch.profiler: per kernel name, time and launches per iteration (CUDA time on the GPU;
+    on CPU the ops' self CPU time, which only checks this code)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        for _ in range(iters):
+            outputs(op, x, do, mode, chunk)
+        sync(device)
+
+    def us(ev):
+        if device.type != "cuda":
+            return ev.self_cpu_time_total
+        t = getattr(ev, "device_time_total", None)
+        return t if t is not None else getattr(ev, "cuda_time_total", 0.0)
+
+    rows = [(ev.key, us(ev) / 1e3 / iters, ev.count / iters) for ev in prof.key_averages()]
+    rows = [r for r in rows if r[1] > 0]
+    total = sum(r[1] for r in rows) or 1.0
+    triton_names = {n for _, names in KERNEL_MODULES for n in names}
+    return [
+        {
+            "kernel": name,
+            "ms": ms,
+            "count": n,
+            "share": ms / total,
+            "triton": name.split("(")[0].strip() in triton_names,
+        }
+        for name, ms, n in sorted(rows, key=lambda r: -r[1])
+    ]
+
+
+def profile_unit(args, unit: dict, device) -> dict:
+    op, shape_id, mode, chunk = unit["op"], unit["shape"], unit["mode"], unit["chunk"]
+    res = dict(unit, iters=args.profile_iters)
+    x = make_inputs(op, parse_shape(shape_id), DTYPES[args.dtype], device, args.seed)
+    do = torch.randn_like(x["v"])
+    t0 = time.perf_counter()
+    for _ in range(2):  # compile and warm up
+        outputs(op, x, do, mode, chunk)
+    sync(device)
+    res["warmup_s"] = time.perf_counter() - t0
+    iters = args.profile_iters
+
+    watch = Stopwatch(device)
+    with instrumented(watch) as seen:
+        for _ in range(iters):
+            s = watch.mark()
+            outputs(op, x, do, mode, chunk)
+            watch.add("total", "fwd+bwd", s, watch.mark())
+    totals = watch.totals(device)
+    total = totals[("total", "fwd+bwd")][0] / iters
+    res["fwdbwd_ms"] = total
+    res["launches"] = [
+        {
+            "role": label,
+            "ms": ms / iters,
+            "count": n / iters,
+            "share": ms / iters / total,
+            "tiles": seen.get(label),
+        }
+        for (kind, label), (ms, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])
+        if kind == "launch"
+    ]
+    phases = [
+        {"phase": label, "ms": ms / iters, "count": n / iters, "share": ms / iters / total}
+        for (kind, label), (ms, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])
+        if kind == "phase"
+    ]
+    rest = total - sum(p["ms"] for p in phases)
+    phases.append({"phase": "other", "ms": rest, "count": None, "share": rest / total})
+    res["phases"] = phases
+    res["triton_share"] = sum(r["ms"] for r in res["launches"]) / total
+    try:
+        res["kernels"] = kernel_table(op, x, do, mode, chunk, device, iters)
+        res["kernels_total_ms"] = sum(r["ms"] for r in res["kernels"])  # the shares' base
+    except Exception as exc:  # the event timings above stand on their own
+        res["kernels_error"] = short_error(exc)
+    print_profile(res)
+    return res
+
+
+def print_profile(res: dict) -> None:
+    print(
+        f"\n== profile {res['op']} {res['shape']} {res['mode']} L={res['chunk']}: fwd+bwd "
+        f"{res['fwdbwd_ms']:.3f} ms (events, mean of {res['iters']}), Triton kernels "
+        f"{100 * res['triton_share']:.1f}%",
+        flush=True,
+    )
+    print("  launches (per iteration):")
+    for r in res["launches"]:
+        t = r["tiles"] or {}
+        tiles = " ".join(f"{k}={v}" for k, v in t.items() if k != "grid")
+        print(
+            f"  {r['ms']:9.3f} ms {100 * r['share']:5.1f}% {r['count']:4.0f}x  "
+            f"{r['role']:20s} grid {tuple(t.get('grid', ()))} {tiles}"
+        )
+    print("  engine steps (host functions of triton_chunk_vec; other = the rest):")
+    for r in res["phases"]:
+        n = "" if r["count"] is None else f"{r['count']:4.0f}x"
+        print(f"  {r['ms']:9.3f} ms {100 * r['share']:5.1f}% {n:5s} {r['phase']}")
+    if "kernels" in res:
+        print("  torch.profiler, per kernel name (per iteration):")
+        for r in res["kernels"][:16]:
+            print(
+                f"  {r['ms']:9.3f} ms {100 * r['share']:5.1f}% {r['count']:4.0f}x  "
+                f"{r['kernel'][:90]}"
+            )
+    else:
+        print(f"  torch.profiler failed: {res['kernels_error']}")
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweep
+# ---------------------------------------------------------------------------------------------
+
+
+def measure(args, unit, x, do, ref, tiles, bo, fwd: bool, device) -> tuple[dict, dict | None]:
+    """One config: a checked forward+backward, then its times. Returns (row, outputs when
+    ``ref`` is None: the default's, which become the reference)."""
+    op, mode, chunk = unit["op"], unit["mode"], unit["chunk"]
+    row: dict = {"status": "ok"}
+    out = None
+    t_start = time.perf_counter()
+    with using(tiles, bo):
+        try:
+            with instrumented() as seen:
+                t0 = time.perf_counter()
+                out = outputs(op, x, do, mode, chunk)
+                sync(device)
+            row["first_call_s"] = time.perf_counter() - t0  # with any compilation
+            row["launches"] = seen
+            if ref is not None:
+                errs = {n: rel_err(out[n], ref[n]) for n in ref}
+                worst = max(errs, key=lambda n: errs[n] if math.isfinite(errs[n]) else math.inf)
+                row.update(errors=errs, max_rel_err=errs[worst], worst=worst)
+                out = None
+                if not errs[worst] <= args.tol:
+                    row["status"] = f"wrong: {worst} rel err {errs[worst]:.2e} > {args.tol:g}"
+                    return row, None
+            if fwd:
+
+                def fwd_only():
+                    with torch.no_grad():
+                        call(op, x, mode, chunk)
+
+                row["fwd_ms"] = bench_ms(fwd_only, args, device)
+            row["fwdbwd_ms"] = bench_ms(lambda: outputs(op, x, do, mode, chunk), args, device)
+        except Exception as exc:  # compile error, out of resources, OOM: record, go on
+            row["status"] = f"error: {short_error(exc)}"
+            out = None
+            check_cuda(device)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        finally:
+            row["config_s"] = time.perf_counter() - t_start
+    return row, out
+
+
+def fwd_affected(kernel: str | None, gv: bool) -> bool:
+    """Whether the forward uses the kernel's tiles (cols: backward only; GATED_BO: the
+    forward's output tile only with gv)."""
+    return kernel not in ("cols", "gated_bo") or (kernel == "gated_bo" and gv)
+
+
+def sweep_unit(args, unit: dict, device, unit_end: float, hard_end: float, emit) -> dict:
+    """Default, candidates (round robin over the kernels), combined best, at the first chunk
+    size (every chunk size with --full-chunks); default and combined best at the others."""
+    op, mode = unit["op"], unit["mode"]
+    x = make_inputs(op, parse_shape(unit["shape"]), DTYPES[args.dtype], device, args.seed)
+    do = torch.randn_like(x["v"])
+    base_tiles, base_bo = defaults()
+    kernels = [k for k in args.kernels if k in MODE_KERNELS[mode]]
+    summary = dict(unit, chunks={})
+    best_cfg = None  # (tiles, bo) of the combined best found at a fully swept chunk size
+    costs: list[float] = []
+    for i, chunk in enumerate(args.chunks):
+        full = args.full_chunks or i == 0
+        u = dict(unit, chunk=chunk)
+        now = time.monotonic()
+        if now >= hard_end:
+            emit(dict(u, kernel="default", tiles=None, status="not run: deadline"))
+            continue
+        if args.full_chunks:  # an equal share of the unit's time per chunk size
+            sub_end, later = now + (unit_end - now) / (len(args.chunks) - i), 1
+            best_cfg = None
+        else:  # left for the combined best and two rows at each later chunk size
+            sub_end, later = unit_end, 1 + 2 * (len(args.chunks) - 1 - i)
+        row, ref = measure(args, u, x, do, None, base_tiles, base_bo, True, device)
+        base = emit(dict(u, kernel="default", tiles=None, **row))
+        costs.append(row["config_s"])
+        info = summary["chunks"][str(chunk)] = {"default": _figures(base), "kernels": {}}
+        if ref is None:
+            continue  # no reference: the candidates cannot be checked
+        if full:
+            best_cfg = sweep_candidates(
+                args,
+                u,
+                x,
+                do,
+                ref,
+                base,
+                kernels,
+                info,
+                costs,
+                sub_end,
+                hard_end,
+                later,
+                device,
+                emit,
+            )
+        if best_cfg is None:
+            pass
+        elif time.monotonic() >= hard_end:
+            emit(dict(u, kernel="combined", tiles=None, status="not run: deadline"))
+        else:
+            tiles, bo = best_cfg
+            row, _ = measure(args, u, x, do, ref, tiles, bo, True, device)
+            r = dict(u, kernel="combined", tiles=None, vec_tiles=tiles, gated_bo=bo, **row)
+            info["combined"] = _figures(emit(r, base))
+        del ref
+    if device.type == "cuda":
+        del x, do
+        torch.cuda.empty_cache()
+    return summary
+
+
+def sweep_candidates(
+    args, u, x, do, ref, base, kernels, info, costs, sub_end, hard_end, later, device, emit
+):
+    """The candidates of ``kernels`` at one chunk size, round robin; fills ``info["kernels"]``
+    with each kernel's best and returns the combination of the bests that beat the default
+    by ≥ 1% in fwd+bwd (``--combine-below``; None if none did)."""
+    op, mode, chunk = u["op"], u["mode"], u["chunk"]
+    shape, gv = parse_shape(u["shape"]), op == "gla_gv"
+    base_tiles, base_bo = defaults()
+    lists = [[(k, tuple(t)) for t in args.candidates[k]] for k in kernels]
+    queue = [c for group in itertools.zip_longest(*lists) for c in group if c]
+    keys = {effective(base_tiles, base_bo, mode, shape, chunk, gv): "default"}
+    best: dict = {}
+    best_fwd: dict = {}
+    for j, (kernel, t) in enumerate(queue):
+        now = time.monotonic()
+        if now + later * statistics.median(costs) >= sub_end or now >= hard_end:
+            info["not_run"] = len(queue) - j
+            print(f"  {len(queue) - j} candidates not run (this unit's time is up)", flush=True)
+            break
+        tiles, bo = apply(kernel, t, base_tiles, base_bo)
+        key = effective(tiles, bo, mode, shape, chunk, gv)
+        r = dict(u, kernel=kernel, tiles=list(t))
+        if key in keys:
+            emit(dict(r, status=f"skipped: same tiles as {keys[key]} after clipping"))
+            continue
+        keys[key] = f"{kernel} {fmt(t)}"
+        row, _ = measure(args, u, x, do, ref, tiles, bo, fwd_affected(kernel, gv), device)
+        costs.append(row["config_s"])
+        r = emit(dict(r, **row), base)
+        if r["status"] != "ok":
+            continue
+        if kernel not in best or r["fwdbwd_ms"] < best[kernel]["fwdbwd_ms"]:
+            best[kernel] = r
+        if r.get("fwd_ms") and (kernel not in best_fwd or r["fwd_ms"] < best_fwd[kernel]["fwd_ms"]):
+            best_fwd[kernel] = r
+    for kernel, r in best.items():
+        entry = info["kernels"][kernel] = {"tiles": r["tiles"], **_figures(r)}
+        f = best_fwd.get(kernel)
+        if f is not None and f is not r:
+            entry["best_fwd"] = {"tiles": f["tiles"], **_figures(f)}
+    limit = args.combine_below * base["fwdbwd_ms"]
+    better = {k: tuple(r["tiles"]) for k, r in best.items() if r["fwdbwd_ms"] < limit}
+    return combine(better, base_tiles, base_bo) if better else None
+
+
+def combine(better: dict, tiles: dict, bo: int) -> tuple[dict, int]:
+    """Each kernel's best together. A GATED_BO candidate's warps apply to rows / cols only
+    where those kept their default tuple."""
+    tiles = dict(tiles)
+    if "gated_bo" in better:
+        t = better["gated_bo"]
+        bo = t[0]
+        if len(t) > 1:
+            for k in ("rows", "cols"):
+                if k not in better:
+                    tiles[k] = (*tiles[k][:4], t[1], tiles[k][5])
+    for k, t in better.items():
+        if k != "gated_bo":
+            tiles[k] = t
+    return tiles, bo
+
+
+def _figures(r: dict) -> dict:
+    keys = (
+        "status",
+        "fwd_ms",
+        "fwdbwd_ms",
+        "fwd_vs_default",
+        "fwdbwd_vs_default",
+        "vec_tiles",
+        "gated_bo",
+    )
+    return {k: r.get(k) for k in keys if k in r}
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line, report
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    p.add_argument(
+        "--shapes",
+        nargs="+",
+        metavar="ID",
+        help=f"shapes for every op (default: GLA {list(GLA_SHAPES)}, RWKV6 {list(RWKV6_SHAPES)})",
+    )
+    p.add_argument("--modes", nargs="+", choices=MODES, default=["chunk"])
+    p.add_argument(
+        "--chunks",
+        nargs="+",
+        type=int,
+        default=[64, 128],
+        help="chunk sizes; candidates are swept at the first (64 128)",
+    )
+    p.add_argument("--full-chunks", action="store_true", help="sweep at every chunk size")
+    for k in ("rows", "states", "cols", "fused"):
+        n = ARITY[k]
+        p.add_argument(
+            f"--{k}",
+            nargs="*",
+            metavar="T",
+            help=f"{k} candidates, {n} comma-separated numbers each (none: skip)",
+        )
+    p.add_argument(
+        "--gated-bo",
+        nargs="*",
+        metavar="BO[,W]",
+        help="GATED_BO candidates; BO,W also sets rows' and cols' warps to W",
+    )
+    p.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=KERNELS,
+        default=list(KERNELS),
+        help="which kernels' candidates to sweep",
+    )
+    p.add_argument(
+        "--combine-below",
+        type=float,
+        default=None,
+        help="combine the kernels whose best fwd+bwd is below this ratio to the default "
+        "(0.99; --quick: always, to check the code)",
+    )
+    p.add_argument("--profile", action="store_true", help="profile first (per-kernel times)")
+    p.add_argument("--profile-iters", type=int, default=3)
+    p.add_argument("--skip-sweep", action="store_true", help="the profile only")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=480,
+        help="seconds from the start after which no new config starts (480)",
+    )
+    p.add_argument("--dtype", choices=DTYPES, default=None, help="q, k, v dtype (bf16)")
+    p.add_argument("--tol", type=float, help="RMS-relative error vs the default (1e-2 bf16)")
+    p.add_argument("--warmup-ms", type=float, default=25, help="do_bench warm-up (25)")
+    p.add_argument("--rep-ms", type=float, default=100, help="do_bench repetition time (100)")
+    p.add_argument("--cpu-repeats", type=int, default=None, help="timed calls on CPU (1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"CPU check of the script: interpreter, fp32, {QUICK_SHAPE}, chunk 16",
+    )
+    p.add_argument("--commit", help="git commit to record (the GPU copy's .git may be stale)")
+    p.add_argument("--out", type=Path, help="JSON path")
+    args = p.parse_args(argv)
+
+    args.device = "cpu" if args.quick else "cuda"
+    args.dtype = args.dtype or ("fp32" if args.quick else "bf16")
+    args.tol = args.tol if args.tol is not None else TOLERANCE[args.dtype]
+    args.cpu_repeats = args.cpu_repeats or 1
+    if args.combine_below is None:
+        args.combine_below = math.inf if args.quick else 0.99
+    if args.quick and "--chunks" not in (argv if argv is not None else sys.argv[1:]):
+        args.chunks = [16]
+    if min(args.chunks) < 1 or args.profile_iters < 1:
+        p.error("--chunks and --profile-iters must be ≥ 1")
+    for s in args.shapes or ():
+        try:
+            parse_shape(s)
+        except ValueError as exc:
+            p.error(str(exc))
+    builtin = QUICK_CANDIDATES if args.quick else CANDIDATES
+    args.candidates = {}
+    for k in KERNELS:
+        given = getattr(args, k)
+        if given is None:
+            args.candidates[k] = [tuple(t) for t in builtin[k]]
+            continue
+        cands = []
+        for text in given:
+            try:
+                t = tuple(int(v) for v in text.split(","))
+            except ValueError:
+                p.error(f"--{k.replace('_', '-')} {text!r}: comma-separated integers")
+            why = candidate_problem(k, t)
+            if why:
+                p.error(f"--{k.replace('_', '-')} {text}: {why}")
+            cands.append(t)
+        args.candidates[k] = cands
+    return args
+
+
+def units_of(args) -> list[dict]:
+    units = []
+    for op in args.ops:
+        shapes = args.shapes or (RWKV6_SHAPES if op == "rwkv6" else GLA_SHAPES)
+        if args.quick and not args.shapes:
+            shapes = (QUICK_SHAPE,)
+        for shape in shapes:
+            for mode in args.modes:
+                units.append({"op": op, "shape": shape, "mode": mode})
+    return units
+
+
+class Report:
+    def __init__(self, args, argv, machine):
+        self.path = args.out or (
+            ROOT
+            / "benchmarks"
+            / "results"
+            / "tmp"
+            / f"{machine['date'][:10]}-{report.slug(machine.get('gpu'))}-vector-sweep.json"
+        )
+        tiles, bo = defaults()
+        cmd = sys.argv if argv is None else ["benchmarks/vector_sweep.py", *argv]
+        self.data = {
+            "benchmark": "vector_sweep",
+            "complete": False,  # rewritten after every row; True at the end
+            "machine": machine,
+            "command": shlex.join([sys.executable, *cmd] if argv is None else cmd),
+            "config": {k: v for k, v in vars(args).items() if k not in ("out", "candidates")},
+            "default_tiles": {"VEC_TILES": tiles, "GATED_BO": bo},
+            "candidates": args.candidates,
+            "tolerance": args.tol,
+            "timing": (
+                f"triton.testing.do_bench medians (warmup {args.warmup_ms} ms, rep "
+                f"{args.rep_ms} ms)"
+                if args.device == "cuda"
+                else f"CPU: median of {args.cpu_repeats} perf_counter calls (interpreter)"
+            ),
+            "profile": [],
+            "sweep": [],
+            "best": [],
+            "notes": [],
+        }
+        self.write()
+
+    def write(self, complete: bool = False) -> None:
+        self.data["complete"] = complete
+        report.write_json(self.path, self.data)
+
+    def row(self, r: dict, base: dict | None = None) -> dict:
+        """Add a sweep row (with its ratios to ``base``), print it, write the JSON."""
+        r = dict(r)
+        tiles, bo = defaults()  # restored after each config: the row's own come from below
+        if r.get("kernel") not in (None, "default", "combined") and r.get("tiles"):
+            tiles, bo = apply(r["kernel"], tuple(r["tiles"]), tiles, bo)
+        if r.get("kernel") == "combined":
+            r["note"] = "each kernel's best (fwd+bwd under --combine-below × default) together"
+        r.setdefault("vec_tiles", tiles)
+        r.setdefault("gated_bo", bo)
+        if base is not None and r.get("status") == "ok":
+            for t in ("fwd_ms", "fwdbwd_ms"):
+                if r.get(t) and base.get(t):
+                    r[t.replace("_ms", "_vs_default")] = r[t] / base[t]
+        self.data["sweep"].append(r)
+        self.write()
+        print(row_line(r), flush=True)
+        return r
+
+
+def row_line(r: dict) -> str:
+    what = r["kernel"] + ("" if r.get("tiles") is None else f" ({fmt(r['tiles'])})")
+    head = f"  {r['op']} {r['shape']} {r['mode']} L={r['chunk']} {what}:"
+    if r.get("status") != "ok":
+        return f"{head} {r.get('status')}"
+    parts = []
+    for t, label in (("fwd_ms", "fwd"), ("fwdbwd_ms", "fwd+bwd")):
+        if r.get(t) is not None:
+            ratio = r.get(t.replace("_ms", "_vs_default"))
+            parts.append(f"{label} {r[t]:.3f} ms" + (f" ({ratio:.3f}×)" if ratio else ""))
+    if "max_rel_err" in r:
+        parts.append(f"err {r['max_rel_err']:.1e}")
+    parts.append(f"first {r.get('first_call_s', 0):.1f} s, {r.get('config_s', 0):.1f} s")
+    return f"{head} " + ", ".join(parts)
+
+
+def print_best(best: list[dict]) -> None:
+    print("\nbest per kernel (fwd+bwd; ratio to the default tiles):")
+    for s in best:
+        for chunk, info in s["chunks"].items():
+            d = info["default"]
+            if d.get("status") != "ok":
+                continue
+            print(
+                f"  {s['op']} {s['shape']} {s['mode']} L={chunk}: default fwd "
+                f"{d.get('fwd_ms', 0):.3f} ms, fwd+bwd {d['fwdbwd_ms']:.3f} ms"
+            )
+            for k, r in info["kernels"].items():
+                print(
+                    f"    {k:9s} {fmt(r['tiles']):22s} fwd+bwd {r['fwdbwd_ms']:.3f} ms "
+                    f"({r.get('fwdbwd_vs_default', 1):.3f}×)"
+                )
+            if info.get("combined", {}).get("status") == "ok":
+                c = info["combined"]
+                print(
+                    f"    combined  fwd {c['fwd_ms']:.3f} ms ({c['fwd_vs_default']:.3f}×), "
+                    f"fwd+bwd {c['fwdbwd_ms']:.3f} ms ({c['fwdbwd_vs_default']:.3f}×) "
+                    f"{c['vec_tiles']} GATED_BO {c['gated_bo']}"
+                )
+
+
+def main(argv=None) -> int:
+    t_start = time.monotonic()
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: use --quick for the CPU check of this script", file=sys.stderr)
+        return 2
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("--quick needs TRITON_INTERPRET=1 before triton is imported", file=sys.stderr)
+        return 2
+    hard_end = t_start + args.deadline
+    machine = report.machine_info(
+        report.info_case({"device": args.device}, {}), args.device, args.commit
+    )
+    rep = Report(args, argv, machine)
+    print(
+        f"{machine.get('gpu') or 'CPU (interpreter)'} | torch {machine['torch']} | Triton "
+        f"{machine['triton']} | commit {machine['git_commit']} | {args.dtype} | "
+        f"tol {args.tol:g} | deadline {args.deadline:g} s",
+        flush=True,
+    )
+    units = units_of(args)
+    try:
+        if args.profile:
+            for unit in units:
+                if time.monotonic() >= hard_end:
+                    rep.data["notes"].append("profile cut at the deadline")
+                    break
+                u = dict(unit, chunk=args.chunks[0])
+                try:
+                    rep.data["profile"].append(profile_unit(args, u, device))
+                except CudaBroken:
+                    raise
+                except Exception as exc:
+                    rep.data["profile"].append(dict(u, error=short_error(exc)))
+                    print(f"profile {u}: {short_error(exc)}", flush=True)
+                    check_cuda(device)
+                rep.write()
+        if not args.skip_sweep:
+            print("\nsweep (ratios to the default tiles of the same op, shape, mode, chunk):")
+            for i, unit in enumerate(units):
+                now = time.monotonic()
+                if now >= hard_end:
+                    rep.data["notes"].append(f"not started (deadline): {unit}")
+                    continue
+                unit_end = now + (hard_end - now) / (len(units) - i)
+                summary = sweep_unit(args, unit, device, unit_end, hard_end, rep.row)
+                rep.data["best"].append(summary)
+                rep.write()
+            print_best(rep.data["best"])
+    except CudaBroken as exc:
+        rep.data["notes"].append(f"stopped: CUDA context broken ({exc})")
+        print(f"stopped: CUDA context broken ({exc})", flush=True)
+        rep.write()
+        return 1
+    rep.write(complete=True)
+    print(f"\nwrote {rep.path} ({time.monotonic() - t_start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
