@@ -15,23 +15,30 @@ channel (fp32, ≈ −0.05 per step), u = 0.1·randn. Shapes: ``--shapes`` for e
 B8-T8192-H16-K256-V256 and RWKV6 at B8-T8192-H64-K64-V64.
 
 ``--profile`` (first): per op, one forward+backward at the first chunk size after two warm-up
-calls, measured twice: (1) every kernel launch and every host-side step of the engine timed
-with CUDA events (Triton launches by role: rows_kernel[fwd] / [dq], cols_kernel[dk] / [dv],
-states_fwd/bwd_kernel, fused_*; with the tiles each launch got after clipping; and the torch
-glue by engine function: _cumsums, _revsum, _bonus, plus "other" = the rest of the
-forward+backward), and (2) torch.profiler's CUDA time per kernel name (the glue kernels under
-their ATen names). Per iteration, mean of ``--profile-iters``.
+calls (``--profile-diag-loop both``: with either form of the diagonal block), measured twice:
+(1) every kernel launch and every host-side step of the engine timed with CUDA events (Triton
+launches by role: rows_kernel[fwd] / [dq], cols_kernel[dk] / [dv], states_fwd/bwd_kernel,
+fused_*; with the tiles each launch got after clipping; and the torch glue by engine function:
+_cumsums, _revsum, _bonus, plus "other" = the rest of the forward+backward), and (2)
+torch.profiler's CUDA time per kernel name (the glue kernels under their ATen names). Per
+iteration, mean of ``--profile-iters``.
 
-Sweep: per op × shape × mode, the default tiles first (its output and gradients are the
-reference), then the candidates one kernel at a time, the other kernels at their defaults,
-round robin over the kernels (so a run cut short has some of each), then the combination of
-the kernels' bests that beat the default by ≥ 1% (``--combine-below``). Each config: one
-forward+backward compared with the default's (RMS-relative error of o and every gradient ≤
-``--tol``, 1e-2 in bf16; a config over it is "wrong" and not timed), then
+Sweep: per op × shape × mode, the default config first (its output and gradients are the
+reference), then ``DIAG_LOOP`` switched (the diagonal block as one [BC, BC, tile] fp32 product
+or as a walk over its BC key rows, triton_vector._vec_diag): when that is ≥ 1% faster in
+fwd+bwd it becomes the base of the rest (``--adopt-below``), and candidates that only
+make sense with the walk (sub-chunks BC of 32 and 64) join. Then the tile candidates one kernel
+at a time, the other kernels at the base, round robin over the kernels (so a run cut short has
+some of each), then the combination of the kernels' bests that beat the base by ≥ 1%
+(``--combine-below``). Ratios: ``*_vs_default`` to the default config, ``*_vs_base`` to the
+adopted base.
+
+Each config: one forward+backward compared with the default's (RMS-relative error of o and
+every gradient ≤ ``--tol``, 1e-2 in bf16; a config over it is "wrong" and not timed), then
 ``triton.testing.do_bench`` medians of the forward (under no_grad; not for kernels only the
-backward uses) and of forward+backward (``torch.autograd.grad``). Errors (Triton
-compile errors, out of resources, out of memory) become the row's status. Candidates are swept
-at the first of ``--chunks``; the other chunk sizes get the default and the combined best
+backward uses) and of forward+backward (``torch.autograd.grad``). Errors (Triton compile
+errors, out of resources, out of memory) become the row's status. Candidates are swept at the
+first of ``--chunks``; the other chunk sizes get the default and the combined best
 (``--full-chunks``: the whole sweep at every chunk size). Each op × shape × mode gets an equal
 share of the time left before ``--deadline`` (seconds from the start); after the deadline no
 new config starts.
@@ -49,11 +56,15 @@ clipped by ``_fit`` to [16, next_pow2(extent)], except the sub-chunk BC):
                                           tiles come from triton_chunk.Config)
   GATED_BO                                the output tile over a gated dimension; a candidate
                                           "BO,W" also sets rows' and cols' warps to W
+  diag_loop (0 or 1)                      DIAG_LOOP: the diagonal block's form (all modes)
 
-BC is the sub-chunk whose diagonal block is computed in fp32 log space as [BC, BC, BD] (and,
-gated output, [BC, BC, BO]) products: not clipped, 16 or 32 (≥ 16 for tl.dot; the register
-cost grows with BC²). BS/BQ (the other time side) tile the earlier keys / later queries.
-Candidates equal to the default (or to an earlier candidate) after clipping are skipped.
+BC is the sub-chunk whose diagonal block is computed in fp32 log space, as [BC, BC, BD] (and,
+gated output, [BC, BC, BO]) products or, with DIAG_LOOP, as BC steps of [BC, tile]: not
+clipped, a power of two ≥ 16 (tl.arange, tl.dot); above 16 mostly with the walk (the block's
+registers grow with BC²); larger than the chunk is legal (masked) but wasted. BS/BQ (the other
+time side) tile the earlier keys / later queries. rows' and cols' BO are unused with gv (the
+gated output takes GATED_BO). Candidates equal to the default (or to an earlier candidate)
+after clipping are skipped.
 
 ``--quick``: a CPU check of this script (TRITON_INTERPRET=1, fp32, B1-T32-H1-K32-V32, chunk
 16, one candidate per kernel, perf_counter times; the profile uses torch.profiler's CPU times).
@@ -94,13 +105,18 @@ QUICK_SHAPE = "B1-T32-H1-K32-V32"
 MODES = ("chunk", "fused_chunk")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
-KERNELS = ("rows", "states", "cols", "gated_bo", "fused")  # round-robin order
-MODE_KERNELS = {"chunk": ("rows", "states", "cols", "gated_bo"), "fused_chunk": ("fused",)}
+KERNELS = ("diag_loop", "rows", "states", "cols", "gated_bo", "fused")  # diag_loop first
+MODE_KERNELS = {
+    "chunk": ("diag_loop", "rows", "states", "cols", "gated_bo"),
+    "fused_chunk": ("diag_loop", "fused"),
+}
 ARITY = {"states": 5, "rows": 6, "cols": 6, "fused": 6}
+HAS_DIAG_LOOP = hasattr(tcv, "DIAG_LOOP")  # added in 35acbf2
 
 # Built-in candidates, most promising first (the sweep is cut by the deadline). Defaults are
 # VEC_TILES = states (64, 64, 64, 4, 2), rows / cols (16, 64, 32, 64, 4, 2),
-# fused (16, 0, 32, 0, 4, 1), GATED_BO = 32.
+# fused (16, 0, 32, 0, 4, 1), GATED_BO = 32, DIAG_LOOP = False. diag_loop's candidate is the
+# other form than the base's (set in parse_args).
 CANDIDATES = {
     "rows": [  # (BC, BS, BD, BO, warps, stages)
         (16, 64, 32, 256, 4, 2),  # BO = V: the forward computes the gated q·kᵀ once, not V/64×
@@ -153,6 +169,14 @@ CANDIDATES = {
         (32, 0, 16, 0, 8, 1),
     ],
 }
+# Only with DIAG_LOOP on (the block form's [BC, BC, tile] fp32 product would be 4–16× larger):
+# query / key tiles of 32 and 64 rows, i.e. fewer re-reads of each chunk's state and M = 32/64
+# tensor-core products instead of M = 16, for more log-space work on the diagonal. First in
+# their kernel's list when the walk is the base.
+LOOP_ONLY = {
+    "rows": [(32, 64, 32, 256, 8, 2), (64, 64, 32, 256, 8, 2), (32, 64, 64, 256, 8, 2)],
+    "cols": [(32, 64, 32, 256, 8, 2), (64, 64, 32, 256, 8, 2)],
+}
 QUICK_CANDIDATES = {  # distinct from the defaults after clipping at K = V = 32, L = 16
     "rows": [(16, 16, 16, 32, 4, 1)],
     "states": [(16, 32, 16, 4, 1)],
@@ -160,6 +184,7 @@ QUICK_CANDIDATES = {  # distinct from the defaults after clipping at K = V = 32,
     "gated_bo": [(16,)],
     "fused": [(16, 0, 16, 0, 4, 1)],
 }
+QUICK_LOOP_ONLY = {"rows": [(32, 16, 16, 32, 4, 1)]}
 
 # Kernels whose launches are timed / recorded, by module; rows and cols run twice per call.
 KERNEL_MODULES = (
@@ -278,13 +303,21 @@ def bench_ms(fn, args, device) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def defaults() -> tuple[dict, int]:
-    return dict(tcv.VEC_TILES), tcv.GATED_BO
+def current() -> dict:
+    """The engine's config now: VEC_TILES, GATED_BO, DIAG_LOOP (None where the engine has no
+    such switch)."""
+    return {
+        "VEC_TILES": dict(tcv.VEC_TILES),
+        "GATED_BO": tcv.GATED_BO,
+        "DIAG_LOOP": bool(tcv.DIAG_LOOP) if HAS_DIAG_LOOP else None,
+    }
 
 
 def candidate_problem(kernel: str, t: tuple) -> str | None:
     """Why ``t`` is no legal candidate for ``kernel`` (None: legal)."""
     pow2 = lambda n: n >= 16 and n & (n - 1) == 0  # noqa: E731
+    if kernel == "diag_loop":
+        return None if t in ((0,), (1,)) else "DIAG_LOOP is 0 or 1"
     if kernel == "gated_bo":
         if len(t) not in (1, 2) or not pow2(t[0]):
             return "GATED_BO is BO or BO,warps with BO a power of two ≥ 16"
@@ -303,48 +336,56 @@ def candidate_problem(kernel: str, t: tuple) -> str | None:
     return None
 
 
-def apply(kernel: str | None, t, tiles: dict, bo: int) -> tuple[dict, int]:
-    """(VEC_TILES, GATED_BO) with candidate ``t`` of ``kernel`` in place of the default."""
-    tiles = dict(tiles)
-    if kernel == "gated_bo":
-        bo = t[0]
+def apply(kernel: str | None, t, cfg: dict) -> dict:
+    """``cfg`` with candidate ``t`` of ``kernel`` in place of its entry."""
+    cfg = dict(cfg, VEC_TILES=dict(cfg["VEC_TILES"]))
+    tiles = cfg["VEC_TILES"]
+    if kernel == "diag_loop":
+        cfg["DIAG_LOOP"] = bool(t[0])
+    elif kernel == "gated_bo":
+        cfg["GATED_BO"] = t[0]
         if len(t) > 1:  # its warps for rows and cols
             for k in ("rows", "cols"):
                 tiles[k] = (*tiles[k][:4], t[1], tiles[k][5])
     elif kernel is not None:
         tiles[kernel] = tuple(t)
-    return tiles, bo
+    return cfg
 
 
-def effective(tiles: dict, bo: int, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
-    """What the kernels of ``mode`` get from (VEC_TILES, GATED_BO) after clipping (depth and
-    output tiles to max(K, V): conservative when K ≠ V). Equal keys: the same kernels."""
+def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
+    """What the kernels of ``mode`` get from ``cfg`` after clipping (depth and output tiles to
+    max(K, V): conservative when K ≠ V). Equal keys: the same kernels."""
     f = tcv._fit
+    tiles, loop = cfg["VEC_TILES"], cfg["DIAG_LOOP"]
     D, V = max(shape["K"], shape["V"]), shape["V"]
     if mode == "fused_chunk":
         BC, _, BD, _, nw, ns = tiles["fused"]
-        return ("fused", BC, BD, nw, ns)
+        return ("fused", BC, BD, nw, ns, loop)
     BS, BK, BV, nw, ns = tiles["states"]
     key = [("states", f(BS, chunk), f(BK, shape["K"]), f(BV, V), nw, ns)]
     for k in ("rows", "cols"):
         BC, BT, BD, BO, nw, ns = tiles[k]
         key.append((k, BC, f(BT, chunk), f(BD, D), None if gv else f(BO, V), nw, ns))
-    key.append(("gated_bo", f(bo, D)))
+    key.append(("gated_bo", f(cfg["GATED_BO"], D), loop))
     return tuple(key)
 
 
 @contextlib.contextmanager
-def using(tiles: dict, bo: int):
-    """triton_chunk_vec.VEC_TILES (in place) and GATED_BO set, restored afterwards."""
-    saved, saved_bo = defaults()
-    tcv.VEC_TILES.update(tiles)
-    tcv.GATED_BO = bo
+def using(cfg: dict):
+    """The engine's VEC_TILES (in place), GATED_BO and DIAG_LOOP set; restored afterwards."""
+    saved = current()
+    tcv.VEC_TILES.update(cfg["VEC_TILES"])
+    tcv.GATED_BO = cfg["GATED_BO"]
+    if HAS_DIAG_LOOP:
+        tcv.DIAG_LOOP = bool(cfg["DIAG_LOOP"])
     try:
         yield
     finally:
         tcv.VEC_TILES.clear()
-        tcv.VEC_TILES.update(saved)
-        tcv.GATED_BO = saved_bo
+        tcv.VEC_TILES.update(saved["VEC_TILES"])
+        tcv.GATED_BO = saved["GATED_BO"]
+        if HAS_DIAG_LOOP:
+            tcv.DIAG_LOOP = saved["DIAG_LOOP"]
 
 
 def fmt(t) -> str:
@@ -496,7 +537,7 @@ def kernel_table(op, x, do, mode, chunk, device, iters) -> list[dict]:
 
 def profile_unit(args, unit: dict, device) -> dict:
     op, shape_id, mode, chunk = unit["op"], unit["shape"], unit["mode"], unit["chunk"]
-    res = dict(unit, iters=args.profile_iters)
+    res = dict(unit, iters=args.profile_iters, diag_loop=current()["DIAG_LOOP"])
     x = make_inputs(op, parse_shape(shape_id), DTYPES[args.dtype], device, args.seed)
     do = torch.randn_like(x["v"])
     t0 = time.perf_counter()
@@ -546,7 +587,8 @@ def profile_unit(args, unit: dict, device) -> dict:
 
 def print_profile(res: dict) -> None:
     print(
-        f"\n== profile {res['op']} {res['shape']} {res['mode']} L={res['chunk']}: fwd+bwd "
+        f"\n== profile {res['op']} {res['shape']} {res['mode']} L={res['chunk']} "
+        f"DIAG_LOOP={res['diag_loop']}: fwd+bwd "
         f"{res['fwdbwd_ms']:.3f} ms (events, mean of {res['iters']}), Triton kernels "
         f"{100 * res['triton_share']:.1f}%",
         flush=True,
@@ -580,14 +622,14 @@ def print_profile(res: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def measure(args, unit, x, do, ref, tiles, bo, fwd: bool, device) -> tuple[dict, dict | None]:
+def measure(args, unit, x, do, ref, cfg, fwd: bool, device) -> tuple[dict, dict | None]:
     """One config: a checked forward+backward, then its times. Returns (row, outputs when
     ``ref`` is None: the default's, which become the reference)."""
     op, mode, chunk = unit["op"], unit["mode"], unit["chunk"]
     row: dict = {"status": "ok"}
     out = None
     t_start = time.perf_counter()
-    with using(tiles, bo):
+    with using(cfg):
         try:
             with instrumented() as seen:
                 t0 = time.perf_counter()
@@ -628,16 +670,38 @@ def fwd_affected(kernel: str | None, gv: bool) -> bool:
     return kernel not in ("cols", "gated_bo") or (kernel == "gated_bo" and gv)
 
 
+class Unit:
+    """One op × shape × mode × chunk size of the sweep: its inputs, reference, default and
+    base rows, and the rows it emits."""
+
+    def __init__(self, args, u, x, do, ref, default_row, cfg, device, emit):
+        self.args, self.u, self.x, self.do, self.ref = args, u, x, do, ref
+        self.default = self.base = default_row
+        self.cfg, self.device, self._emit = cfg, device, emit
+        self.shape, self.gv = parse_shape(u["shape"]), u["op"] == "gla_gv"
+
+    def key(self, cfg) -> tuple:
+        return effective(cfg, self.u["mode"], self.shape, self.u["chunk"], self.gv)
+
+    def emit(self, r: dict) -> dict:
+        base = self.base if self.base is not self.default else None
+        return self._emit(dict(self.u, **r), self.default, base)
+
+    def run(self, kernel, tiles, cfg, fwd=True) -> dict:
+        row, _ = measure(self.args, self.u, self.x, self.do, self.ref, cfg, fwd, self.device)
+        return self.emit(dict(kernel=kernel, tiles=tiles, config=cfg, **row))
+
+
 def sweep_unit(args, unit: dict, device, unit_end: float, hard_end: float, emit) -> dict:
-    """Default, candidates (round robin over the kernels), combined best, at the first chunk
-    size (every chunk size with --full-chunks); default and combined best at the others."""
-    op, mode = unit["op"], unit["mode"]
+    """Default, candidates (DIAG_LOOP first, then round robin over the kernels), combined
+    best, at the first chunk size (every chunk size with --full-chunks); default and combined
+    best at the others."""
+    op = unit["op"]
     x = make_inputs(op, parse_shape(unit["shape"]), DTYPES[args.dtype], device, args.seed)
     do = torch.randn_like(x["v"])
-    base_tiles, base_bo = defaults()
-    kernels = [k for k in args.kernels if k in MODE_KERNELS[mode]]
+    start = current()
     summary = dict(unit, chunks={})
-    best_cfg = None  # (tiles, bo) of the combined best found at a fully swept chunk size
+    best_cfg = None  # the combined best found at a fully swept chunk size
     costs: list[float] = []
     for i, chunk in enumerate(args.chunks):
         full = args.full_chunks or i == 0
@@ -651,118 +715,122 @@ def sweep_unit(args, unit: dict, device, unit_end: float, hard_end: float, emit)
             best_cfg = None
         else:  # left for the combined best and two rows at each later chunk size
             sub_end, later = unit_end, 1 + 2 * (len(args.chunks) - 1 - i)
-        row, ref = measure(args, u, x, do, None, base_tiles, base_bo, True, device)
-        base = emit(dict(u, kernel="default", tiles=None, **row))
+        row, ref = measure(args, u, x, do, None, start, True, device)
+        default = emit(dict(u, kernel="default", tiles=None, config=start, **row))
         costs.append(row["config_s"])
-        info = summary["chunks"][str(chunk)] = {"default": _figures(base), "kernels": {}}
+        info = summary["chunks"][str(chunk)] = {"default": _figures(default), "kernels": {}}
         if ref is None:
             continue  # no reference: the candidates cannot be checked
+        un = Unit(args, u, x, do, ref, default, start, device, emit)
         if full:
-            best_cfg = sweep_candidates(
-                args,
-                u,
-                x,
-                do,
-                ref,
-                base,
-                kernels,
-                info,
-                costs,
-                sub_end,
-                hard_end,
-                later,
-                device,
-                emit,
-            )
-        if best_cfg is None:
-            pass
+            best_cfg = sweep_candidates(un, info, costs, sub_end, hard_end, later)
+        if best_cfg is None or (full and un.key(best_cfg) == un.key(un.cfg)):
+            pass  # nothing better, or the base itself (already measured)
         elif time.monotonic() >= hard_end:
-            emit(dict(u, kernel="combined", tiles=None, status="not run: deadline"))
+            un.emit(dict(kernel="combined", tiles=None, status="not run: deadline"))
         else:
-            tiles, bo = best_cfg
-            row, _ = measure(args, u, x, do, ref, tiles, bo, True, device)
-            r = dict(u, kernel="combined", tiles=None, vec_tiles=tiles, gated_bo=bo, **row)
-            info["combined"] = _figures(emit(r, base))
-        del ref
+            info["combined"] = _figures(un.run("combined", None, best_cfg))
+        del ref, un
     if device.type == "cuda":
         del x, do
         torch.cuda.empty_cache()
     return summary
 
 
-def sweep_candidates(
-    args, u, x, do, ref, base, kernels, info, costs, sub_end, hard_end, later, device, emit
-):
-    """The candidates of ``kernels`` at one chunk size, round robin; fills ``info["kernels"]``
-    with each kernel's best and returns the combination of the bests that beat the default
-    by ≥ 1% in fwd+bwd (``--combine-below``; None if none did)."""
-    op, mode, chunk = u["op"], u["mode"], u["chunk"]
-    shape, gv = parse_shape(u["shape"]), op == "gla_gv"
-    base_tiles, base_bo = defaults()
-    lists = [[(k, tuple(t)) for t in args.candidates[k]] for k in kernels]
-    queue = [c for group in itertools.zip_longest(*lists) for c in group if c]
-    keys = {effective(base_tiles, base_bo, mode, shape, chunk, gv): "default"}
+def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
+    """The candidates at one chunk size: DIAG_LOOP first (adopted as the base when faster),
+    then the others round robin. Fills ``info["kernels"]`` with each kernel's best; returns the
+    combination of the bests that beat the base (``--combine-below``) on top of it, the base
+    alone when only DIAG_LOOP changed, or None."""
+    args = un.args
+    kernels = [k for k in args.kernels if k in MODE_KERNELS[un.u["mode"]]]
+    if not HAS_DIAG_LOOP and "diag_loop" in kernels:
+        kernels.remove("diag_loop")
+    keys = {un.key(un.cfg): "default"}
     best: dict = {}
     best_fwd: dict = {}
-    for j, (kernel, t) in enumerate(queue):
+
+    def time_left() -> bool:
         now = time.monotonic()
-        if now + later * statistics.median(costs) >= sub_end or now >= hard_end:
-            info["not_run"] = len(queue) - j
-            print(f"  {len(queue) - j} candidates not run (this unit's time is up)", flush=True)
-            break
-        tiles, bo = apply(kernel, t, base_tiles, base_bo)
-        key = effective(tiles, bo, mode, shape, chunk, gv)
-        r = dict(u, kernel=kernel, tiles=list(t))
+        return now + later * statistics.median(costs) < sub_end and now < hard_end
+
+    def try_candidate(kernel, t) -> dict | None:
+        cfg = apply(kernel, t, un.cfg)
+        key = un.key(cfg)
         if key in keys:
-            emit(dict(r, status=f"skipped: same tiles as {keys[key]} after clipping"))
-            continue
+            un.emit(dict(kernel=kernel, tiles=list(t), status=f"skipped: same as {keys[key]}"))
+            return None
         keys[key] = f"{kernel} {fmt(t)}"
-        row, _ = measure(args, u, x, do, ref, tiles, bo, fwd_affected(kernel, gv), device)
-        costs.append(row["config_s"])
-        r = emit(dict(r, **row), base)
+        r = un.run(kernel, list(t), cfg, fwd_affected(kernel, un.gv))
+        costs.append(r["config_s"])
         if r["status"] != "ok":
-            continue
+            return None
         if kernel not in best or r["fwdbwd_ms"] < best[kernel]["fwdbwd_ms"]:
             best[kernel] = r
         if r.get("fwd_ms") and (kernel not in best_fwd or r["fwd_ms"] < best_fwd[kernel]["fwd_ms"]):
             best_fwd[kernel] = r
+        return r
+
+    adopted = False
+    if "diag_loop" in kernels:
+        for t in args.candidates["diag_loop"]:
+            if not time_left():
+                break
+            try_candidate("diag_loop", tuple(t))
+        r = best.get("diag_loop")
+        if r and r["fwdbwd_ms"] < args.adopt_below * un.base["fwdbwd_ms"]:
+            un.cfg, un.base, adopted = r["config"], r, True
+            keys[un.key(un.cfg)] = "the base (diag_loop)"
+            info["base"] = {"adopted": "diag_loop", "tiles": r["tiles"], **_figures(r)}
+            print(f"  base: DIAG_LOOP={un.cfg['DIAG_LOOP']} from here on", flush=True)
+    lists = []
+    for k in kernels:
+        if k == "diag_loop":
+            continue
+        extra = args.loop_candidates.get(k, []) if un.cfg["DIAG_LOOP"] else []
+        lists.append([(k, tuple(t)) for t in [*extra, *args.candidates[k]]])
+    queue = [c for group in itertools.zip_longest(*lists) for c in group if c]
+    for j, (kernel, t) in enumerate(queue):
+        if not time_left():
+            info["not_run"] = len(queue) - j
+            print(f"  {len(queue) - j} candidates not run (this unit's time is up)", flush=True)
+            break
+        try_candidate(kernel, t)
     for kernel, r in best.items():
         entry = info["kernels"][kernel] = {"tiles": r["tiles"], **_figures(r)}
         f = best_fwd.get(kernel)
         if f is not None and f is not r:
             entry["best_fwd"] = {"tiles": f["tiles"], **_figures(f)}
-    limit = args.combine_below * base["fwdbwd_ms"]
-    better = {k: tuple(r["tiles"]) for k, r in best.items() if r["fwdbwd_ms"] < limit}
-    return combine(better, base_tiles, base_bo) if better else None
+    limit = args.combine_below * un.base["fwdbwd_ms"]
+    better = {  # DIAG_LOOP is in the base when adopted, and left out otherwise
+        k: tuple(r["tiles"]) for k, r in best.items() if k != "diag_loop" and r["fwdbwd_ms"] < limit
+    }
+    if better:
+        return combine(better, un.cfg)
+    return un.cfg if adopted else None
 
 
-def combine(better: dict, tiles: dict, bo: int) -> tuple[dict, int]:
-    """Each kernel's best together. A GATED_BO candidate's warps apply to rows / cols only
-    where those kept their default tuple."""
-    tiles = dict(tiles)
+def combine(better: dict, cfg: dict) -> dict:
+    """Each kernel's best on top of ``cfg``. A GATED_BO candidate's warps apply to rows / cols
+    only where those kept their tuple."""
+    cfg = dict(cfg, VEC_TILES=dict(cfg["VEC_TILES"]))
+    tiles = cfg["VEC_TILES"]
     if "gated_bo" in better:
         t = better["gated_bo"]
-        bo = t[0]
+        cfg["GATED_BO"] = t[0]
         if len(t) > 1:
             for k in ("rows", "cols"):
                 if k not in better:
                     tiles[k] = (*tiles[k][:4], t[1], tiles[k][5])
     for k, t in better.items():
-        if k != "gated_bo":
+        if k in ARITY:
             tiles[k] = t
-    return tiles, bo
+    return cfg
 
 
 def _figures(r: dict) -> dict:
-    keys = (
-        "status",
-        "fwd_ms",
-        "fwdbwd_ms",
-        "fwd_vs_default",
-        "fwdbwd_vs_default",
-        "vec_tiles",
-        "gated_bo",
-    )
+    keys = ("status", "fwd_ms", "fwdbwd_ms", "fwd_vs_default", "fwdbwd_vs_default",
+            "fwd_vs_base", "fwdbwd_vs_base", "config")  # fmt: skip
     return {k: r.get(k) for k in keys if k in r}
 
 
@@ -806,6 +874,25 @@ def parse_args(argv=None):
         help="GATED_BO candidates; BO,W also sets rows' and cols' warps to W",
     )
     p.add_argument(
+        "--diag-loop",
+        nargs="*",
+        metavar="0|1",
+        help="DIAG_LOOP candidates (default: the form the base does not use)",
+    )
+    p.add_argument(
+        "--base-diag-loop",
+        type=int,
+        choices=(0, 1),
+        help="DIAG_LOOP of the default config (profile and sweep; default: the engine's)",
+    )
+    p.add_argument(
+        "--adopt-below",
+        type=float,
+        default=0.99,
+        help="the other DIAG_LOOP form becomes the base when its fwd+bwd is below this ratio "
+        "to the default (0.99; 0: never)",
+    )
+    p.add_argument(
         "--kernels",
         nargs="+",
         choices=KERNELS,
@@ -821,6 +908,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--profile", action="store_true", help="profile first (per-kernel times)")
     p.add_argument("--profile-iters", type=int, default=3)
+    p.add_argument(
+        "--profile-diag-loop",
+        choices=("base", "both"),
+        default="base",
+        help="profile the base's DIAG_LOOP form only, or both forms",
+    )
     p.add_argument("--skip-sweep", action="store_true", help="the profile only")
     p.add_argument(
         "--deadline",
@@ -858,13 +951,22 @@ def parse_args(argv=None):
             parse_shape(s)
         except ValueError as exc:
             p.error(str(exc))
-    builtin = QUICK_CANDIDATES if args.quick else CANDIDATES
-    args.candidates = {}
+    builtin = dict(QUICK_CANDIDATES if args.quick else CANDIDATES)
+    base_loop = args.base_diag_loop
+    if base_loop is None:
+        base_loop = int(bool(tcv.DIAG_LOOP)) if HAS_DIAG_LOOP else 0
+    elif not HAS_DIAG_LOOP:
+        p.error("--base-diag-loop: this engine has no DIAG_LOOP")
+    builtin["diag_loop"] = [(1 - base_loop,)]
+    loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
+    args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:
         given = getattr(args, k)
         if given is None:
             args.candidates[k] = [tuple(t) for t in builtin[k]]
+            args.loop_candidates[k] = [tuple(t) for t in loop_only.get(k, [])]
             continue
+        args.loop_candidates[k] = []  # the list given is the list swept
         cands = []
         for text in given:
             try:
@@ -894,22 +996,23 @@ def units_of(args) -> list[dict]:
 class Report:
     def __init__(self, args, argv, machine):
         self.path = args.out or (
-            ROOT
-            / "benchmarks"
-            / "results"
-            / "tmp"
+            ROOT / "benchmarks" / "results" / "tmp"
             / f"{machine['date'][:10]}-{report.slug(machine.get('gpu'))}-vector-sweep.json"
-        )
-        tiles, bo = defaults()
+        )  # fmt: skip
         cmd = sys.argv if argv is None else ["benchmarks/vector_sweep.py", *argv]
         self.data = {
             "benchmark": "vector_sweep",
             "complete": False,  # rewritten after every row; True at the end
             "machine": machine,
             "command": shlex.join([sys.executable, *cmd] if argv is None else cmd),
-            "config": {k: v for k, v in vars(args).items() if k not in ("out", "candidates")},
-            "default_tiles": {"VEC_TILES": tiles, "GATED_BO": bo},
+            "config": {
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("out", "candidates", "loop_candidates")
+            },
+            "default_config": current(),
             "candidates": args.candidates,
+            "loop_only_candidates": args.loop_candidates,
             "tolerance": args.tol,
             "timing": (
                 f"triton.testing.do_bench medians (warmup {args.warmup_ms} ms, rep "
@@ -928,20 +1031,18 @@ class Report:
         self.data["complete"] = complete
         report.write_json(self.path, self.data)
 
-    def row(self, r: dict, base: dict | None = None) -> dict:
-        """Add a sweep row (with its ratios to ``base``), print it, write the JSON."""
+    def row(self, r: dict, default: dict | None = None, base: dict | None = None) -> dict:
+        """Add a sweep row (with its time ratios to the ``default`` and the adopted ``base``
+        rows), print it, write the JSON."""
         r = dict(r)
-        tiles, bo = defaults()  # restored after each config: the row's own come from below
-        if r.get("kernel") not in (None, "default", "combined") and r.get("tiles"):
-            tiles, bo = apply(r["kernel"], tuple(r["tiles"]), tiles, bo)
         if r.get("kernel") == "combined":
-            r["note"] = "each kernel's best (fwd+bwd under --combine-below × default) together"
-        r.setdefault("vec_tiles", tiles)
-        r.setdefault("gated_bo", bo)
-        if base is not None and r.get("status") == "ok":
+            r["note"] = "each kernel's best (fwd+bwd under --combine-below × base) together"
+        for name, ref in (("default", default), ("base", base)):
+            if ref is None or r.get("status") != "ok":
+                continue
             for t in ("fwd_ms", "fwdbwd_ms"):
-                if r.get(t) and base.get(t):
-                    r[t.replace("_ms", "_vs_default")] = r[t] / base[t]
+                if r.get(t) and ref.get(t):
+                    r[t.replace("_ms", f"_vs_{name}")] = r[t] / ref[t]
         self.data["sweep"].append(r)
         self.write()
         print(row_line(r), flush=True)
@@ -956,8 +1057,9 @@ def row_line(r: dict) -> str:
     parts = []
     for t, label in (("fwd_ms", "fwd"), ("fwdbwd_ms", "fwd+bwd")):
         if r.get(t) is not None:
-            ratio = r.get(t.replace("_ms", "_vs_default"))
-            parts.append(f"{label} {r[t]:.3f} ms" + (f" ({ratio:.3f}×)" if ratio else ""))
+            ratios = [r.get(t.replace("_ms", f"_vs_{n}")) for n in ("default", "base")]
+            text = ", ".join(f"{x:.3f}×{' base' if n else ''}" for n, x in enumerate(ratios) if x)
+            parts.append(f"{label} {r[t]:.3f} ms" + (f" ({text})" if text else ""))
     if "max_rel_err" in r:
         parts.append(f"err {r['max_rel_err']:.1e}")
     parts.append(f"first {r.get('first_call_s', 0):.1f} s, {r.get('config_s', 0):.1f} s")
@@ -965,28 +1067,29 @@ def row_line(r: dict) -> str:
 
 
 def print_best(best: list[dict]) -> None:
-    print("\nbest per kernel (fwd+bwd; ratio to the default tiles):")
+    print("\nbest per kernel (fwd+bwd; ratios to the default config, and to the base):")
     for s in best:
         for chunk, info in s["chunks"].items():
             d = info["default"]
             if d.get("status") != "ok":
                 continue
-            print(
-                f"  {s['op']} {s['shape']} {s['mode']} L={chunk}: default fwd "
-                f"{d.get('fwd_ms', 0):.3f} ms, fwd+bwd {d['fwdbwd_ms']:.3f} ms"
-            )
+            print(f"  {s['op']} {s['shape']} {s['mode']} L={chunk}: default fwd "
+                  f"{d['fwd_ms']:.3f} ms, fwd+bwd {d['fwdbwd_ms']:.3f} ms")  # fmt: skip
+            if "base" in info:
+                b = info["base"]
+                print(f"    base: diag_loop {fmt(b['tiles'])}, fwd+bwd {b['fwdbwd_ms']:.3f} ms "
+                      f"({b['fwdbwd_vs_default']:.3f}×)")  # fmt: skip
             for k, r in info["kernels"].items():
-                print(
-                    f"    {k:9s} {fmt(r['tiles']):22s} fwd+bwd {r['fwdbwd_ms']:.3f} ms "
-                    f"({r.get('fwdbwd_vs_default', 1):.3f}×)"
-                )
-            if info.get("combined", {}).get("status") == "ok":
-                c = info["combined"]
-                print(
-                    f"    combined  fwd {c['fwd_ms']:.3f} ms ({c['fwd_vs_default']:.3f}×), "
-                    f"fwd+bwd {c['fwdbwd_ms']:.3f} ms ({c['fwdbwd_vs_default']:.3f}×) "
-                    f"{c['vec_tiles']} GATED_BO {c['gated_bo']}"
-                )
+                vs_base = f", {r['fwdbwd_vs_base']:.3f}× base" if "fwdbwd_vs_base" in r else ""
+                print(f"    {k:9s} {fmt(r['tiles']):22s} fwd+bwd {r['fwdbwd_ms']:.3f} ms "
+                      f"({r['fwdbwd_vs_default']:.3f}×{vs_base})")  # fmt: skip
+            c = info.get("combined", {})
+            if c.get("status") == "ok":
+                cfg = c["config"]
+                print(f"    combined  fwd {c['fwd_ms']:.3f} ms ({c['fwd_vs_default']:.3f}×), "
+                      f"fwd+bwd {c['fwdbwd_ms']:.3f} ms ({c['fwdbwd_vs_default']:.3f}×): "
+                      f"VEC_TILES {cfg['VEC_TILES']}, GATED_BO {cfg['GATED_BO']}, "
+                      f"DIAG_LOOP {cfg['DIAG_LOOP']}")  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -1000,6 +1103,8 @@ def main(argv=None) -> int:
         print("--quick needs TRITON_INTERPRET=1 before triton is imported", file=sys.stderr)
         return 2
     hard_end = t_start + args.deadline
+    if args.base_diag_loop is not None:
+        tcv.DIAG_LOOP = bool(args.base_diag_loop)
     machine = report.machine_info(
         report.info_case({"device": args.device}, {}), args.device, args.commit
     )
@@ -1013,22 +1118,31 @@ def main(argv=None) -> int:
     units = units_of(args)
     try:
         if args.profile:
+            loops = [None]
+            if args.profile_diag_loop == "both" and HAS_DIAG_LOOP:
+                loops = [bool(tcv.DIAG_LOOP), not tcv.DIAG_LOOP]
             for unit in units:
                 if time.monotonic() >= hard_end:
                     rep.data["notes"].append("profile cut at the deadline")
                     break
-                u = dict(unit, chunk=args.chunks[0])
-                try:
-                    rep.data["profile"].append(profile_unit(args, u, device))
-                except CudaBroken:
-                    raise
-                except Exception as exc:
-                    rep.data["profile"].append(dict(u, error=short_error(exc)))
-                    print(f"profile {u}: {short_error(exc)}", flush=True)
-                    check_cuda(device)
-                rep.write()
+                for loop in loops:
+                    u = dict(unit, chunk=args.chunks[0])
+                    cfg = current() if loop is None else dict(current(), DIAG_LOOP=loop)
+                    try:
+                        with using(cfg):
+                            rep.data["profile"].append(profile_unit(args, u, device))
+                    except CudaBroken:
+                        raise
+                    except Exception as exc:
+                        rep.data["profile"].append(dict(u, diag_loop=loop, error=short_error(exc)))
+                        print(f"profile {u}: {short_error(exc)}", flush=True)
+                        check_cuda(device)
+                    rep.write()
         if not args.skip_sweep:
-            print("\nsweep (ratios to the default tiles of the same op, shape, mode, chunk):")
+            print(
+                "\nsweep (ratios to the default config of the same op, shape, mode and chunk "
+                "size, and to the base once the other DIAG_LOOP form is adopted):"
+            )
             for i, unit in enumerate(units):
                 now = time.monotonic()
                 if now >= hard_end:

@@ -1,7 +1,9 @@
 """Smoke test of benchmarks/vector_sweep.py (its real run is one GPU call): the ``--quick`` mode
-end to end under TRITON_INTERPRET=1 (profile, candidates, a duplicate skipped, the combined
-best, a second chunk size, the JSON), and in process: the built-in candidates are legal, the
-clipping that skips duplicates, and a config that fails is recorded with the tiles restored."""
+end to end under TRITON_INTERPRET=1, twice: with the profile, the tile candidates, a duplicate
+skipped, the combined best and a second chunk size (GLA with gv), and with the other DIAG_LOOP
+form adopted as the base and the candidates that come with it (RWKV6). In process: the built-in
+candidates are legal, the clipping that skips duplicates, and a config that fails is recorded
+with the engine's config restored."""
 
 from __future__ import annotations
 
@@ -29,82 +31,104 @@ def sweep():
     return module
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
+def quick(tmp_path_factory, *extra):
     out = tmp_path_factory.mktemp("vector_sweep") / "sweep.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, str(SCRIPT), "--quick", "--profile", "--ops", "gla_gv", "rwkv6",
-           "--chunks", "16", "32", "--gated-bo", "16", "32", "--commit", "abc123",
-           "--out", str(out)]  # fmt: skip
+    cmd = [sys.executable, str(SCRIPT), "--quick", *extra, "--commit", "abc123", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    return proc, out
-
-
-def test_quick_run(quick_run):
-    proc, out = quick_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "best per kernel" in proc.stdout
     rep = json.loads(out.read_text())
     assert rep["benchmark"] == "vector_sweep" and rep["complete"]
     assert rep["machine"]["git_commit"] == "abc123" and rep["machine"]["torch"]
-    assert rep["default_tiles"]["GATED_BO"] == 32
+    return rep
 
-    for prof in rep["profile"]:
-        assert prof["chunk"] == 16 and prof["fwdbwd_ms"] > 0, prof
-        assert {r["role"] for r in prof["launches"]} == ROLES
-        phases = {r["phase"] for r in prof["phases"]}
-        assert {"_cumsums", "_forward", "_backward", "_revsum", "other"} <= phases
-        assert ("_bonus" in phases) == (prof["op"] == "rwkv6")
-        assert prof["kernels"], prof.get("kernels_error")
-    assert [p["op"] for p in rep["profile"]] == ["gla_gv", "rwkv6"]
 
-    for op in ("gla_gv", "rwkv6"):
-        rows = [(r["chunk"], r["kernel"], r.get("tiles")) for r in rep["sweep"] if r["op"] == op]
-        assert rows == [
-            (16, "default", None),
-            (16, "rows", [16, 16, 16, 32, 4, 1]),
-            (16, "states", [16, 32, 16, 4, 1]),
-            (16, "cols", [16, 16, 16, 32, 4, 1]),
-            (16, "gated_bo", [16]),
-            (16, "gated_bo", [32]),  # the default: skipped
-            (16, "combined", None),
-            (32, "default", None),
-            (32, "combined", None),
-        ]
-    by = {(r["op"], r["chunk"], r["kernel"], str(r.get("tiles"))): r for r in rep["sweep"]}
-    for key, r in by.items():
-        if key[2] == "gated_bo" and r["tiles"] == [32]:
-            assert r["status"] == "skipped: same tiles as default after clipping"
+def test_quick_run(tmp_path_factory):
+    rep = quick(tmp_path_factory, "--profile", "--ops", "gla_gv", "--chunks", "16", "32",
+                "--gated-bo", "16", "32", "--adopt-below", "0")  # fmt: skip
+    default = rep["default_config"]
+    assert default["GATED_BO"] == 32 and default["DIAG_LOOP"] is False
+
+    (prof,) = rep["profile"]
+    assert prof["chunk"] == 16 and prof["fwdbwd_ms"] > 0 and prof["diag_loop"] is False
+    assert {r["role"] for r in prof["launches"]} == ROLES
+    assert {r["phase"] for r in prof["phases"]} == {"_cumsums", "_forward", "_backward",
+                                                     "_revsum", "other"}  # fmt: skip
+    assert prof["kernels"], prof.get("kernels_error")
+
+    rows = [(r["chunk"], r["kernel"], r.get("tiles")) for r in rep["sweep"]]
+    assert rows == [
+        (16, "default", None),
+        (16, "diag_loop", [1]),  # slower: not adopted (--adopt-below 0)
+        (16, "rows", [16, 16, 16, 32, 4, 1]),
+        (16, "states", [16, 32, 16, 4, 1]),
+        (16, "cols", [16, 16, 16, 32, 4, 1]),
+        (16, "gated_bo", [16]),
+        (16, "gated_bo", [32]),  # the default: skipped
+        (16, "combined", None),  # --quick combines every kernel's best (not DIAG_LOOP)
+        (32, "default", None),
+        (32, "combined", None),
+    ]
+    by = {(r["chunk"], r["kernel"], str(r.get("tiles"))): r for r in rep["sweep"]}
+    for (_, kernel, tiles), r in by.items():
+        if kernel == "gated_bo" and tiles == "[32]":
+            assert r["status"] == "skipped: same as default"
             continue
         assert r["status"] == "ok", r
         assert r["fwdbwd_ms"] > 0 and r["first_call_s"] > 0
-        backward_only = key[2] == "cols" or (key[2] == "gated_bo" and key[0] == "rwkv6")
-        assert (r.get("fwd_ms") is None) == backward_only  # no forward timing then
-        if key[2] != "default":
+        assert (r.get("fwd_ms") is None) == (kernel == "cols")  # backward only
+        if kernel != "default":
             assert r["max_rel_err"] <= rep["tolerance"] and r["fwdbwd_vs_default"] > 0
+            assert "fwdbwd_vs_base" not in r
     # the candidates reached the kernels (after clipping)
-    seen = lambda op, k, t, role: by[(op, 16, k, str(t))]["launches"][role]  # noqa: E731
-    assert seen("rwkv6", "rows", [16, 16, 16, 32, 4, 1], "rows_kernel[fwd]")["BD"] == 16
-    assert seen("rwkv6", "rows", [16, 16, 16, 32, 4, 1], "rows_kernel[dq]")["num_stages"] == 1
-    assert seen("rwkv6", "states", [16, 32, 16, 4, 1], "states_bwd_kernel")["BV"] == 16
-    assert seen("gla_gv", "gated_bo", [16], "rows_kernel[fwd]")["BO"] == 16  # gv: gated V
-    assert seen("gla_gv", "gated_bo", [16], "cols_kernel[dk]")["BO"] == 16
-    assert seen("gla_gv", "default", None, "rows_kernel[dq]")["BO"] == 32
-    combined = by[("gla_gv", 16, "combined", "None")]
-    assert combined["vec_tiles"]["rows"] == [16, 16, 16, 32, 4, 1] and combined["gated_bo"] == 16
-    assert combined["launches"]["cols_kernel[dv]"]["BO"] == 16
-    assert {b["op"] for b in rep["best"]} == {"gla_gv", "rwkv6"}
-    assert set(rep["best"][0]["chunks"]["16"]["kernels"]) == {"rows", "states", "cols", "gated_bo"}
+    seen = lambda k, t, role: by[(16, k, str(t))]["launches"][role]  # noqa: E731
+    assert seen("rows", [16, 16, 16, 32, 4, 1], "rows_kernel[fwd]")["BD"] == 16
+    assert seen("rows", [16, 16, 16, 32, 4, 1], "rows_kernel[dq]")["num_stages"] == 1
+    assert seen("states", [16, 32, 16, 4, 1], "states_bwd_kernel")["BV"] == 16
+    assert seen("gated_bo", [16], "rows_kernel[fwd]")["BO"] == 16  # gv: the gated V tile
+    assert seen("gated_bo", [16], "cols_kernel[dk]")["BO"] == 16
+    assert seen("default", None, "rows_kernel[dq]")["BO"] == 32
+    combined = by[(16, "combined", "None")]["config"]
+    assert combined["VEC_TILES"]["rows"] == [16, 16, 16, 32, 4, 1]
+    assert combined["GATED_BO"] == 16 and combined["DIAG_LOOP"] is False
+    assert by[(16, "combined", "None")]["launches"]["cols_kernel[dv]"]["BO"] == 16
+    assert by[(32, "combined", "None")]["config"] == combined
+    (best,) = rep["best"]
+    assert set(best["chunks"]["16"]["kernels"]) == {"diag_loop", "rows", "states", "cols",
+                                                     "gated_bo"}  # fmt: skip
+    assert "base" not in best["chunks"]["16"]
+
+
+def test_quick_run_adopts_diag_loop(tmp_path_factory):
+    rep = quick(tmp_path_factory, "--ops", "rwkv6", "--chunks", "16", "--kernels", "diag_loop",
+                "rows", "--adopt-below", "1e9")  # fmt: skip
+    rows = [(r["kernel"], r.get("tiles"), r["status"]) for r in rep["sweep"]]
+    assert rows == [
+        ("default", None, "ok"),
+        ("diag_loop", [1], "ok"),  # the base from here on
+        ("rows", [32, 16, 16, 32, 4, 1], "ok"),  # with the walk only: BC 32
+        ("rows", [16, 16, 16, 32, 4, 1], "ok"),
+        ("combined", None, "ok"),
+    ]
+    base, *rest = rep["sweep"][1:]
+    assert base["config"]["DIAG_LOOP"] is True and "fwdbwd_vs_base" not in base
+    for r in rest:
+        assert r["config"]["DIAG_LOOP"] is True and r["fwdbwd_vs_base"] > 0
+    assert rest[0]["launches"]["rows_kernel[fwd]"]["BQ"] == 32
+    assert rest[0]["launches"]["cols_kernel[dk]"]["BS"] == 16  # cols kept the default
+    assert rep["best"][0]["chunks"]["16"]["base"]["adopted"] == "diag_loop"
 
 
 def test_builtin_candidates_are_legal(sweep):
-    for table in (sweep.CANDIDATES, sweep.QUICK_CANDIDATES):
+    tables = (sweep.CANDIDATES, sweep.QUICK_CANDIDATES, sweep.LOOP_ONLY, sweep.QUICK_LOOP_ONLY)
+    for table in tables:
         for kernel, cands in table.items():
             for t in cands:
                 assert sweep.candidate_problem(kernel, t) is None, (kernel, t)
     bad = [("rows", (8, 64, 32, 64, 4, 2)), ("cols", (16, 64, 48, 64, 4, 2)),
            ("states", (64, 64, 4, 2)), ("fused", (16, 32, 32, 0, 4, 1)),
-           ("gated_bo", (24,)), ("rows", (16, 64, 32, 64, 3, 2))]  # fmt: skip
+           ("gated_bo", (24,)), ("rows", (16, 64, 32, 64, 3, 2)), ("diag_loop", (2,))]  # fmt: skip
     for kernel, t in bad:
         assert sweep.candidate_problem(kernel, t), (kernel, t)
     with pytest.raises(SystemExit):
@@ -112,24 +136,36 @@ def test_builtin_candidates_are_legal(sweep):
     args = sweep.parse_args(["--rows", "16,64,32,256,8,2", "--cols", "--gated-bo", "64,8"])
     assert args.candidates["rows"] == [(16, 64, 32, 256, 8, 2)] and args.candidates["cols"] == []
     assert args.candidates["gated_bo"] == [(64, 8)] and args.dtype == "bf16" and args.tol == 1e-2
+    assert args.candidates["diag_loop"] == [(1,)] and args.loop_candidates["rows"] == []
+    assert (
+        args.loop_candidates["cols"] == []
+        and args.candidates["states"] == sweep.CANDIDATES["states"]
+    )
+    assert sweep.parse_args(["--base-diag-loop", "1"]).candidates["diag_loop"] == [(0,)]
 
 
 def test_clipping_finds_duplicates(sweep):
-    tiles, bo = sweep.defaults()
-    key = lambda t, b, shape, gv=False, L=64: sweep.effective(  # noqa: E731
-        t, b, "chunk", sweep.parse_shape(shape), L, gv
+    cfg = sweep.current()
+    key = lambda c, shape, gv=False, L=64: sweep.effective(  # noqa: E731
+        c, "chunk", sweep.parse_shape(shape), L, gv
     )
     gla, rwkv = "B8-T8192-H16-K256-V256", "B8-T8192-H64-K64-V64"
-    wide = sweep.apply("rows", (16, 64, 32, 256, 4, 2), tiles, bo)
-    assert key(*wide, rwkv) == key(tiles, bo, rwkv)  # BO 256 clips to V = 64
-    assert key(*wide, gla) != key(tiles, bo, gla)
-    assert key(*wide, gla, gv=True) == key(tiles, bo, gla, gv=True)  # gv: rows' BO unused
-    bs128 = sweep.apply("rows", (16, 128, 32, 64, 4, 2), tiles, bo)
-    assert key(*bs128, gla, L=64) == key(tiles, bo, gla, L=64)
-    assert key(*bs128, gla, L=128) != key(tiles, bo, gla, L=128)
-    warps = sweep.apply("gated_bo", (64, 8), tiles, bo)
-    assert warps[1] == 64 and warps[0]["rows"][4] == 8 and warps[0]["cols"][4] == 8
-    assert warps[0]["states"] == tiles["states"]
+    wide = sweep.apply("rows", (16, 64, 32, 256, 4, 2), cfg)
+    assert key(wide, rwkv) == key(cfg, rwkv)  # BO 256 clips to V = 64
+    assert key(wide, gla) != key(cfg, gla)
+    assert key(wide, gla, gv=True) == key(cfg, gla, gv=True)  # gv: rows' BO unused
+    bs128 = sweep.apply("rows", (16, 128, 32, 64, 4, 2), cfg)
+    assert key(bs128, gla, L=64) == key(cfg, gla, L=64)
+    assert key(bs128, gla, L=128) != key(cfg, gla, L=128)
+    warps = sweep.apply("gated_bo", (64, 8), cfg)
+    assert warps["GATED_BO"] == 64 and warps["VEC_TILES"]["rows"][4] == 8
+    assert (
+        warps["VEC_TILES"]["cols"][4] == 8
+        and warps["VEC_TILES"]["states"] == cfg["VEC_TILES"]["states"]
+    )
+    loop = sweep.apply("diag_loop", (1,), cfg)
+    assert loop["DIAG_LOOP"] is True and key(loop, gla) != key(cfg, gla)
+    assert cfg == sweep.current()  # apply copies
 
 
 def test_failing_config_is_recorded_and_tiles_restored(sweep):
@@ -138,10 +174,11 @@ def test_failing_config_is_recorded_and_tiles_restored(sweep):
     unit = {"op": "gla", "shape": "B1-T20-H1-K16-V16", "mode": "chunk", "chunk": 16}
     x = sweep.make_inputs("gla", sweep.parse_shape(unit["shape"]), torch.float32, device, 0)
     do = torch.randn_like(x["v"])
-    tiles, bo = sweep.defaults()
-    row, ref = sweep.measure(args, unit, x, do, None, tiles, bo, False, device)
+    cfg = sweep.current()
+    row, ref = sweep.measure(args, unit, x, do, None, cfg, False, device)
     assert row["status"] == "ok" and set(ref) == {"o", "dq", "dk", "dv", "dg"}
-    bad = sweep.apply("rows", (24, 64, 32, 64, 4, 2), tiles, bo)  # BC not a power of two
-    row, out = sweep.measure(args, unit, x, do, ref, *bad, False, device)
+    bad = sweep.apply("rows", (24, 64, 32, 64, 4, 2), cfg)  # BC not a power of two
+    bad["DIAG_LOOP"] = True
+    row, out = sweep.measure(args, unit, x, do, ref, bad, False, device)
     assert row["status"].startswith("error: ") and "power of 2" in row["status"] and out is None
-    assert sweep.defaults() == (tiles, bo)
+    assert sweep.current() == cfg
