@@ -64,6 +64,44 @@ def _state_tile(ptr, o_d, o_o, s_d, s_o, m_d, m_o):
 
 
 @triton.jit
+def _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O, VEC_D: tl.constexpr):
+    """Per-channel decays at (b, h): the cumulative gates over the depth (G^X, G^K) and over the
+    output (G^X, G^K), and u [H, ·] on the dimension that carries the decay."""
+    base = i_b * T * H + i_h
+    if VEC_D:
+        p_u = U + i_h * D
+    else:
+        p_u = U + i_h * O
+    return GDX + base * D, GDK + base * D, GOX + base * O, GOK + base * O, p_u
+
+
+@triton.jit
+def _vec_state_part(p_x, p_st, p_gd, p_go, o_t, m_t, o_o, m_o, c1, D, sD, sO, s_sd, s_so,
+                    BT: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, TO_END: tl.constexpr,
+                    VEC_D: tl.constexpr, VEC_O: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """The inter-chunk part of a tile with per-channel decays, (X_t ⊙ Γ_t) S ⊙ Γ_t with the
+    gates on the depth (``VEC_D``) and output (``VEC_O``) sides: Γ_t = exp(G_t) against the
+    state entering the chunk, or (``TO_END``) exp(G_{c1−1} − G_t) against the one leaving it.
+    [BT, BO] fp32."""
+    b_acc = tl.zeros([BT, BO], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+        if VEC_D and TO_END:
+            b_x = _vec_to_end(b_x, p_gd, o_t, m_t, o_d, m_d, sD, c1)
+        elif VEC_D:
+            b_x = _vec_scale_rows(b_x, p_gd, o_t, m_t, o_d, m_d, sD)
+        b_s = _state_tile(p_st, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+        b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
+    if VEC_O and TO_END:
+        b_acc = _vec_to_end(b_acc, p_go, o_t, m_t, o_o, m_o, sO, c1)
+    elif VEC_O:
+        b_acc = _vec_scale_rows(b_acc, p_go, o_t, m_t, o_o, m_o, sO)
+    return b_acc
+
+
+@triton.jit
 def _start_state(S, N, i_st, o_k, o_v, K, V, m_k, m_v, HAS: tl.constexpr,
                  TRACK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
     """A walk's starting slice of state ``i_st`` (S [.., K, V], N [.., K], fp32): C [BK, BV]
@@ -280,27 +318,13 @@ def rows_kernel(
     r_end = tl.minimum(r0 + BQ, c1)
 
     if VEC:
-        p_gdx = GDX + (i_b * T * H + i_h) * D
-        p_gdk = GDK + (i_b * T * H + i_h) * D
-        p_gox = GOX + (i_b * T * H + i_h) * O
-        p_gok = GOK + (i_b * T * H + i_h) * O
-        if VEC_D:  # u [H, K] lives on the gated dimension
-            p_u = U + i_h * D
-        else:
-            p_u = U + i_h * O
+        p_gdx, p_gdk, p_gox, p_gok, p_u = _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O,
+                                                    VEC_D)  # fmt: skip
         # The state entering the chunk: (X_r ⊙ exp(G^X_r)) S, then ⊙ exp(G^X_r) over the output.
-        b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
-        p_st = ST + (i_bh * NT + i_c) * D * O
-        for d0 in range(0, D, BD):
-            o_d = d0 + tl.arange(0, BD)
-            m_d = o_d < D
-            b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
-            if VEC_D:
-                b_x = _vec_scale_rows(b_x, p_gdx, o_r, m_r, o_d, m_d, H * D)
-            b_s = _state_tile(p_st, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
-            b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
-        if VEC_O:
-            b_acc = _vec_scale_rows(b_acc, p_gox, o_r, m_r, o_o, m_o, H * O)
+        b_acc = _vec_state_part(
+            p_x, ST + (i_bh * NT + i_c) * D * O, p_gdx, p_gox, o_r, m_r, o_o, m_o, c1, D, H * D,
+            H * O, s_sd, s_so, BQ, BD, BO, False, VEC_D, VEC_O, DOT_PREC,
+        )  # fmt: skip
         b_acc += _vec_diag(
             p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_r, m_r, o_o, m_o, D, H * D, H * O,
             BQ, BD, False, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP,
@@ -591,27 +615,13 @@ def cols_kernel(
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
 
     if VEC:
-        p_gdx = GDX + (i_b * T * H + i_h) * D
-        p_gdk = GDK + (i_b * T * H + i_h) * D
-        p_gox = GOX + (i_b * T * H + i_h) * O
-        p_gok = GOK + (i_b * T * H + i_h) * O
-        if VEC_D:  # u [H, K] lives on the gated dimension
-            p_u = U + i_h * D
-        else:
-            p_u = U + i_h * O
+        p_gdx, p_gdk, p_gox, p_gok, p_u = _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O,
+                                                    VEC_D)  # fmt: skip
         # The state leaving the chunk: (X_s ⊙ exp(G_L − G_s)) dS, ⊙ exp(G_L − G_s) over O.
-        b_int = tl.zeros([BS, BO], dtype=tl.float32)
-        p_dst = DST + (i_bh * NT + i_c) * D * O
-        for d0 in range(0, D, BD):
-            o_d = d0 + tl.arange(0, BD)
-            m_d = o_d < D
-            b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
-            if VEC_D:
-                b_x = _vec_to_end(b_x, p_gdk, o_s, m_s, o_d, m_d, H * D, c1)
-            b_st = _state_tile(p_dst, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
-            b_int += tl.dot(b_x, b_st.to(b_x.dtype), input_precision=DOT_PREC)
-        if VEC_O:
-            b_int = _vec_to_end(b_int, p_gok, o_s, m_s, o_o, m_o, H * O, c1)
+        b_int = _vec_state_part(
+            p_x, DST + (i_bh * NT + i_c) * D * O, p_gdk, p_gok, o_s, m_s, o_o, m_o, c1, D, H * D,
+            H * O, s_sd, s_so, BS, BD, BO, True, VEC_D, VEC_O, DOT_PREC,
+        )  # fmt: skip
         b_acc = _vec_diag(
             p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_s, m_s, o_o, m_o, D, H * D, H * O,
             BS, BD, True, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP,
