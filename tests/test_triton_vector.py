@@ -66,6 +66,23 @@ def test_diagonal_walk_matches_reference(monkeypatch, family, mode, shape):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", VECTOR)
+def test_wider_sub_chunk_matches_reference(monkeypatch, family, mode):
+    """A 32-step sub-chunk (the first entry of the rows/cols/fused tiles), walked: the tile
+    choice the GPU sweep may pick to get 32-row products; T = 45 leaves a partial one."""
+    from linrnn.engine import triton_chunk_vec
+
+    tiles = {name: (32, *t[1:]) if name != "states" else t
+             for name, t in triton_chunk_vec.VEC_TILES.items()}  # fmt: skip
+    monkeypatch.setattr(triton_chunk_vec, "VEC_TILES", tiles)
+    monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", True)
+    fam = FAMILIES[family]
+    B, T, H, K, V = 1, 45, 2, 24, 20
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=64)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", VECTOR)
 def test_float16(family, mode):
     fam = FAMILIES[family]
     B, T, H, K, V = 1, 33, 2, 16, 24
