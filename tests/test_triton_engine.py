@@ -190,12 +190,16 @@ def test_extreme_gates(family, mode):
 @pytest.mark.parametrize("family", SCALAR)
 def test_state_passing(family, mode):
     """Two Triton calls carrying the final state equal one call."""
+    check_state_passing(family, mode, cut=17)
+
+
+def check_state_passing(family, mode, cut):
+    """Calls on [:cut] then [cut:] from its final state ≡ one call (fp32, chunks of 16)."""
     fam = FAMILIES[family]
     B, T, H, K, V = 2, 41, 2, 9, 5
     inputs = {n: t.float() for n, t in _on(fam.build(B, T, H, K, V, False)).items()}
     kw = dict(backend="triton", mode=mode, chunk_size=16, output_final_state=True)
     o, st = fam.call(inputs, **kw)
-    cut = 17
     first = {n: (t[:, :cut] if t.dim() >= 3 else t) for n, t in inputs.items()}
     second = {n: (t[:, cut:] if t.dim() >= 3 else t) for n, t in inputs.items()}
     o1, st1 = fam.call(first, **kw)
@@ -212,13 +216,17 @@ def test_varlen_matches_reference(family, mode, init):
     """Packed sequences natively (lengths 1, 0, shorter and longer than a chunk, one ending
     mid-chunk): outputs, per-sequence final states and every gradient equal the fp64
     reference run on the same packed batch (which runs each sequence on its own)."""
+    check_varlen(family, mode, init, lens=[1, 9, 0, 23, 3, 16], chunk_size=8)
+
+
+def check_varlen(family, mode, init, lens, chunk_size):
+    """Sequences of ``lens`` packed in one row (fp32, H=2, K=12, V=10) against the reference."""
     fam = FAMILIES[family]
-    lens = [1, 9, 0, 23, 3, 16]
     T, H, K, V = sum(lens), 2, 12, 10
     offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
     h0 = fam.make_state(len(lens), H, K, V, torch.float32) if init else None
-    _check(fam, fam.build(1, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=8,
-           cu_seqlens=offsets)  # fmt: skip
+    _check(fam, fam.build(1, T, H, K, V, False), h0, torch.float32, mode=mode,
+           chunk_size=chunk_size, cu_seqlens=offsets)  # fmt: skip
 
 
 def test_rejects_what_it_cannot_run():

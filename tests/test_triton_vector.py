@@ -11,8 +11,8 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 import torch
-from helpers import FAMILIES, assert_close, flat_state
-from test_triton_engine import DEVICE, _check, _on
+from helpers import FAMILIES, assert_close
+from test_triton_engine import DEVICE, _check, _on, check_state_passing, check_varlen
 
 import linrnn
 
@@ -110,19 +110,7 @@ def test_extreme_decays(family, mode):
 @pytest.mark.parametrize("family", VECTOR)
 def test_state_passing(family, mode):
     """Two Triton calls carrying the final state equal one call."""
-    fam = FAMILIES[family]
-    B, T, H, K, V = 2, 41, 2, 9, 5
-    inputs = {n: t.float() for n, t in _on(fam.build(B, T, H, K, V, False)).items()}
-    kw = dict(backend="triton", mode=mode, chunk_size=16, output_final_state=True)
-    o, st = fam.call(inputs, **kw)
-    cut = 19
-    first = {n: (t[:, :cut] if t.dim() >= 3 else t) for n, t in inputs.items()}
-    second = {n: (t[:, cut:] if t.dim() >= 3 else t) for n, t in inputs.items()}
-    o1, st1 = fam.call(first, **kw)
-    o2, st2 = fam.call(second, initial_state=st1, **kw)
-    assert_close("o", torch.cat([o1, o2], dim=1), o, torch.float32)
-    for j, (a, b) in enumerate(zip(flat_state(st2), flat_state(st))):
-        assert_close(f"state[{j}]", a, b, torch.float32)
+    check_state_passing(family, mode, cut=19)
 
 
 @pytest.mark.parametrize("init", [False, True], ids=["h0=None", "h0"])
@@ -131,13 +119,7 @@ def test_state_passing(family, mode):
 def test_varlen_matches_reference(family, mode, init):
     """Packed sequences natively (lengths 1, 0, shorter and longer than a chunk, ending
     mid-chunk and mid-sub-chunk): outputs, per-sequence final states and every gradient."""
-    fam = FAMILIES[family]
-    lens = [1, 9, 0, 45, 3, 20]
-    T, H, K, V = sum(lens), 2, 12, 10
-    offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
-    h0 = fam.make_state(len(lens), H, K, V, torch.float32) if init else None
-    _check(fam, fam.build(1, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=32,
-           cu_seqlens=offsets)  # fmt: skip
+    check_varlen(family, mode, init, lens=[1, 9, 0, 45, 3, 20], chunk_size=32)
 
 
 @pytest.mark.parametrize("mode", MODES)
