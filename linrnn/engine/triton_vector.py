@@ -104,16 +104,16 @@ def _walk_row(p_a, p_gx, p_gk, g_t, b_u, pair_i, ar, t0, n_t, j, o_t, o_c, m_c, 
 
 
 @triton.jit
-def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, D, sD, sO,
-              BT: tl.constexpr, BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
-              VEC_O: tl.constexpr, EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
-              LOOP: tl.constexpr = False):  # fmt: skip
-    """The diagonal sub-chunk of one tile of BT positions o_t, in fp32 log space:
-    out_i[o] = Σ_j P_ij Z_j[o] E^O_ij[o], P_ij = Σ_d X_i[d] Y_j[d] E^D_ij[d]; causal pairs
-    j ≤ i (``REV``: j ≥ i), strict with the bonus on the diagonal for ``EXCL``. [BT, BO] fp32.
+def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.constexpr,
+                     BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
+                     EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
+                     LOOP: tl.constexpr = False):  # fmt: skip
+    """The diagonal sub-chunk's P_ij = Σ_d X_i[d] Y_j[d] E^D_ij[d] on the causal pairs j ≤ i
+    (``REV``: j ≥ i), strict with u on the diagonal for ``EXCL`` (E^D only with ``VEC_D``),
+    0 elsewhere; also the pair masks. ([BT, BT] fp32, pair, same)
 
-    The gated products are [BT, BT, BD] (or BO) fp32 blocks, or with ``LOOP`` a walk over the
-    BT columns j, each a [BT, BD] product with row j (no 3-D block: BT× fewer registers, the
+    The gated product is a [BT, BT, BD] fp32 block, or with ``LOOP`` a walk over the BT
+    columns j, each a [BT, BD] product with row j (no 3-D block: BT× fewer registers, the
     same exponentials)."""
     ii = o_t[:, None]
     jj = o_t[None, :]
@@ -152,7 +152,24 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
             b_p += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PREC)
     if not VEC_D:
         b_p = tl.where(pair | same, b_p, 0.0)
+    return b_p, pair, same
+
+
+@triton.jit
+def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, D, sD, sO,
+              BT: tl.constexpr, BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
+              VEC_O: tl.constexpr, EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
+              LOOP: tl.constexpr = False):  # fmt: skip
+    """The diagonal sub-chunk of one tile of BT positions o_t, in fp32 log space:
+    out_i[o] = Σ_j P_ij Z_j[o] E^O_ij[o] with P from :func:`_vec_diag_scores` (the output
+    gate E^O, ``VEC_O``, as a [BT, BT, BO] block or, ``LOOP``, walked). [BT, BO] fp32."""
+    b_p, pair, same = _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT, BD,
+                                       REV, VEC_D, EXCL, DOT_PREC, LOOP)  # fmt: skip
     if VEC_O and LOOP:
+        ar = tl.arange(0, BT)
+        t0 = tl.min(o_t, 0)
+        n_t = tl.sum(m_t.to(tl.int32), 0)
+        pair_i = pair.to(tl.int32)
         g_t, b_u = _walk_gates(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, REV, EXCL)
         b_out = tl.zeros_like(g_t)
         for j in range(0, BT):
@@ -166,6 +183,31 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
         return tl.sum(b_p[:, :, None] * b_z.to(tl.float32)[None, :, :] * e, 1)
     else:
         return tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _vec_off_scores(p_x, p_y, p_gdx, p_gdk, o_r, m_r, o_s, m_s, i_z, D, sD, BQ: tl.constexpr,
+                    BS: tl.constexpr, BD: tl.constexpr, VEC_D: tl.constexpr,
+                    DOT_PREC: tl.constexpr):  # fmt: skip
+    """P_rs = Σ_d X_r[d] Y_s[d] exp(G^X_r[d] − G^K_s[d]) for rows o_r after keys o_s, as one
+    tensor-core product of the factors exp(G^X_r − z) and exp(z − G^K_s) around z = G^K at
+    i_z (between them: both ≤ 1); without ``VEC_D`` the plain X Yᵀ. [BQ, BS] fp32."""
+    b_p = tl.zeros([BQ, BS], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_r, o_d, sD, m_r, m_d)  # [BQ, BD]
+        b_yt = _tile_t(p_y, o_s, o_d, sD, m_s, m_d)  # [BD, BS]
+        if VEC_D:
+            z_d = _ld_row(p_gdk, i_z, o_d, sD, m_d)  # [BD]
+            gx = _tile(p_gdx, o_r, o_d, sD, m_r, m_d)
+            gk = _tile_t(p_gdk, o_s, o_d, sD, m_s, m_d)
+            fx = _xp(gx - z_d[None, :], m_r[:, None] & m_d[None, :])
+            fy = _xp(z_d[:, None] - gk, m_d[:, None] & m_s[None, :])
+            b_x = (b_x.to(tl.float32) * fx).to(b_x.dtype)
+            b_yt = (b_yt.to(tl.float32) * fy).to(b_yt.dtype)
+        b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+    return b_p
 
 
 @triton.jit
@@ -184,21 +226,8 @@ def _vec_rows_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o
     for s0 in range(c0, r0, BS):
         o_s = s0 + tl.arange(0, BS)
         m_s = o_s < r0
-        b_p = tl.zeros([BQ, BS], dtype=tl.float32)
-        for d0 in range(0, D, BD):
-            o_d = d0 + tl.arange(0, BD)
-            m_d = o_d < D
-            b_x = _tile(p_x, o_r, o_d, sD, m_r, m_d)  # [BQ, BD]
-            b_yt = _tile_t(p_y, o_s, o_d, sD, m_s, m_d)  # [BD, BS]
-            if VEC_D:
-                z_d = _ld_row(p_gdk, i_z, o_d, sD, m_d)  # [BD]
-                gx = _tile(p_gdx, o_r, o_d, sD, m_r, m_d)
-                gk = _tile_t(p_gdk, o_s, o_d, sD, m_s, m_d)
-                fx = _xp(gx - z_d[None, :], m_r[:, None] & m_d[None, :])
-                fy = _xp(z_d[:, None] - gk, m_d[:, None] & m_s[None, :])
-                b_x = (b_x.to(tl.float32) * fx).to(b_x.dtype)
-                b_yt = (b_yt.to(tl.float32) * fy).to(b_yt.dtype)
-            b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        b_p = _vec_off_scores(p_x, p_y, p_gdx, p_gdk, o_r, m_r, o_s, m_s, i_z, D, sD, BQ, BS,
+                              BD, VEC_D, DOT_PREC)  # fmt: skip
         b_z = _tile(p_z, o_s, o_o, sO, m_s, m_o)  # [BS, BO]
         if VEC_O:
             gk = _tile(p_gok, o_s, o_o, sO, m_s, m_o)
