@@ -289,6 +289,29 @@ def test_triton_custom_ops_opcheck():
         )
 
 
+@triton_only
+def test_triton_stored_scores_compile(monkeypatch):
+    """The gk-only chunk path with stored scores (``SCORES``): its custom op's fake shapes,
+    and a compiled call equal to eager, backward included."""
+    from linrnn.engine import triton_chunk_vec
+
+    monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
+    T = 6
+    q, k, v = (torch.randn(B, T, H, K, requires_grad=True) for _ in range(3))
+    gk = F.logsigmoid(torch.randn(B, T, H, K)).requires_grad_()
+    u = torch.randn(H, K, requires_grad=True)
+    S0 = torch.randn(B, H, K, V, requires_grad=True)
+    for uu in (None, u):
+        torch.library.opcheck(
+            torch.ops.linrnn.chunk_vec_fwd, (q, k, v, gk, None, uu, S0, 0.5, 4, False, None)
+        )
+    fam = FAMILIES["rwkv6"]
+    eager = _op(fam, "chunk", backend="triton")
+    compiled = torch.compile(eager, backend="aot_eager", fullgraph=True)
+    inputs, state = _leaves(fam, 9, True)
+    _compare(_run(compiled, fam, inputs, state), _run(eager, fam, inputs, state), "rwkv6", 1e-3)
+
+
 # ------------------------------------------------------------------------------------------
 # Layers and the model
 

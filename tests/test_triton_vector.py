@@ -64,6 +64,43 @@ def test_diagonal_walk_matches_reference(monkeypatch, family, mode, shape):
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
 
 
+@pytest.mark.parametrize("diag_loop", [False, True], ids=["block", "walk"])
+@pytest.mark.parametrize("case", ["T37-L32", "T70-L64-K60-V100", "varlen"])
+@pytest.mark.parametrize("family", ["gla", "rwkv6"])
+def test_stored_scores_match_reference(monkeypatch, family, case, diag_loop):
+    """Chunk mode with the intra-chunk scores stored (``SCORES``, gk-only families): forward
+    and dv from the scores with 64-row tiles (a partial last chunk, head dims over several
+    tiles, packed sequences), every gradient against the fp64 reference."""
+    from linrnn.engine import triton_chunk_vec
+
+    monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
+    monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", diag_loop)
+    fam = FAMILIES[family]
+    if case == "varlen":
+        check_varlen(family, "chunk", True, lens=[1, 9, 0, 45, 3, 20], chunk_size=32)
+        return
+    B, T, H, K, V, L = (2, 37, 2, 20, 12, 32) if case == "T37-L32" else (1, 70, 1, 60, 100, 64)
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode="chunk", chunk_size=L)
+
+
+def test_stored_scores_are_all_written(monkeypatch):
+    """Every entry of the stored scores is written (allocations are NaN-poisoned in tests):
+    causal scores below and on the diagonal, zeros above, a partial last chunk included."""
+    from linrnn.engine import triton_chunk_vec
+
+    monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
+    B, T, H, K, V, L = 1, 37, 2, 20, 12, 16
+    q, k, v = (torch.randn(B, T, H, d, device=DEVICE) for d in (K, K, V))
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device=DEVICE))
+    A = torch.ops.linrnn.chunk_vec_fwd(q, k, v, g, None, None, None, 0.5, L, False, None)[3]
+    assert A.shape == (B, T, H, L) and bool(torch.isfinite(A).all())
+    t = torch.arange(T, device=DEVICE)
+    above = (t % L)[:, None] < torch.arange(L, device=DEVICE)[None, :]  # s − c0 > t − c0
+    per_head = A[0].transpose(0, 1)  # [H, T, L]
+    assert bool((per_head[:, above] == 0).all()) and bool((per_head[:, ~above] != 0).all())
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", VECTOR)
 def test_wider_sub_chunk_matches_reference(monkeypatch, family, mode):

@@ -29,6 +29,7 @@ import triton
 from linrnn.engine import triton_chunk as tc
 from linrnn.engine import triton_fused as fused
 from linrnn.engine import triton_kernels as kern
+from linrnn.engine import triton_scores as sc
 
 # Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
 # num_stages). The diagonal sub-chunk is a [BC, BC, depth or output tile] fp32 product; a kernel
@@ -46,6 +47,13 @@ GATED_BO = 32
 # product (BC× fewer registers, the same exponentials, more and smaller steps; slower under
 # the interpreter). Both are tested; the faster on the GPU should become the default.
 DIAG_LOOP = False
+# gk-only calls in chunk mode (GLA without gv, RWKV6): store the intra-chunk scores once
+# (triton_scores: [B, T, H, L] in the inputs' dtype, kept for dv) and apply them with wide
+# row tiles, instead of re-forming them per output tile in 16-row programs. Off until the
+# GPU says which is faster. Tiles: scores (sub-chunk, key tile, depth tile, warps, stages),
+# apply (row tile, key tile, depth tile, output tile, warps, stages).
+SCORES = False
+SCORE_TILES = {"scores": (16, 64, 32, 4, 2), "apply": (64, 64, 32, 64, 4, 2)}
 
 
 def _fit(x: int, n: int) -> int:
@@ -138,6 +146,10 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
         VEC=True, VEC_V=has_gv, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
+    if SCORES and not has_gv:
+        A = _scores(q, k, bkx, bk, u, c)
+        _apply(A, v, q, states, bkx, o, c, rev=False)
+        return o, S_T, (states, A)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
     BS, BD, BO = _fit(BS, L), _fit(BD, K), _fit(GATED_BO if has_gv else BO, V)
     NQ = triton.cdiv(L, BC)
@@ -151,6 +163,37 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
         VEC_O=has_gv, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return o, S_T, (states, o32 if has_gv else None)
+
+
+def _scores(q, k, bkx, bk, u, c: tc.Config):
+    """The intra-chunk scores A ([B, T, H, L], q's dtype; triton_scores.scores_kernel)."""
+    B, T, H, K = q.shape
+    L = c.L
+    A = torch.empty(B, T, H, L, device=q.device, dtype=q.dtype)
+    BC, BS, BD, nw, ns = SCORE_TILES["scores"]
+    BS, BD = _fit(BS, L), _fit(BD, K)
+    NQ = triton.cdiv(L, BC)
+    sc.scores_kernel[(c.NT * NQ, c.rows)](
+        q, k, bkx, bk, u if c.excl else bk, A, c.CHUNKS, T, H, K, L, c.NT, NQ,
+        BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP,
+        DOT_PREC=c.prec, num_warps=nw, num_stages=ns,
+    )  # fmt: skip
+    return A
+
+
+def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool):
+    """out = scale·(A z + (x ⊙ e^g) S), or (``rev``, dv) scale·Aᵀ z + (x ⊙ e^{g_L − g}) dS
+    (triton_scores.apply_kernel)."""
+    T, H, D = x.shape[1:]
+    O = z.shape[3]
+    BQ, BS, BD, BO, nw, ns = SCORE_TILES["apply"]
+    BQ, BS, BD, BO = _fit(BQ, c.L), _fit(BS, c.L), _fit(BD, D), _fit(BO, O)
+    NQ = triton.cdiv(c.L, BQ)
+    sc.apply_kernel[(c.NT * NQ, triton.cdiv(O, BO), c.rows)](
+        A, z, x, st, g, out, c.CHUNKS, T, H, D, O, c.L, c.NT, NQ, c.scale, O, 1,
+        BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen, DOT_PREC=c.prec,
+        num_warps=nw, num_stages=ns,
+    )  # fmt: skip
 
 
 def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
@@ -205,12 +248,15 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     BD, BO = _fit(BD, K), _fit(GATED_BO if has_gv else VEC_TILES["cols"][3], V)
     dv = torch.empty_like(v)
     vdv = torch.empty(v.shape, **f32) if has_gv else dummy
-    kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
-        k, q, do, dv, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, v, vdv,
-        c.CHUNKS, bkx, bk, gv_, gv_, u_, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
-        BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=False, VEC_D=True, VEC_O=has_gv, **common,
-        num_warps=nw, num_stages=ns,
-    )  # fmt: skip
+    if not has_gv and saved[1] is not None:  # the forward's stored scores: dv = scale·Aᵀ do + …
+        _apply(saved[1], do, k, dstates, bk, dv, c, rev=True)
+    else:
+        kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
+            k, q, do, dv, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, v, vdv,
+            c.CHUNKS, bkx, bk, gv_, gv_, u_, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
+            BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=False, VEC_D=True, VEC_O=has_gv, **common,
+            num_warps=nw, num_stages=ns,
+        )  # fmt: skip
     to_bnth = lambda w: w.sum(2).view(-1, H, NT, w.shape[-1]).transpose(1, 2)  # noqa: E731
     Wk = to_bnth(bndk)
     Wv = to_bnth(bndv) if has_gv else None

@@ -205,8 +205,9 @@ def _chunk_vec_fwd(
     S0: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
     """[o, S_T, saved0, saved1]: what the backward needs besides the inputs — chunk: the
-    states and (with gv) the fp32 output; fused_chunk: (with gv) the output's intra- and
-    inter-chunk parts; empty tensors where there is nothing."""
+    states and (with gv) the fp32 output or (without gv, ``SCORES``) the scores; fused_chunk:
+    (with gv) the output's intra- and inter-chunk parts; empty tensors where there is
+    nothing."""
     c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
     ctx = _Ctx()
     o, S_T = triton_chunk_vec._VecChunkFn.forward(ctx, q, k, v, g, gv, u, S0, c)
@@ -222,6 +223,9 @@ def _chunk_vec_fwd_fake(q, k, v, g, gv, u, S0, scale, chunk_size, fused, offsets
     N, NT, _ = _chunk_counts(B, T, chunk_size, offsets)
     f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
     by_gv = lambda: f(*v.shape) if gv is not None else f(0)  # noqa: E731  (distinct tensors)
+    if not fused and gv is None and triton_chunk_vec.SCORES:  # the stored scores
+        return [q.new_empty(v.shape), f(N, H, K, V), f(B * H, NT, K, V),
+                q.new_empty(B, T, H, chunk_size)]  # fmt: skip
     return [q.new_empty(v.shape), f(N, H, K, V), by_gv() if fused else f(B * H, NT, K, V),
             by_gv()]  # fmt: skip
 
@@ -241,7 +245,8 @@ def _chunk_vec_bwd(
     ctx.saved_tensors = (
         q.contiguous(), k.contiguous(), v.contiguous(),
         u.float().contiguous() if u is not None else None, bk, bkx, bv, S0, S_T,
-        saved0 if not fused or gv is not None else None, saved1 if gv is not None else None,
+        saved0 if not fused or gv is not None else None,
+        saved1 if gv is not None or saved1.numel() else None,  # (chunk mode, no gv: scores)
     )  # fmt: skip
     grads = triton_chunk_vec._VecChunkFn.backward(ctx, do, dS_T)[:7]
     outs = [_empty(q) if x is None else x for x in grads]

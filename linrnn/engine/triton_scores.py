@@ -1,0 +1,117 @@
+"""Per-channel decays with stored intra-chunk scores (GLA with gk alone, RWKV6; chunk mode).
+
+The rows/cols kernels of triton_kernels apply each gated score as soon as they form it, one
+16-step sub-chunk of rows at a time, so the forward and dv redo the gated products for every
+output tile, take M = 16 products and read each chunk's state once per sub-chunk. Here the
+scores are formed once and stored, then applied with wide row tiles:
+
+* ``scores_kernel``: A[b, t, h, s − c0] = Σ_d X_t[d] Y_s[d] exp(G^X_t[d] − G^K_s[d]) for the
+  keys s ≤ t of t's chunk (RWKV6: s < t, and u on s = t), by sub-chunks of rows: earlier
+  keys as tensor-core products around a reference point, the diagonal sub-chunk in log space
+  (triton_vector). A is ``[B, T, H, L]`` in the inputs' dtype, the rounding the fused path
+  gives the scores before its product with Z; zeros above the diagonal.
+* ``apply_kernel``: out = scale·(A Z + (X ⊙ e^{G^X}) S) for the forward (Z = v, S the state
+  entering the chunk) and, ``REV``, scale·Aᵀ Z + (X ⊙ e^{G_L − G^K}) dS for dv (Z = do, dS the
+  state gradient leaving the chunk).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from linrnn.engine.triton_kernels import _bounds, _vec_state_part
+from linrnn.engine.triton_tiles import _tile
+from linrnn.engine.triton_vector import _vec_diag_scores, _vec_off_scores
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def scores_kernel(
+    X, Y, GX, GK, U, A, CHUNKS, T, H, D, L, NT, NQ,
+    BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr,
+    EXCL: tl.constexpr, DIAG_LOOP: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks × sub-chunks, B·H): rows o_r of one sub-chunk of BQ steps against every
+    key of their chunk up to the sub-chunk's end."""
+    i_cq, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c, i_q = i_cq // NQ, i_cq % NQ
+    c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
+    r0 = c0 + i_q * BQ
+    if r0 >= c1:
+        return
+    o_r = r0 + tl.arange(0, BQ)
+    m_r = o_r < c1
+    base = i_b * T * H + i_h
+    p_x, p_y = X + base * D, Y + base * D
+    p_gx, p_gk = GX + base * D, GK + base * D
+    p_a = A + base * L + o_r.to(tl.int64)[:, None] * H * L  # [BQ, 1] row starts
+    i_z = tl.maximum(r0 - 1, c0)
+    for s0 in range(c0, r0, BS):
+        o_s = s0 + tl.arange(0, BS)
+        m_s = o_s < r0
+        b_p = _vec_off_scores(p_x, p_y, p_gx, p_gk, o_r, m_r, o_s, m_s, i_z, D, H * D, BQ, BS,
+                              BD, True, DOT_PREC)  # fmt: skip
+        tl.store(p_a + (o_s - c0)[None, :], b_p.to(A.dtype.element_ty),
+                 mask=m_r[:, None] & m_s[None, :])  # fmt: skip
+    b_p, _, _ = _vec_diag_scores(p_x, p_y, p_gx, p_gk, U + i_h * D, o_r, m_r, D, H * D, BQ, BD,
+                                 False, True, EXCL, DOT_PREC, DIAG_LOOP)  # fmt: skip
+    tl.store(p_a + (o_r - c0)[None, :], b_p.to(A.dtype.element_ty),
+             mask=m_r[:, None] & (o_r < c0 + L)[None, :])  # fmt: skip
+    for s0 in range(r0 + BQ, c0 + L, BS):  # zeros after the sub-chunk: every entry is written
+        o_s = s0 + tl.arange(0, BS)
+        zero = tl.zeros([BQ, BS], dtype=A.dtype.element_ty)
+        tl.store(p_a + (o_s - c0)[None, :], zero, mask=m_r[:, None] & (o_s < c0 + L)[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def apply_kernel(
+    A, Z, X, ST, G, OUT, CHUNKS, T, H, D, O, L, NT, NQ, scale, s_sd, s_so,
+    BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+    REV: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks × row tiles, output tiles, B·H): rows o_r of a chunk — queries (forward),
+    or keys (``REV``, dv) — against the stored scores of their chunk, plus the inter-chunk
+    part against the chunk's state (gate G: G^X; ``REV``: G^K)."""
+    i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c, i_q = i_cq // NQ, i_cq % NQ
+    c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
+    r0 = c0 + i_q * BQ
+    if r0 >= c1:
+        return
+    o_r = r0 + tl.arange(0, BQ)
+    m_r = o_r < c1
+    o_o = i_o * BO + tl.arange(0, BO)
+    m_o = o_o < O
+    base = i_b * T * H + i_h
+    p_z, p_a = Z + base * O, A + base * L
+    b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
+    if REV:  # keys r, every later query t of the chunk: Σ_t A[t, r] Z_t
+        for t0 in range(r0, c1, BS):
+            o_t = t0 + tl.arange(0, BS)
+            m_t = o_t < c1
+            p = p_a + o_t.to(tl.int64)[None, :] * H * L + (o_r - c0)[:, None]
+            causal = m_r[:, None] & m_t[None, :] & (o_t[None, :] >= o_r[:, None])
+            b_a = tl.load(p, mask=causal, other=0.0)  # [BQ, BS]
+            b_z = _tile(p_z, o_t, o_o, H * O, m_t, m_o)  # [BS, BO]
+            b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
+    else:  # queries r, every earlier key s of the chunk: Σ_s A[r, s] Z_s
+        for s0 in range(c0, tl.minimum(r0 + BQ, c1), BS):
+            o_s = s0 + tl.arange(0, BS)
+            m_s = o_s < c1
+            p = p_a + o_r.to(tl.int64)[:, None] * H * L + (o_s - c0)[None, :]
+            causal = m_r[:, None] & m_s[None, :] & (o_s[None, :] <= o_r[:, None])
+            b_a = tl.load(p, mask=causal, other=0.0)  # [BQ, BS]
+            b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BS, BO]
+            b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
+    b_int = _vec_state_part(
+        X + base * D, ST + (i_bh * NT + i_c) * D * O, G + base * D, G, o_r, m_r, o_o, m_o, c1,
+        D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, True, False, DOT_PREC,
+    )  # fmt: skip
+    if REV:  # the state gradient carries the scale already
+        b_out = scale * b_acc + b_int
+    else:
+        b_out = scale * (b_acc + b_int)
+    p_out = OUT + base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
+    tl.store(p_out, b_out.to(OUT.dtype.element_ty), mask=m_r[:, None] & m_o[None, :])
