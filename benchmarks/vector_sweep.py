@@ -105,13 +105,16 @@ QUICK_SHAPE = "B1-T32-H1-K32-V32"
 MODES = ("chunk", "fused_chunk")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
-KERNELS = ("diag_loop", "rows", "states", "cols", "gated_bo", "fused")  # diag_loop first
+KERNELS = ("diag_loop", "scores", "rows", "states", "cols", "gated_bo", "fused")  # diag_loop first
 MODE_KERNELS = {
-    "chunk": ("diag_loop", "rows", "states", "cols", "gated_bo"),
+    "chunk": ("diag_loop", "scores", "rows", "states", "cols", "gated_bo"),
     "fused_chunk": ("diag_loop", "fused"),
 }
 ARITY = {"states": 5, "rows": 6, "cols": 6, "fused": 6}
 HAS_DIAG_LOOP = hasattr(tcv, "DIAG_LOOP")  # added in 35acbf2
+# SCORES (stored intra-chunk scores, gk-only calls in chunk mode): one candidate (1) early in
+# the round robin; no effect with gv (skipped there as the same kernels)
+HAS_SCORES = hasattr(tcv, "SCORES")
 
 # Built-in candidates, most promising first (the sweep is cut by the deadline). Defaults are
 # VEC_TILES = states (64, 64, 64, 4, 2), rows / cols (16, 64, 32, 64, 4, 2),
@@ -310,14 +313,15 @@ def current() -> dict:
         "VEC_TILES": dict(tcv.VEC_TILES),
         "GATED_BO": tcv.GATED_BO,
         "DIAG_LOOP": bool(tcv.DIAG_LOOP) if HAS_DIAG_LOOP else None,
+        "SCORES": bool(tcv.SCORES) if HAS_SCORES else None,
     }
 
 
 def candidate_problem(kernel: str, t: tuple) -> str | None:
     """Why ``t`` is no legal candidate for ``kernel`` (None: legal)."""
     pow2 = lambda n: n >= 16 and n & (n - 1) == 0  # noqa: E731
-    if kernel == "diag_loop":
-        return None if t in ((0,), (1,)) else "DIAG_LOOP is 0 or 1"
+    if kernel in ("diag_loop", "scores"):
+        return None if t in ((0,), (1,)) else f"{kernel.upper()} is 0 or 1"
     if kernel == "gated_bo":
         if len(t) not in (1, 2) or not pow2(t[0]):
             return "GATED_BO is BO or BO,warps with BO a power of two ≥ 16"
@@ -342,6 +346,8 @@ def apply(kernel: str | None, t, cfg: dict) -> dict:
     tiles = cfg["VEC_TILES"]
     if kernel == "diag_loop":
         cfg["DIAG_LOOP"] = bool(t[0])
+    elif kernel == "scores":
+        cfg["SCORES"] = bool(t[0])
     elif kernel == "gated_bo":
         cfg["GATED_BO"] = t[0]
         if len(t) > 1:  # its warps for rows and cols
@@ -367,6 +373,7 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
         BC, BT, BD, BO, nw, ns = tiles[k]
         key.append((k, BC, f(BT, chunk), f(BD, D), None if gv else f(BO, V), nw, ns))
     key.append(("gated_bo", f(cfg["GATED_BO"], D), loop))
+    key.append(("scores", bool(cfg.get("SCORES")) and not gv))
     return tuple(key)
 
 
@@ -378,6 +385,8 @@ def using(cfg: dict):
     tcv.GATED_BO = cfg["GATED_BO"]
     if HAS_DIAG_LOOP:
         tcv.DIAG_LOOP = bool(cfg["DIAG_LOOP"])
+    if HAS_SCORES:
+        tcv.SCORES = bool(cfg.get("SCORES"))
     try:
         yield
     finally:
@@ -386,6 +395,8 @@ def using(cfg: dict):
         tcv.GATED_BO = saved["GATED_BO"]
         if HAS_DIAG_LOOP:
             tcv.DIAG_LOOP = saved["DIAG_LOOP"]
+        if HAS_SCORES:
+            tcv.SCORES = saved["SCORES"]
 
 
 def fmt(t) -> str:
@@ -746,6 +757,8 @@ def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
     kernels = [k for k in args.kernels if k in MODE_KERNELS[un.u["mode"]]]
     if not HAS_DIAG_LOOP and "diag_loop" in kernels:
         kernels.remove("diag_loop")
+    if not HAS_SCORES and "scores" in kernels:
+        kernels.remove("scores")
     keys = {un.key(un.cfg): "default"}
     best: dict = {}
     best_fwd: dict = {}
@@ -825,6 +838,8 @@ def combine(better: dict, cfg: dict) -> dict:
     for k, t in better.items():
         if k in ARITY:
             tiles[k] = t
+    if "scores" in better:
+        cfg["SCORES"] = bool(better["scores"][0])
     return cfg
 
 
@@ -872,6 +887,9 @@ def parse_args(argv=None):
         nargs="*",
         metavar="BO[,W]",
         help="GATED_BO candidates; BO,W also sets rows' and cols' warps to W",
+    )
+    p.add_argument(
+        "--scores", nargs="*", metavar="0|1", help="SCORES candidates (default: the other form)"
     )
     p.add_argument(
         "--diag-loop",
@@ -958,6 +976,7 @@ def parse_args(argv=None):
     elif not HAS_DIAG_LOOP:
         p.error("--base-diag-loop: this engine has no DIAG_LOOP")
     builtin["diag_loop"] = [(1 - base_loop,)]
+    builtin["scores"] = [(1 - int(bool(tcv.SCORES)),)] if HAS_SCORES else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:

@@ -61,6 +61,7 @@ def test_quick_run(tmp_path_factory):
     assert rows == [
         (16, "default", None),
         (16, "diag_loop", [1]),  # slower: not adopted (--adopt-below 0)
+        (16, "scores", [1]),  # no effect with gv: skipped as the same kernels
         (16, "rows", [16, 16, 16, 32, 4, 1]),
         (16, "states", [16, 32, 16, 4, 1]),
         (16, "cols", [16, 16, 16, 32, 4, 1]),
@@ -72,7 +73,7 @@ def test_quick_run(tmp_path_factory):
     ]
     by = {(r["chunk"], r["kernel"], str(r.get("tiles"))): r for r in rep["sweep"]}
     for (_, kernel, tiles), r in by.items():
-        if kernel == "gated_bo" and tiles == "[32]":
+        if (kernel, tiles) in (("gated_bo", "[32]"), ("scores", "[1]")):
             assert r["status"] == "skipped: same as default"
             continue
         assert r["status"] == "ok", r
@@ -98,6 +99,15 @@ def test_quick_run(tmp_path_factory):
     assert set(best["chunks"]["16"]["kernels"]) == {"diag_loop", "rows", "states", "cols",
                                                      "gated_bo"}  # fmt: skip
     assert "base" not in best["chunks"]["16"]
+
+
+def test_quick_run_tries_stored_scores(tmp_path_factory):
+    """SCORES is one candidate for a gk-only op, checked against the default and timed."""
+    rep = quick(tmp_path_factory, "--ops", "gla", "--chunks", "16", "--kernels", "scores")
+    rows = [(r["kernel"], r.get("tiles"), r["status"]) for r in rep["sweep"]]
+    assert rows[:2] == [("default", None, "ok"), ("scores", [1], "ok")]
+    assert rep["sweep"][1]["config"]["SCORES"] is True
+    assert rep["default_config"]["SCORES"] is False
 
 
 def test_quick_run_adopts_diag_loop(tmp_path_factory):
