@@ -15,10 +15,13 @@ channel (fp32, ≈ −0.05 per step), u = 0.1·randn. Shapes: ``--shapes`` for e
 B8-T8192-H16-K256-V256 and RWKV6 at B8-T8192-H64-K64-V64.
 
 ``--profile`` (first): per op, one forward+backward at the first chunk size after two warm-up
-calls (``--profile-diag-loop both``: with either form of the diagonal block), measured twice:
+calls (``--profile-diag-loop both``: with either form of the diagonal block; ``--profile-scores
+both``, the default: with SCORES off and on where it applies, gla and rwkv6 in chunk mode; at
+most 4 profiles per op), measured twice:
 (1) every kernel launch and every host-side step of the engine timed with CUDA events (Triton
 launches by role: rows_kernel[fwd] / [dq], cols_kernel[dk] / [dv], states_fwd/bwd_kernel,
-fused_*; with the tiles each launch got after clipping; and the torch glue by engine function:
+scores_kernel, apply_kernel[fwd] / [dv], fused_*; with the tiles each launch got after
+clipping; and the torch glue by engine function:
 _cumsums, _revsum, _bonus, plus "other" = the rest of the forward+backward), and (2)
 torch.profiler's CUDA time per kernel name (the glue kernels under their ATen names). Per
 iteration, mean of ``--profile-iters``.
@@ -27,9 +30,13 @@ Sweep: per op × shape × mode, the default config first (its output and gradien
 reference), then ``DIAG_LOOP`` switched (the diagonal block as one [BC, BC, tile] fp32 product
 or as a walk over its BC key rows, triton_vector._vec_diag): when that is ≥ 1% faster in
 fwd+bwd it becomes the base of the rest (``--adopt-below``), and candidates that only
-make sense with the walk (sub-chunks BC of 32 and 64) join. Then the tile candidates one kernel
-at a time, the other kernels at the base, round robin over the kernels (so a run cut short has
-some of each), then the combination of the kernels' bests that beat the base by ≥ 1%
+make sense with the walk (sub-chunks BC of 32 and 64) join. Then, on that base, ``SCORES``
+switched (gk-only calls in chunk mode, i.e. gla and rwkv6: the intra-chunk scores stored once
+by triton_scores.scores_kernel and applied by apply_kernel for the forward and dv; no effect
+with gv or in fused_chunk, where its row says so), adopted by the same rule; with SCORES in the
+base the SCORE_TILES candidates (score_tiles, apply_tiles) join. Then the tile candidates one
+kernel at a time, the other kernels at the base, round robin over the kernels (so a run cut
+short has some of each), then the combination of the kernels' bests that beat the base by ≥ 1%
 (``--combine-below``). Ratios: ``*_vs_default`` to the default config, ``*_vs_base`` to the
 adopted base.
 
@@ -57,6 +64,12 @@ clipped by ``_fit`` to [16, next_pow2(extent)], except the sub-chunk BC):
   GATED_BO                                the output tile over a gated dimension; a candidate
                                           "BO,W" also sets rows' and cols' warps to W
   diag_loop (0 or 1)                      DIAG_LOOP: the diagonal block's form (all modes)
+  scores (0 or 1)                         SCORES: stored scores (gk only, chunk mode)
+  score_tiles (BC, BS, BD, warps, stages) SCORE_TILES["scores"]: scores_kernel; BC its
+                                          sub-chunk of rows, BS the earlier keys, BD over K
+  apply_tiles (BQ, BS, BD, BO, warps,     SCORE_TILES["apply"]: apply_kernel, forward and dv;
+               stages)                    BQ rows, BS the other time side, BD over K (the
+                                          state part), BO over V
 
 BC is the sub-chunk whose diagonal block is computed in fp32 log space, as [BC, BC, BD] (and,
 gated output, [BC, BC, BO]) products or, with DIAG_LOOP, as BC steps of [BC, tile]: not
@@ -67,7 +80,8 @@ gated output takes GATED_BO). Candidates equal to the default (or to an earlier 
 after clipping are skipped.
 
 ``--quick``: a CPU check of this script (TRITON_INTERPRET=1, fp32, B1-T32-H1-K32-V32, chunk
-16, one candidate per kernel, perf_counter times; the profile uses torch.profiler's CPU times).
+16, one candidate per kernel, perf_counter times; the profile uses torch.profiler's CPU times;
+``--adopt-below`` and ``--combine-below`` default to always, to run every code path).
 """
 
 from __future__ import annotations
@@ -98,6 +112,11 @@ from linrnn.bench.registry import parse_shape  # noqa: E402
 from linrnn.engine import triton_chunk_vec as tcv  # noqa: E402
 from linrnn.engine import triton_fused, triton_kernels  # noqa: E402
 
+try:  # SCORES' kernels (absent in an older checkout)
+    from linrnn.engine import triton_scores
+except ImportError:
+    triton_scores = None
+
 OPS = ("gla", "rwkv6", "gla_gv")  # in this order: a run cut short has the headline op first
 GLA_SHAPES = ("B8-T8192-H16-K256-V256",)  # B8-T8192-H32-K128-V128 with --shapes
 RWKV6_SHAPES = ("B8-T8192-H64-K64-V64",)
@@ -105,21 +124,23 @@ QUICK_SHAPE = "B1-T32-H1-K32-V32"
 MODES = ("chunk", "fused_chunk")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
-KERNELS = ("diag_loop", "scores", "rows", "states", "cols", "gated_bo", "fused")  # diag_loop first
+# The switches first (in this order, each adopted as the base when faster), then the tiles
+SWITCHES = ("diag_loop", "scores")
+KERNELS = (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles", "fused")
 MODE_KERNELS = {
-    "chunk": ("diag_loop", "scores", "rows", "states", "cols", "gated_bo"),
-    "fused_chunk": ("diag_loop", "fused"),
+    "chunk": (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles"),
+    "fused_chunk": (*SWITCHES, "fused"),  # scores: a row that says it has no effect
 }
-ARITY = {"states": 5, "rows": 6, "cols": 6, "fused": 6}
+ARITY = {"states": 5, "rows": 6, "cols": 6, "fused": 6, "score_tiles": 5, "apply_tiles": 6}
+SCORE_KEYS = {"score_tiles": "scores", "apply_tiles": "apply"}  # their SCORE_TILES entries
 HAS_DIAG_LOOP = hasattr(tcv, "DIAG_LOOP")  # added in 35acbf2
-# SCORES (stored intra-chunk scores, gk-only calls in chunk mode): one candidate (1) early in
-# the round robin; no effect with gv (skipped there as the same kernels)
-HAS_SCORES = hasattr(tcv, "SCORES")
+HAS_SCORES = hasattr(tcv, "SCORES")  # added in 502a28b (with SCORE_TILES, triton_scores)
 
 # Built-in candidates, most promising first (the sweep is cut by the deadline). Defaults are
 # VEC_TILES = states (64, 64, 64, 4, 2), rows / cols (16, 64, 32, 64, 4, 2),
-# fused (16, 0, 32, 0, 4, 1), GATED_BO = 32, DIAG_LOOP = False. diag_loop's candidate is the
-# other form than the base's (set in parse_args).
+# fused (16, 0, 32, 0, 4, 1), GATED_BO = 32, DIAG_LOOP = False, SCORES = False, SCORE_TILES
+# scores (16, 64, 32, 4, 2) and apply (64, 64, 32, 64, 4, 2). diag_loop's and scores'
+# candidate is the other form than the base's (set in parse_args).
 CANDIDATES = {
     "rows": [  # (BC, BS, BD, BO, warps, stages)
         (16, 64, 32, 256, 4, 2),  # BO = V: the forward computes the gated q·kᵀ once, not V/64×
@@ -171,6 +192,26 @@ CANDIDATES = {
         (16, 0, 32, 0, 4, 2),
         (32, 0, 16, 0, 8, 1),
     ],
+    # With SCORES in the base only (otherwise these kernels do not run)
+    "score_tiles": [  # scores_kernel (BC, BS, BD, warps, stages)
+        (16, 64, 64, 8, 2),  # BD 64: half the depth steps of each score tile
+        (16, 32, 32, 4, 2),  # BS 32: fewer masked keys before the sub-chunks 1–3
+        (16, 128, 32, 4, 2),  # BS 128: one key tile at L = 128
+        (16, 64, 32, 8, 2),
+        (32, 64, 16, 8, 2),  # BC 32: half the programs; [32, 32, 16] fp32 diagonal block
+        (16, 64, 32, 4, 3),
+    ],
+    "apply_tiles": [  # apply_kernel (BQ, BS, BD, BO, warps, stages)
+        (64, 64, 32, 128, 8, 2),  # BO 128: each score tile read for half as many V tiles
+        (64, 64, 32, 256, 8, 2),  # BO = V (GLA): the scores read once
+        (128, 64, 32, 128, 8, 2),  # BQ 128: the whole chunk at L = 128
+        (64, 32, 32, 128, 8, 2),  # BS 32: fewer masked entries of the triangle
+        (64, 128, 32, 128, 8, 2),  # BS 128 (L = 128)
+        (64, 64, 32, 64, 8, 2),  # 8 warps alone (RWKV6: V = 64, the BO above clip to this)
+        (64, 64, 32, 128, 8, 3),
+        (64, 64, 32, 128, 8, 1),
+        (64, 64, 64, 128, 8, 2),  # BD 64: the state part's depth steps
+    ],
 }
 # Only with DIAG_LOOP on (the block form's [BC, BC, tile] fp32 product would be 4–16× larger):
 # query / key tiles of 32 and 64 rows, i.e. fewer re-reads of each chunk's state and M = 32/64
@@ -179,6 +220,7 @@ CANDIDATES = {
 LOOP_ONLY = {
     "rows": [(32, 64, 32, 256, 8, 2), (64, 64, 32, 256, 8, 2), (32, 64, 64, 256, 8, 2)],
     "cols": [(32, 64, 32, 256, 8, 2), (64, 64, 32, 256, 8, 2)],
+    "score_tiles": [(32, 64, 32, 8, 2), (32, 64, 64, 8, 2)],
 }
 QUICK_CANDIDATES = {  # distinct from the defaults after clipping at K = V = 32, L = 16
     "rows": [(16, 16, 16, 32, 4, 1)],
@@ -186,6 +228,8 @@ QUICK_CANDIDATES = {  # distinct from the defaults after clipping at K = V = 32,
     "cols": [(16, 16, 16, 32, 4, 1)],
     "gated_bo": [(16,)],
     "fused": [(16, 0, 16, 0, 4, 1)],
+    "score_tiles": [(16, 16, 16, 4, 1)],
+    "apply_tiles": [(16, 16, 16, 32, 4, 1)],
 }
 QUICK_LOOP_ONLY = {"rows": [(32, 16, 16, 32, 4, 1)]}
 
@@ -193,6 +237,7 @@ QUICK_LOOP_ONLY = {"rows": [(32, 16, 16, 32, 4, 1)]}
 KERNEL_MODULES = (
     (triton_kernels, ("states_fwd_kernel", "rows_kernel", "states_bwd_kernel", "cols_kernel")),
     (triton_fused, ("fused_fwd_kernel", "fused_dq_kernel", "fused_dk_kernel", "fused_dv_kernel")),
+    *([(triton_scores, ("scores_kernel", "apply_kernel"))] if triton_scores else []),
 )
 # Host-side steps of the engine (triton_chunk_vec), timed as phases of a forward+backward.
 PHASES = (
@@ -307,20 +352,21 @@ def bench_ms(fn, args, device) -> float:
 
 
 def current() -> dict:
-    """The engine's config now: VEC_TILES, GATED_BO, DIAG_LOOP (None where the engine has no
-    such switch)."""
+    """The engine's config now: VEC_TILES, GATED_BO, DIAG_LOOP, SCORES, SCORE_TILES (None
+    where the engine has no such switch)."""
     return {
         "VEC_TILES": dict(tcv.VEC_TILES),
         "GATED_BO": tcv.GATED_BO,
         "DIAG_LOOP": bool(tcv.DIAG_LOOP) if HAS_DIAG_LOOP else None,
         "SCORES": bool(tcv.SCORES) if HAS_SCORES else None,
+        "SCORE_TILES": dict(tcv.SCORE_TILES) if HAS_SCORES else None,
     }
 
 
 def candidate_problem(kernel: str, t: tuple) -> str | None:
     """Why ``t`` is no legal candidate for ``kernel`` (None: legal)."""
     pow2 = lambda n: n >= 16 and n & (n - 1) == 0  # noqa: E731
-    if kernel in ("diag_loop", "scores"):
+    if kernel in SWITCHES:
         return None if t in ((0,), (1,)) else f"{kernel.upper()} is 0 or 1"
     if kernel == "gated_bo":
         if len(t) not in (1, 2) or not pow2(t[0]):
@@ -330,7 +376,8 @@ def candidate_problem(kernel: str, t: tuple) -> str | None:
         return None
     if len(t) != ARITY[kernel]:
         return f"{kernel} takes {ARITY[kernel]} numbers, got {len(t)}"
-    tiles = {"states": (0, 1, 2), "rows": (0, 1, 2, 3), "cols": (0, 1, 2, 3), "fused": (0, 2)}
+    tiles = {"states": (0, 1, 2), "rows": (0, 1, 2, 3), "cols": (0, 1, 2, 3), "fused": (0, 2),
+             "score_tiles": (0, 1, 2), "apply_tiles": (0, 1, 2, 3)}  # fmt: skip
     if not all(pow2(t[i]) for i in tiles[kernel]):
         return "tiles must be powers of two ≥ 16 (tl.arange, tl.dot)"
     if kernel == "fused" and (t[1] or t[3]):
@@ -343,11 +390,15 @@ def candidate_problem(kernel: str, t: tuple) -> str | None:
 def apply(kernel: str | None, t, cfg: dict) -> dict:
     """``cfg`` with candidate ``t`` of ``kernel`` in place of its entry."""
     cfg = dict(cfg, VEC_TILES=dict(cfg["VEC_TILES"]))
+    if cfg.get("SCORE_TILES") is not None:
+        cfg["SCORE_TILES"] = dict(cfg["SCORE_TILES"])
     tiles = cfg["VEC_TILES"]
     if kernel == "diag_loop":
         cfg["DIAG_LOOP"] = bool(t[0])
     elif kernel == "scores":
         cfg["SCORES"] = bool(t[0])
+    elif kernel in SCORE_KEYS:
+        cfg["SCORE_TILES"][SCORE_KEYS[kernel]] = tuple(t)
     elif kernel == "gated_bo":
         cfg["GATED_BO"] = t[0]
         if len(t) > 1:  # its warps for rows and cols
@@ -358,35 +409,53 @@ def apply(kernel: str | None, t, cfg: dict) -> dict:
     return cfg
 
 
+def scores_apply(op: str, mode: str) -> str | None:
+    """None where SCORES changes the op's kernels, else why it has no effect."""
+    if not HAS_SCORES:
+        return "this engine has no SCORES"
+    if mode != "chunk":
+        return f"SCORES has no effect in {mode} (chunk mode only)"
+    if op == "gla_gv":
+        return "SCORES has no effect with gv (gk-only calls)"
+    return None
+
+
 def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
     """What the kernels of ``mode`` get from ``cfg`` after clipping (depth and output tiles to
     max(K, V): conservative when K ≠ V). Equal keys: the same kernels."""
     f = tcv._fit
     tiles, loop = cfg["VEC_TILES"], cfg["DIAG_LOOP"]
-    D, V = max(shape["K"], shape["V"]), shape["V"]
+    D, K, V = max(shape["K"], shape["V"]), shape["K"], shape["V"]
     if mode == "fused_chunk":
         BC, _, BD, _, nw, ns = tiles["fused"]
         return ("fused", BC, BD, nw, ns, loop)
+    stored = bool(cfg.get("SCORES")) and not gv  # then rows: dq only, cols: dk only
     BS, BK, BV, nw, ns = tiles["states"]
-    key = [("states", f(BS, chunk), f(BK, shape["K"]), f(BV, V), nw, ns)]
+    key = [("states", f(BS, chunk), f(BK, K), f(BV, V), nw, ns)]
     for k in ("rows", "cols"):
         BC, BT, BD, BO, nw, ns = tiles[k]
-        key.append((k, BC, f(BT, chunk), f(BD, D), None if gv else f(BO, V), nw, ns))
+        key.append((k, BC, f(BT, chunk), f(BD, D), None if gv or stored else f(BO, V), nw, ns))
     key.append(("gated_bo", f(cfg["GATED_BO"], D), loop))
-    key.append(("scores", bool(cfg.get("SCORES")) and not gv))
+    if stored:
+        BC, BS, BD, nw, ns = cfg["SCORE_TILES"]["scores"]
+        key.append(("scores", BC, f(BS, chunk), f(BD, K), nw, ns))
+        BQ, BS, BD, BO, nw, ns = cfg["SCORE_TILES"]["apply"]
+        key.append(("apply", f(BQ, chunk), f(BS, chunk), f(BD, K), f(BO, V), nw, ns))
     return tuple(key)
 
 
 @contextlib.contextmanager
 def using(cfg: dict):
-    """The engine's VEC_TILES (in place), GATED_BO and DIAG_LOOP set; restored afterwards."""
+    """The engine's VEC_TILES and SCORE_TILES (in place), GATED_BO, DIAG_LOOP and SCORES set;
+    restored afterwards."""
     saved = current()
     tcv.VEC_TILES.update(cfg["VEC_TILES"])
     tcv.GATED_BO = cfg["GATED_BO"]
     if HAS_DIAG_LOOP:
         tcv.DIAG_LOOP = bool(cfg["DIAG_LOOP"])
     if HAS_SCORES:
-        tcv.SCORES = bool(cfg.get("SCORES"))
+        tcv.SCORES = bool(cfg["SCORES"])
+        tcv.SCORE_TILES.update(cfg["SCORE_TILES"])
     try:
         yield
     finally:
@@ -397,6 +466,8 @@ def using(cfg: dict):
             tcv.DIAG_LOOP = saved["DIAG_LOOP"]
         if HAS_SCORES:
             tcv.SCORES = saved["SCORES"]
+            tcv.SCORE_TILES.clear()
+            tcv.SCORE_TILES.update(saved["SCORE_TILES"])
 
 
 def fmt(t) -> str:
@@ -443,6 +514,8 @@ def role(name: str, kw: dict) -> str:
         return "rows_kernel[dq]" if kw.get("IS_DQ") else "rows_kernel[fwd]"
     if name == "cols_kernel":
         return "cols_kernel[dk]" if kw.get("IS_DK") else "cols_kernel[dv]"
+    if name == "apply_kernel":
+        return "apply_kernel[dv]" if kw.get("REV") else "apply_kernel[fwd]"
     return name
 
 
@@ -548,7 +621,9 @@ def kernel_table(op, x, do, mode, chunk, device, iters) -> list[dict]:
 
 def profile_unit(args, unit: dict, device) -> dict:
     op, shape_id, mode, chunk = unit["op"], unit["shape"], unit["mode"], unit["chunk"]
-    res = dict(unit, iters=args.profile_iters, diag_loop=current()["DIAG_LOOP"])
+    cfg = current()
+    scores = None if scores_apply(op, mode) else cfg["SCORES"]  # None: no effect here
+    res = dict(unit, iters=args.profile_iters, diag_loop=cfg["DIAG_LOOP"], scores=scores)
     x = make_inputs(op, parse_shape(shape_id), DTYPES[args.dtype], device, args.seed)
     do = torch.randn_like(x["v"])
     t0 = time.perf_counter()
@@ -599,7 +674,7 @@ def profile_unit(args, unit: dict, device) -> dict:
 def print_profile(res: dict) -> None:
     print(
         f"\n== profile {res['op']} {res['shape']} {res['mode']} L={res['chunk']} "
-        f"DIAG_LOOP={res['diag_loop']}: fwd+bwd "
+        f"DIAG_LOOP={res['diag_loop']} SCORES={res['scores']}: fwd+bwd "
         f"{res['fwdbwd_ms']:.3f} ms (events, mean of {res['iters']}), Triton kernels "
         f"{100 * res['triton_share']:.1f}%",
         flush=True,
@@ -675,9 +750,11 @@ def measure(args, unit, x, do, ref, cfg, fwd: bool, device) -> tuple[dict, dict 
     return row, out
 
 
-def fwd_affected(kernel: str | None, gv: bool) -> bool:
+def fwd_affected(kernel: str | None, gv: bool, stored: bool = False) -> bool:
     """Whether the forward uses the kernel's tiles (cols: backward only; GATED_BO: the
-    forward's output tile only with gv)."""
+    forward's output tile only with gv; rows: not with SCORES, ``stored``)."""
+    if kernel == "rows":
+        return not stored
     return kernel not in ("cols", "gated_bo") or (kernel == "gated_bo" and gv)
 
 
@@ -690,6 +767,11 @@ class Unit:
         self.default = self.base = default_row
         self.cfg, self.device, self._emit = cfg, device, emit
         self.shape, self.gv = parse_shape(u["shape"]), u["op"] == "gla_gv"
+        self.no_scores = scores_apply(u["op"], u["mode"])  # why SCORES has no effect, or None
+
+    def stored(self) -> bool:
+        """Whether the base stores the scores (SCORES on, and it applies)."""
+        return self.no_scores is None and bool(self.cfg["SCORES"])
 
     def key(self, cfg) -> tuple:
         return effective(cfg, self.u["mode"], self.shape, self.u["chunk"], self.gv)
@@ -749,16 +831,17 @@ def sweep_unit(args, unit: dict, device, unit_end: float, hard_end: float, emit)
 
 
 def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
-    """The candidates at one chunk size: DIAG_LOOP first (adopted as the base when faster),
-    then the others round robin. Fills ``info["kernels"]`` with each kernel's best; returns the
+    """The candidates at one chunk size: the switches first, DIAG_LOOP then SCORES (each
+    adopted as the base when faster), then the others round robin (SCORE_TILES' only with
+    SCORES in the base). Fills ``info["kernels"]`` with each kernel's best; returns the
     combination of the bests that beat the base (``--combine-below``) on top of it, the base
-    alone when only DIAG_LOOP changed, or None."""
+    alone when only switches changed, or None."""
     args = un.args
     kernels = [k for k in args.kernels if k in MODE_KERNELS[un.u["mode"]]]
     if not HAS_DIAG_LOOP and "diag_loop" in kernels:
         kernels.remove("diag_loop")
-    if not HAS_SCORES and "scores" in kernels:
-        kernels.remove("scores")
+    if not HAS_SCORES:
+        kernels = [k for k in kernels if k != "scores" and k not in SCORE_KEYS]
     keys = {un.key(un.cfg): "default"}
     best: dict = {}
     best_fwd: dict = {}
@@ -774,7 +857,7 @@ def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
             un.emit(dict(kernel=kernel, tiles=list(t), status=f"skipped: same as {keys[key]}"))
             return None
         keys[key] = f"{kernel} {fmt(t)}"
-        r = un.run(kernel, list(t), cfg, fwd_affected(kernel, un.gv))
+        r = un.run(kernel, list(t), cfg, fwd_affected(kernel, un.gv, un.stored()))
         costs.append(r["config_s"])
         if r["status"] != "ok":
             return None
@@ -784,22 +867,29 @@ def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
             best_fwd[kernel] = r
         return r
 
-    adopted = False
-    if "diag_loop" in kernels:
-        for t in args.candidates["diag_loop"]:
+    adopted = []
+    for switch in (k for k in SWITCHES if k in kernels):
+        if switch == "scores" and un.no_scores:
+            for t in args.candidates["scores"]:
+                un.emit(dict(kernel="scores", tiles=list(t), status=f"skipped: {un.no_scores}"))
+            continue
+        for t in args.candidates[switch]:
             if not time_left():
                 break
-            try_candidate("diag_loop", tuple(t))
-        r = best.get("diag_loop")
+            try_candidate(switch, tuple(t))
+        r = best.get(switch)
         if r and r["fwdbwd_ms"] < args.adopt_below * un.base["fwdbwd_ms"]:
-            un.cfg, un.base, adopted = r["config"], r, True
-            keys[un.key(un.cfg)] = "the base (diag_loop)"
-            info["base"] = {"adopted": "diag_loop", "tiles": r["tiles"], **_figures(r)}
-            print(f"  base: DIAG_LOOP={un.cfg['DIAG_LOOP']} from here on", flush=True)
+            un.cfg, un.base = r["config"], r
+            adopted.append(switch)
+            keys[un.key(un.cfg)] = f"the base ({switch})"
+            switches = {"DIAG_LOOP": un.cfg["DIAG_LOOP"], "SCORES": un.cfg["SCORES"]}
+            info["base"] = {"adopted": "+".join(adopted), "tiles": r["tiles"], **switches}
+            info["base"].update(_figures(r))
+            print(f"  base: {switch.upper()}={un.cfg[switch.upper()]} from here on", flush=True)
     lists = []
     for k in kernels:
-        if k == "diag_loop":
-            continue
+        if k in SWITCHES or (k in SCORE_KEYS and not un.stored()):
+            continue  # SCORE_TILES: only when the base stores the scores
         extra = args.loop_candidates.get(k, []) if un.cfg["DIAG_LOOP"] else []
         lists.append([(k, tuple(t)) for t in [*extra, *args.candidates[k]]])
     queue = [c for group in itertools.zip_longest(*lists) for c in group if c]
@@ -815,8 +905,10 @@ def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
         if f is not None and f is not r:
             entry["best_fwd"] = {"tiles": f["tiles"], **_figures(f)}
     limit = args.combine_below * un.base["fwdbwd_ms"]
-    better = {  # DIAG_LOOP is in the base when adopted, and left out otherwise
-        k: tuple(r["tiles"]) for k, r in best.items() if k != "diag_loop" and r["fwdbwd_ms"] < limit
+    better = {  # the switches are in the base when adopted, and left out otherwise
+        k: tuple(r["tiles"])
+        for k, r in best.items()
+        if k not in SWITCHES and r["fwdbwd_ms"] < limit
     }
     if better:
         return combine(better, un.cfg)
@@ -836,10 +928,10 @@ def combine(better: dict, cfg: dict) -> dict:
                 if k not in better:
                     tiles[k] = (*tiles[k][:4], t[1], tiles[k][5])
     for k, t in better.items():
-        if k in ARITY:
+        if k in SCORE_KEYS:
+            cfg["SCORE_TILES"] = dict(cfg["SCORE_TILES"], **{SCORE_KEYS[k]: t})
+        elif k in ARITY:
             tiles[k] = t
-    if "scores" in better:
-        cfg["SCORES"] = bool(better["scores"][0])
     return cfg
 
 
@@ -874,10 +966,10 @@ def parse_args(argv=None):
         help="chunk sizes; candidates are swept at the first (64 128)",
     )
     p.add_argument("--full-chunks", action="store_true", help="sweep at every chunk size")
-    for k in ("rows", "states", "cols", "fused"):
+    for k in ("rows", "states", "cols", "fused", "score_tiles", "apply_tiles"):
         n = ARITY[k]
         p.add_argument(
-            f"--{k}",
+            f"--{k.replace('_', '-')}",
             nargs="*",
             metavar="T",
             help=f"{k} candidates, {n} comma-separated numbers each (none: skip)",
@@ -889,7 +981,11 @@ def parse_args(argv=None):
         help="GATED_BO candidates; BO,W also sets rows' and cols' warps to W",
     )
     p.add_argument(
-        "--scores", nargs="*", metavar="0|1", help="SCORES candidates (default: the other form)"
+        "--scores",
+        nargs="*",
+        metavar="0|1",
+        help="SCORES candidates (default: the form the base does not use; gla, rwkv6 in chunk "
+        "mode)",
     )
     p.add_argument(
         "--diag-loop",
@@ -906,9 +1002,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--adopt-below",
         type=float,
-        default=0.99,
-        help="the other DIAG_LOOP form becomes the base when its fwd+bwd is below this ratio "
-        "to the default (0.99; 0: never)",
+        default=None,
+        help="the other DIAG_LOOP (then SCORES) form becomes the base when its fwd+bwd is below "
+        "this ratio to the base (0.99; 0: never; --quick: always, to check the code)",
     )
     p.add_argument(
         "--kernels",
@@ -931,6 +1027,13 @@ def parse_args(argv=None):
         choices=("base", "both"),
         default="base",
         help="profile the base's DIAG_LOOP form only, or both forms",
+    )
+    p.add_argument(
+        "--profile-scores",
+        choices=("base", "both"),
+        default="both",
+        help="profile the base's SCORES form only, or both where it applies (gla, rwkv6 in "
+        "chunk mode; default both)",
     )
     p.add_argument("--skip-sweep", action="store_true", help="the profile only")
     p.add_argument(
@@ -960,6 +1063,8 @@ def parse_args(argv=None):
     args.cpu_repeats = args.cpu_repeats or 1
     if args.combine_below is None:
         args.combine_below = math.inf if args.quick else 0.99
+    if args.adopt_below is None:
+        args.adopt_below = math.inf if args.quick else 0.99
     if args.quick and "--chunks" not in (argv if argv is not None else sys.argv[1:]):
         args.chunks = [16]
     if min(args.chunks) < 1 or args.profile_iters < 1:
@@ -1096,11 +1201,12 @@ def print_best(best: list[dict]) -> None:
                   f"{d['fwd_ms']:.3f} ms, fwd+bwd {d['fwdbwd_ms']:.3f} ms")  # fmt: skip
             if "base" in info:
                 b = info["base"]
-                print(f"    base: diag_loop {fmt(b['tiles'])}, fwd+bwd {b['fwdbwd_ms']:.3f} ms "
+                print(f"    base: {b['adopted']} (DIAG_LOOP {b.get('DIAG_LOOP')}, SCORES "
+                      f"{b.get('SCORES')}), fwd+bwd {b['fwdbwd_ms']:.3f} ms "
                       f"({b['fwdbwd_vs_default']:.3f}×)")  # fmt: skip
             for k, r in info["kernels"].items():
                 vs_base = f", {r['fwdbwd_vs_base']:.3f}× base" if "fwdbwd_vs_base" in r else ""
-                print(f"    {k:9s} {fmt(r['tiles']):22s} fwd+bwd {r['fwdbwd_ms']:.3f} ms "
+                print(f"    {k:11s} {fmt(r['tiles']):20s} fwd+bwd {r['fwdbwd_ms']:.3f} ms "
                       f"({r['fwdbwd_vs_default']:.3f}×{vs_base})")  # fmt: skip
             c = info.get("combined", {})
             if c.get("status") == "ok":
@@ -1108,7 +1214,47 @@ def print_best(best: list[dict]) -> None:
                 print(f"    combined  fwd {c['fwd_ms']:.3f} ms ({c['fwd_vs_default']:.3f}×), "
                       f"fwd+bwd {c['fwdbwd_ms']:.3f} ms ({c['fwdbwd_vs_default']:.3f}×): "
                       f"VEC_TILES {cfg['VEC_TILES']}, GATED_BO {cfg['GATED_BO']}, "
-                      f"DIAG_LOOP {cfg['DIAG_LOOP']}")  # fmt: skip
+                      f"DIAG_LOOP {cfg['DIAG_LOOP']}, SCORES {cfg.get('SCORES')}, "
+                      f"SCORE_TILES {cfg.get('SCORE_TILES')}")  # fmt: skip
+
+
+def profile_forms(args, unit: dict) -> list[dict]:
+    """The configs to profile ``unit`` with: the base first, then the other DIAG_LOOP form
+    (``--profile-diag-loop both``) × the other SCORES form (``--profile-scores both``, where it
+    applies): at most 4."""
+    base = current()
+    loops, scores = [base["DIAG_LOOP"]], [base["SCORES"]]
+    if args.profile_diag_loop == "both" and HAS_DIAG_LOOP:
+        loops.append(not base["DIAG_LOOP"])
+    no_scores = scores_apply(unit["op"], unit["mode"])
+    if args.profile_scores == "both" and no_scores is None:
+        scores.append(not base["SCORES"])
+    elif args.profile_scores == "both":
+        print(f"profile {unit['op']} {unit['shape']} {unit['mode']}: SCORES not switched "
+              f"({no_scores})", flush=True)  # fmt: skip
+    return [dict(base, DIAG_LOOP=lo, SCORES=sc) for lo in loops for sc in scores]
+
+
+def profile_all(args, units, device, rep, hard_end) -> None:
+    """Every unit's profiles (``profile_forms``) at the first chunk size, until the deadline."""
+    todo = [(unit, cfg) for unit in units for cfg in profile_forms(args, unit)]
+    for i, (unit, cfg) in enumerate(todo):
+        if time.monotonic() >= hard_end:
+            rep.data["notes"].append(f"profile cut at the deadline: {len(todo) - i} not run")
+            print(f"profile cut at the deadline: {len(todo) - i} not run", flush=True)
+            break
+        u = dict(unit, chunk=args.chunks[0])
+        try:
+            with using(cfg):
+                rep.data["profile"].append(profile_unit(args, u, device))
+        except CudaBroken:
+            raise
+        except Exception as exc:
+            forms = dict(diag_loop=cfg["DIAG_LOOP"], scores=cfg["SCORES"])
+            rep.data["profile"].append(dict(u, **forms, error=short_error(exc)))
+            print(f"profile {u} {forms}: {short_error(exc)}", flush=True)
+            check_cuda(device)
+        rep.write()
 
 
 def main(argv=None) -> int:
@@ -1137,30 +1283,11 @@ def main(argv=None) -> int:
     units = units_of(args)
     try:
         if args.profile:
-            loops = [None]
-            if args.profile_diag_loop == "both" and HAS_DIAG_LOOP:
-                loops = [bool(tcv.DIAG_LOOP), not tcv.DIAG_LOOP]
-            for unit in units:
-                if time.monotonic() >= hard_end:
-                    rep.data["notes"].append("profile cut at the deadline")
-                    break
-                for loop in loops:
-                    u = dict(unit, chunk=args.chunks[0])
-                    cfg = current() if loop is None else dict(current(), DIAG_LOOP=loop)
-                    try:
-                        with using(cfg):
-                            rep.data["profile"].append(profile_unit(args, u, device))
-                    except CudaBroken:
-                        raise
-                    except Exception as exc:
-                        rep.data["profile"].append(dict(u, diag_loop=loop, error=short_error(exc)))
-                        print(f"profile {u}: {short_error(exc)}", flush=True)
-                        check_cuda(device)
-                    rep.write()
+            profile_all(args, units, device, rep, hard_end)
         if not args.skip_sweep:
             print(
                 "\nsweep (ratios to the default config of the same op, shape, mode and chunk "
-                "size, and to the base once the other DIAG_LOOP form is adopted):"
+                "size, and to the base once the other DIAG_LOOP or SCORES form is adopted):"
             )
             for i, unit in enumerate(units):
                 now = time.monotonic()

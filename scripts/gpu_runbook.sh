@@ -15,8 +15,9 @@
 #   mlstm-shapes  issue 3: the same at the other three shapes of the issue
 #   vector-check  issue 4: vector-gate tests on CUDA and the bf16/fp16/fp32 correctness matrix
 #   vector-sweep  issue 4: where a GLA / GLA+gv / RWKV6 fwd+bwd spends its time (per kernel,
-#                 by launch role and engine step, DIAG_LOOP off and on), then the DIAG_LOOP /
-#                 VEC_TILES / GATED_BO sweep (benchmarks/vector_sweep.py), ≤ 530 s
+#                 by launch role and engine step, DIAG_LOOP off and on × SCORES off and on),
+#                 then the DIAG_LOOP / SCORES / VEC_TILES / GATED_BO / SCORE_TILES sweep
+#                 (benchmarks/vector_sweep.py), ≤ 530 s
 #   vector-bench  issue 4: GLA and RWKV6 against fla's chunk and fused-recurrent kernels,
 #                 chunk mode at L = 64, GLA's two shapes then RWKV6's three, ≤ 555 s
 #   compile       issue 9: benchmarks/compile_graphs.py
@@ -92,12 +93,14 @@ vector-check)
     tail -3 "$OUT/pytest_vector.txt"
     ;;
 vector-sweep)
-    # The profile first, of both forms of the diagonal block (DIAG_LOOP off and on; its own
-    # process, whose compiled kernels stay in the Triton cache for the sweep), then the sweep
-    # with what is left; --deadline leaves room for the config in flight.
-    timeout 180 python3 benchmarks/vector_sweep.py --profile --profile-diag-loop both \
-        --skip-sweep --commit "$C" --out "$OUT/vector_profile.json" 2>&1 |
-        tee "$OUT/vector_profile.txt"
+    # The profile first, of both forms of the diagonal block (DIAG_LOOP off and on) × both
+    # forms of the scores (SCORES off and on: gla and rwkv6 only), 10 profiles of ~10-20 s; its
+    # own process, whose compiled kernels stay in the Triton cache for the sweep. No profile
+    # starts after 200 s. Then the sweep with what is left (≥ 290 s); --deadline leaves room
+    # for the config in flight.
+    timeout 240 python3 benchmarks/vector_sweep.py --profile --profile-diag-loop both \
+        --profile-scores both --deadline 200 --skip-sweep --commit "$C" \
+        --out "$OUT/vector_profile.json" 2>&1 | tee "$OUT/vector_profile.txt"
     left=$((530 - SECONDS))
     timeout "$left" python3 benchmarks/vector_sweep.py --deadline $((left - 45)) \
         --commit "$C" --out "$OUT/vector_sweep.json" 2>&1 | tee "$OUT/vector_sweep.txt"

@@ -1,7 +1,8 @@
 """Smoke test of benchmarks/vector_sweep.py (its real run is one GPU call): the ``--quick`` mode
 end to end under TRITON_INTERPRET=1, twice: with the profile, the tile candidates, a duplicate
-skipped, the combined best and a second chunk size (GLA with gv), and with the other DIAG_LOOP
-form adopted as the base and the candidates that come with it (RWKV6). In process: the built-in
+skipped, SCORES skipped (no effect with gv), the combined best and a second chunk size (GLA
+with gv), and with the other DIAG_LOOP form then SCORES adopted as the base and the candidates
+that come with them (RWKV6; its profile with SCORES off and on). In process: the built-in
 candidates are legal, the clipping that skips duplicates, and a config that fails is recorded
 with the engine's config restored."""
 
@@ -21,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "vector_sweep.py"
 ROLES = {"rows_kernel[fwd]", "rows_kernel[dq]", "cols_kernel[dk]", "cols_kernel[dv]",
          "states_fwd_kernel", "states_bwd_kernel"}  # fmt: skip
+SCORES_ROLES = {"scores_kernel", "apply_kernel[fwd]", "apply_kernel[dv]", "rows_kernel[dq]",
+                "cols_kernel[dk]", "states_fwd_kernel", "states_bwd_kernel"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +52,11 @@ def test_quick_run(tmp_path_factory):
                 "--gated-bo", "16", "32", "--adopt-below", "0")  # fmt: skip
     default = rep["default_config"]
     assert default["GATED_BO"] == 32 and default["DIAG_LOOP"] is False
+    assert default["SCORES"] is False and default["SCORE_TILES"]["apply"] == [64, 64, 32, 64, 4, 2]
 
-    (prof,) = rep["profile"]
+    (prof,) = rep["profile"]  # --profile-scores both: no effect with gv, one profile
     assert prof["chunk"] == 16 and prof["fwdbwd_ms"] > 0 and prof["diag_loop"] is False
+    assert prof["scores"] is None
     assert {r["role"] for r in prof["launches"]} == ROLES
     assert {r["phase"] for r in prof["phases"]} == {"_cumsums", "_forward", "_backward",
                                                      "_revsum", "other"}  # fmt: skip
@@ -61,7 +66,7 @@ def test_quick_run(tmp_path_factory):
     assert rows == [
         (16, "default", None),
         (16, "diag_loop", [1]),  # slower: not adopted (--adopt-below 0)
-        (16, "scores", [1]),  # no effect with gv: skipped as the same kernels
+        (16, "scores", [1]),  # no effect with gv: skipped
         (16, "rows", [16, 16, 16, 32, 4, 1]),
         (16, "states", [16, 32, 16, 4, 1]),
         (16, "cols", [16, 16, 16, 32, 4, 1]),
@@ -73,8 +78,11 @@ def test_quick_run(tmp_path_factory):
     ]
     by = {(r["chunk"], r["kernel"], str(r.get("tiles"))): r for r in rep["sweep"]}
     for (_, kernel, tiles), r in by.items():
-        if (kernel, tiles) in (("gated_bo", "[32]"), ("scores", "[1]")):
+        if kernel == "gated_bo" and tiles == "[32]":
             assert r["status"] == "skipped: same as default"
+            continue
+        if kernel == "scores":
+            assert r["status"] == "skipped: SCORES has no effect with gv (gk-only calls)"
             continue
         assert r["status"] == "ok", r
         assert r["fwdbwd_ms"] > 0 and r["first_call_s"] > 0
@@ -101,33 +109,47 @@ def test_quick_run(tmp_path_factory):
     assert "base" not in best["chunks"]["16"]
 
 
-def test_quick_run_tries_stored_scores(tmp_path_factory):
-    """SCORES is one candidate for a gk-only op, checked against the default and timed."""
-    rep = quick(tmp_path_factory, "--ops", "gla", "--chunks", "16", "--kernels", "scores")
-    rows = [(r["kernel"], r.get("tiles"), r["status"]) for r in rep["sweep"]]
-    assert rows[:2] == [("default", None, "ok"), ("scores", [1], "ok")]
-    assert rep["sweep"][1]["config"]["SCORES"] is True
-    assert rep["default_config"]["SCORES"] is False
+def test_quick_run_adopts_switches(tmp_path_factory):
+    """RWKV6: the profile with SCORES off and on; DIAG_LOOP then SCORES adopted (--quick adopts
+    always), then the candidates that come with them: rows' BC 32 (the walk) and SCORE_TILES'."""
+    rep = quick(tmp_path_factory, "--profile", "--ops", "rwkv6", "--chunks", "16", "--kernels",
+                "diag_loop", "scores", "rows", "score_tiles", "apply_tiles")  # fmt: skip
+    profs = [(p["diag_loop"], p["scores"]) for p in rep["profile"]]
+    assert profs == [(False, False), (False, True)]
+    assert {r["role"] for r in rep["profile"][0]["launches"]} == ROLES
+    on = {r["role"]: r["tiles"] for r in rep["profile"][1]["launches"]}
+    assert set(on) == SCORES_ROLES and on["apply_kernel[fwd]"]["BQ"] == 16  # 64 clipped to L
 
-
-def test_quick_run_adopts_diag_loop(tmp_path_factory):
-    rep = quick(tmp_path_factory, "--ops", "rwkv6", "--chunks", "16", "--kernels", "diag_loop",
-                "rows", "--adopt-below", "1e9")  # fmt: skip
     rows = [(r["kernel"], r.get("tiles"), r["status"]) for r in rep["sweep"]]
     assert rows == [
         ("default", None, "ok"),
         ("diag_loop", [1], "ok"),  # the base from here on
+        ("scores", [1], "ok"),  # the base from here on (with DIAG_LOOP)
         ("rows", [32, 16, 16, 32, 4, 1], "ok"),  # with the walk only: BC 32
+        ("score_tiles", [16, 16, 16, 4, 1], "ok"),  # with SCORES only
+        ("apply_tiles", [16, 16, 16, 32, 4, 1], "ok"),
         ("rows", [16, 16, 16, 32, 4, 1], "ok"),
         ("combined", None, "ok"),
     ]
-    base, *rest = rep["sweep"][1:]
-    assert base["config"]["DIAG_LOOP"] is True and "fwdbwd_vs_base" not in base
+    loop, scores, *rest = rep["sweep"][1:]
+    assert loop["config"]["DIAG_LOOP"] is True and "fwdbwd_vs_base" not in loop
+    assert loop["config"]["SCORES"] is False and "scores_kernel" not in loop["launches"]
+    assert scores["config"]["SCORES"] is True and scores["fwdbwd_vs_base"] > 0
+    assert "rows_kernel[fwd]" not in scores["launches"] and "scores_kernel" in scores["launches"]
     for r in rest:
-        assert r["config"]["DIAG_LOOP"] is True and r["fwdbwd_vs_base"] > 0
-    assert rest[0]["launches"]["rows_kernel[fwd]"]["BQ"] == 32
+        assert r["config"]["DIAG_LOOP"] is True and r["config"]["SCORES"] is True
+        assert r["fwdbwd_vs_base"] > 0
+    assert rest[0]["launches"]["rows_kernel[dq]"]["BQ"] == 32
     assert rest[0]["launches"]["cols_kernel[dk]"]["BS"] == 16  # cols kept the default
-    assert rep["best"][0]["chunks"]["16"]["base"]["adopted"] == "diag_loop"
+    assert "fwd_ms" not in rest[0]  # rows: dq only with SCORES
+    assert rest[1]["config"]["SCORE_TILES"]["scores"] == [16, 16, 16, 4, 1]
+    assert rest[1]["launches"]["scores_kernel"]["BD"] == 16
+    assert rest[1]["launches"]["apply_kernel[fwd]"]["BD"] == 32  # apply kept the default
+    assert rest[2]["launches"]["apply_kernel[dv]"]["num_stages"] == 1
+    tiles = rest[-1]["config"]["SCORE_TILES"]  # combined
+    assert tiles == {"scores": [16, 16, 16, 4, 1], "apply": [16, 16, 16, 32, 4, 1]}
+    base = rep["best"][0]["chunks"]["16"]["base"]
+    assert base["adopted"] == "diag_loop+scores" and base["SCORES"] is True
 
 
 def test_builtin_candidates_are_legal(sweep):
@@ -138,7 +160,9 @@ def test_builtin_candidates_are_legal(sweep):
                 assert sweep.candidate_problem(kernel, t) is None, (kernel, t)
     bad = [("rows", (8, 64, 32, 64, 4, 2)), ("cols", (16, 64, 48, 64, 4, 2)),
            ("states", (64, 64, 4, 2)), ("fused", (16, 32, 32, 0, 4, 1)),
-           ("gated_bo", (24,)), ("rows", (16, 64, 32, 64, 3, 2)), ("diag_loop", (2,))]  # fmt: skip
+           ("gated_bo", (24,)), ("rows", (16, 64, 32, 64, 3, 2)), ("diag_loop", (2,)),
+           ("scores", (2,)), ("score_tiles", (24, 64, 32, 4, 2)),
+           ("apply_tiles", (64, 64, 32, 64, 4))]  # fmt: skip
     for kernel, t in bad:
         assert sweep.candidate_problem(kernel, t), (kernel, t)
     with pytest.raises(SystemExit):
@@ -152,6 +176,11 @@ def test_builtin_candidates_are_legal(sweep):
         and args.candidates["states"] == sweep.CANDIDATES["states"]
     )
     assert sweep.parse_args(["--base-diag-loop", "1"]).candidates["diag_loop"] == [(0,)]
+    assert args.candidates["scores"] == [(1,)] and args.adopt_below == 0.99
+    assert args.loop_candidates["score_tiles"] == sweep.LOOP_ONLY["score_tiles"]
+    args = sweep.parse_args(["--apply-tiles", "128,64,32,128,8,2", "--score-tiles"])
+    assert args.candidates["apply_tiles"] == [(128, 64, 32, 128, 8, 2)]
+    assert args.candidates["score_tiles"] == [] and args.profile_scores == "both"
 
 
 def test_clipping_finds_duplicates(sweep):
@@ -175,6 +204,14 @@ def test_clipping_finds_duplicates(sweep):
     )
     loop = sweep.apply("diag_loop", (1,), cfg)
     assert loop["DIAG_LOOP"] is True and key(loop, gla) != key(cfg, gla)
+    stored = sweep.apply("scores", (1,), cfg)
+    assert key(stored, gla) != key(cfg, gla) and key(stored, gla, gv=True) == key(cfg, gla, True)
+    assert key(sweep.apply("rows", (16, 64, 32, 256, 4, 2), stored), gla) == key(stored, gla)
+    tiles = sweep.apply("apply_tiles", (128, 64, 32, 64, 4, 2), cfg)
+    assert key(tiles, gla) == key(cfg, gla)  # SCORES off: SCORE_TILES unused
+    tiles = sweep.apply("apply_tiles", (128, 64, 32, 64, 4, 2), stored)
+    assert key(tiles, gla, L=64) == key(stored, gla, L=64)  # BQ clips to L = 64
+    assert key(tiles, gla, L=128) != key(stored, gla, L=128)
     assert cfg == sweep.current()  # apply copies
 
 
@@ -189,6 +226,10 @@ def test_failing_config_is_recorded_and_tiles_restored(sweep):
     assert row["status"] == "ok" and set(ref) == {"o", "dq", "dk", "dv", "dg"}
     bad = sweep.apply("rows", (24, 64, 32, 64, 4, 2), cfg)  # BC not a power of two
     bad["DIAG_LOOP"] = True
+    row, out = sweep.measure(args, unit, x, do, ref, bad, False, device)
+    assert row["status"].startswith("error: ") and "power of 2" in row["status"] and out is None
+    assert sweep.current() == cfg
+    bad = sweep.apply("score_tiles", (24, 64, 32, 4, 2), dict(cfg, SCORES=True))
     row, out = sweep.measure(args, unit, x, do, ref, bad, False, device)
     assert row["status"].startswith("error: ") and "power of 2" in row["status"] and out is None
     assert sweep.current() == cfg
