@@ -22,6 +22,8 @@ k_u (do_u·v_u) the bonus part of q ⊙ dq, and ∂L/∂u = scale·Σ_t q_t ⊙ 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -33,27 +35,31 @@ from linrnn.engine import triton_scores as sc
 
 # Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
 # num_stages). The diagonal sub-chunk is a [BC, BC, depth or output tile] fp32 product; a kernel
-# whose output dimension carries a gate uses GATED_BO instead (a [16, 16, 64] fp32 block is
-# 128 registers per thread at 4 warps). Untuned first choices: tune on the GPU.
+# whose output dimension carries a gate uses GATED_BO instead. Chosen by the H200 sweep of
+# session 6 (benchmarks/vector_sweep.py, results in benchmarks/results/s6/): the combined best
+# of GLA, GLA+gv and RWKV6 at L = 64, where they agreed; cols at one stage won for all three.
 VEC_TILES = {
     "states": (64, 64, 64, 4, 2),  # (time tile, K tile, V tile, ...)
     "rows": (16, 64, 32, 64, 4, 2),
-    "cols": (16, 64, 32, 64, 4, 2),
+    "cols": (16, 64, 32, 64, 4, 1),
     "fused": (16, 0, 32, 0, 4, 1),
 }
-GATED_BO = 32
+GATED_BO = 64  # 32 -> 64: GLA+gv fwd+bwd 0.67x, GLA 0.89x, RWKV6 0.92x in the sweep
 # The diagonal sub-chunk's gated products (triton_vector._vec_diag): False, one [BC, BC, tile]
 # fp32 block per depth/output tile; True, a walk over the BC key rows, each a [BC, tile]
-# product (BC× fewer registers, the same exponentials, more and smaller steps; slower under
-# the interpreter). Both are tested; the faster on the GPU should become the default.
-DIAG_LOOP = False
+# product (BC× fewer registers, the same exponentials, more and smaller steps). On the H200
+# the walk won (GLA+gv fwd+bwd 0.91x, GLA 0.86x, RWKV6 0.92x of the block), so it is the
+# GPU default. Under the interpreter it is ~8x slower, so there the block form stays the
+# default and the walk is tested by its own cases (tests/test_triton_vector.py).
+DIAG_LOOP = os.environ.get("TRITON_INTERPRET") != "1"
 # gk-only calls in chunk mode (GLA without gv, RWKV6): store the intra-chunk scores once
 # (triton_scores: [B, T, H, L] in the inputs' dtype, kept for dv) and apply them with wide
-# row tiles, instead of re-forming them per output tile in 16-row programs. Off until the
-# GPU says which is faster. Tiles: scores (sub-chunk, key tile, depth tile, warps, stages),
-# apply (row tile, key tile, depth tile, output tile, warps, stages).
-SCORES = False
-SCORE_TILES = {"scores": (16, 64, 32, 4, 2), "apply": (64, 64, 32, 64, 4, 2)}
+# row tiles, instead of re-forming them per output tile in 16-row programs. On the H200:
+# GLA fwd+bwd 0.47x, RWKV6 0.76x of the row-program form. Tiles: scores (sub-chunk, key
+# tile, depth tile, warps, stages), apply (row tile, key tile, depth tile, output tile,
+# warps, stages).
+SCORES = True
+SCORE_TILES = {"scores": (16, 32, 32, 4, 2), "apply": (64, 64, 32, 64, 4, 2)}
 
 
 def _fit(x: int, n: int) -> int:
