@@ -22,7 +22,10 @@
 #                 chunk mode at L = 64, GLA's two shapes then RWKV6's three, ≤ 555 s
 #   compile       issue 9: benchmarks/compile_graphs.py
 #   decode        issue 5: linrnn bench --suite decode
-#   varlen        issue 5: linrnn bench --suite varlen
+#   varlen        issue 5: linrnn bench --suite varlen in two parts (linrnn ops, then fla's peer
+#                 if ≥ 240 s are left), ≤ BUDGET (520) s; every finished case stays in
+#                 $OUT/varlen.json. Resume on a later call with the returned JSON (copied into the
+#                 checkout, so that it travels): bash scripts/gpu_runbook.sh varlen <varlen.json>
 #   train         issue 7: benchmarks/train_throughput.py (8 mixers, ~7 min)
 #   cp            issue 8 (nvidia-h200-x2 or -x4): context_parallel.py on 1, 2 (and 4) GPUs,
 #                 NCCL; every family's equality check, then 256K and 1M tokens, fwd+bwd
@@ -144,7 +147,38 @@ decode)
     timeout 570 python3 -m linrnn.bench --suite decode --commit "$C" --out-dir "$OUT"
     ;;
 varlen)
-    timeout 570 python3 -m linrnn.bench --suite varlen --commit "$C" --out-dir "$OUT"
+    # Session 6 (H200): the 10 linrnn ops took ~330 s (each a worker: ~6 s start, 5-15 s first
+    # call per layout with compilation, timing), then fla's peer compiled its chunk kernels
+    # (70-140 s per layout: varlen and padded are two specializations) until the call's limit
+    # cut it. So: the linrnn ops first, the peer only with ≥ 240 s left, each bounded by
+    # --time-budget (a worker cut there is killed; the cases finished stay in the JSON) and by
+    # --timeout per item (120 s linrnn, 220 s the peer); --resume adds to one JSON, so the
+    # next call (given that JSON) runs only what is missing. Log: $OUT/varlen.log (unbuffered).
+    J="$OUT/varlen.json"
+    if [ -n "${2:-}" ]; then
+        cp "$2" "$J" && chmod u+w "$J" || exit 2
+    fi
+    BUDGET=${BUDGET:-520}
+    varlen_part() {  # <budget s> <timeout per item s> <ops...>
+        local budget=$1 item=$2
+        shift 2
+        if [ "$budget" -lt 30 ]; then
+            echo "varlen: ${budget} s left for --ops $*: skipped (run again with the JSON)"
+            return 0
+        fi
+        timeout -k 10 $((budget + 30)) python3 -u -m linrnn.bench --suite varlen --ops "$@" \
+            --resume --out "$J" --time-budget "$budget" --timeout "$item" --commit "$C" 2>&1 |
+            tee -a "$OUT/varlen.log"
+        echo "varlen --ops $*: rc=${PIPESTATUS[0]} at ${SECONDS} s" | tee -a "$OUT/varlen.log"
+    }
+    varlen_part $((BUDGET - SECONDS - 10)) 120 linrnn
+    left=$((BUDGET - SECONDS - 10))
+    if [ "$left" -ge 240 ]; then
+        varlen_part "$left" 220 peers
+    else
+        echo "varlen: ${left} s left: fla's peer (2 x 70-140 s of compile) waits for the next call"
+    fi
+    python3 -m linrnn.bench --suite varlen --plan --resume --out "$J"  # what is left
     ;;
 *)
     echo "unknown stage: $stage" >&2

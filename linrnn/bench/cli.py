@@ -23,18 +23,27 @@ change). Times, memory and the FLOP/byte counts are described in :mod:`linrnn.be
 and :mod:`linrnn.bench.flops`. The JSON report is rewritten after every case, with a Markdown
 table (``.md``) beside it at the end; ``--resume`` keeps its rows and runs only the missing
 ones, and ``--report`` merges reports and redraws tables and plots without running anything.
+SIGTERM or SIGINT (e.g. an outer ``timeout``) stops the run: the worker in progress is killed
+(it has its own process group and would go on holding the GPU), the rows of the finished cases
+stay in the JSON (``complete`` false) and ``--resume`` runs the rest. Progress goes to stderr,
+one flushed line when a case starts and one when it ends, with the seconds since the start.
 Exit status: 0 when every linrnn row is ok (or not implemented yet), 1 when one failed, 2 on a
-bad command line, 3 when ``--time-budget`` left items unrun (run again with ``--resume``).
+bad command line, 3 when ``--time-budget`` left items unrun (run again with ``--resume``),
+128 + the signal's number when a signal stopped the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -253,6 +262,54 @@ def run_case(case: dict, items: list, args, stop_at: float | None = None) -> lis
         shutil.rmtree(cache, ignore_errors=True)
 
 
+class Stopped(BaseException):
+    """A signal stopped the run (BaseException: no ``except Exception`` on the way, e.g. an
+    in-process item's, takes it for the item's error)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals(signals=(signal.SIGTERM, signal.SIGINT)):
+    """Within the block, these signals raise :class:`Stopped` (main thread only; elsewhere
+    nothing changes); the previous handlers come back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def kill_workers() -> list[int]:
+    """SIGKILL the process group of each worker this process started (a child that leads its
+    own process group, :func:`worker.launch`'s ``start_new_session``, run with ``--worker``),
+    found in ``/proc`` (Linux; elsewhere nothing); their pids."""
+    me, killed = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid, pgrp = (int(x) for x in text[text.rindex(")") + 2 :].split()[1:3])
+        pid = int(stat.parent.name)
+        if ppid == me and pgrp == pid and b"--worker" in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
 def item_key(case: dict, item: dict) -> str:
     """:func:`report.key_of` the row this case and item will make."""
     return report.key_of(case["suite"], case["op"], case["mode"], case["backend"], case["chunk"],
@@ -451,6 +508,9 @@ def main(args) -> int:
     if args.time_budget is not None and args.time_budget <= args.timeout:
         print(f"  note: --time-budget {args.time_budget:g} s ≤ --timeout {args.timeout:g} s: a "
               "slow item may be cut at the budget on every run")  # fmt: skip
+    n_items = sum(len(items) for _, items in cases)
+    print(f"  running {len(cases)} cases, {n_items} items; report {out} (rewritten after every "
+          "case)", flush=True)  # fmt: skip
 
     this_run = len(runs)
     config = {k: v for k, v in vars(args).items() if k not in ("bench_parser", "run", "argv")}
@@ -486,21 +546,38 @@ def main(args) -> int:
 
     cache_mode = None if args.isolate == "none" else "shared" if args.triton_cache else "fresh"
     progress = report.Progress(len(cases), f"bench {suite.name}", enabled=not args.quiet)
-    for case, items in cases:
-        if stop_at is not None and time.monotonic() >= stop_at:
-            break
-        results = run_case(case, items, args, stop_at)
-        for item, row in zip(items, results):
-            if row is not None:
-                record(dict(full_row(case, item, row, spec), run=this_run,
-                            triton_cache=cache_mode))  # fmt: skip
-                pending -= 1
-        write(complete=False)
-        label = f"{case['op']} {case['mode'] or ''} L={case['chunk'] or 'default'}"
-        statuses = [r["status"][:40] if r else "not run (time budget)" for r in results]
-        progress.step(f"{label}: {', '.join(statuses)}")
+    stopped = None
+    try:
+        with stop_on_signals():
+            for index, (case, items) in enumerate(cases):
+                if stop_at is not None and time.monotonic() >= stop_at:
+                    break
+                label = f"{case['op']} {case['mode'] or ''} L={case['chunk'] or 'default'}"
+                if progress.bar is None and progress.enabled:  # a log shows what was running
+                    shapes = " ".join(it["shape"] + (f":{it['layout']}" if "layout" in it else "")
+                                      for it in items)  # fmt: skip
+                    print(f"  [{index + 1}/{len(cases)}] start {label}: {shapes} "
+                          f"(t={time.perf_counter() - t_start:.0f} s)", file=sys.stderr,
+                          flush=True)  # fmt: skip
+                results = run_case(case, items, args, stop_at)
+                for item, row in zip(items, results):
+                    if row is not None:
+                        record(dict(full_row(case, item, row, spec), run=this_run,
+                                    triton_cache=cache_mode))  # fmt: skip
+                        pending -= 1
+                write(complete=False)
+                statuses = [r["status"][:40] if r else "not run (time budget)" for r in results]
+                progress.step(f"{label}: {', '.join(statuses)} "
+                              f"(t={time.perf_counter() - t_start:.0f} s)")  # fmt: skip
+    except Stopped as exc:
+        stopped = exc
+        killed = kill_workers()
+        print(f"\nstopped by {exc} after {time.perf_counter() - t_start:.0f} s"
+              + (f" (killed worker {', '.join(map(str, killed))})" if killed else "")
+              + f": the finished cases' rows are in {out}; run again with --resume",
+              file=sys.stderr, flush=True)  # fmt: skip
     progress.close()
-    path = write(complete=pending == 0)
+    path = write(complete=pending == 0 and stopped is None)
 
     spec_text = (
         f"floor from the {spec['matched']} spec sheet: {spec['bandwidth_Bps'] / 1e12:g} TB/s, "
@@ -543,9 +620,13 @@ def main(args) -> int:
         f"\n{n_ok}/{len(rows)} rows ok (or not implemented yet); {len(failed)} linrnn rows "
         f"failed; {time.perf_counter() - t_start:.1f} s; wrote {path} and {md.name}"
     )
+    if stopped is not None:
+        print(f"{pending} items not run ({stopped} stopped the run): run the same command "
+              "again with --resume", flush=True)  # fmt: skip
+        return 128 + stopped.signum
     if pending:
         print(f"{pending} items not run within --time-budget: run the same command again "
-              "with --resume")  # fmt: skip
+              "with --resume", flush=True)  # fmt: skip
         return 3
     return 1 if failed else 0
 
