@@ -226,6 +226,7 @@ def run_with_grads(fam: Family, inputs: dict, initial_state=None, dtype=torch.fl
         init = tuple(init_list) if isinstance(initial_state, tuple) else init_list[0]
         for j, s in enumerate(init_list):
             leaves[f"h0[{j}]"] = s
+    before = {n: t.detach().clone() for n, t in leaves.items()}
     o, st = fam.call(leaves, initial_state=init, output_final_state=True, **kw)
     states = flat_state(st)
     gen = torch.Generator().manual_seed(1234)
@@ -234,6 +235,8 @@ def run_with_grads(fam: Family, inputs: dict, initial_state=None, dtype=torch.fl
     for s in states:
         loss = loss + (s.double() * cot(s)).sum()
     loss.backward()
+    for n, t in leaves.items():  # forward and backward leave their inputs alone
+        assert torch.equal(t.detach(), before[n]), f"the call wrote its input {n}"
     grads = {n: t.grad for n, t in leaves.items() if t.grad is not None}
     return o.detach(), [s.detach() for s in states], grads
 

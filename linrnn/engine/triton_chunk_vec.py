@@ -59,7 +59,14 @@ DIAG_LOOP = os.environ.get("TRITON_INTERPRET") != "1"
 # tile, depth tile, warps, stages), apply (row tile, key tile, depth tile, output tile,
 # warps, stages).
 SCORES = True
-SCORE_TILES = {"scores": (16, 32, 32, 4, 2), "apply": (64, 64, 32, 64, 4, 2)}
+# The backward of those calls stores its ungated P = do vᵀ once too ("dscores": one
+# [64, 64] product per chunk, fp32) for dq and dk to load, instead of forming it again for
+# every K tile of both (at K = 256 that product was ~80 % of their matmul work).
+SCORE_TILES = {
+    "scores": (16, 32, 32, 4, 2),
+    "apply": (64, 64, 32, 64, 4, 2),
+    "dscores": (64, 64, 64, 4, 2),
+}
 
 
 def _fit(x: int, n: int) -> int:
@@ -126,12 +133,15 @@ def _revsum(x, W, end, c: tc.Config, totals=None):
     return back(local + W.float()[:, :, None])
 
 
-def _bonus(q, k, v, do, u, scale):
-    """RWKV6: B = scale·u ⊙ q ⊙ k (do·v) per token ([B, T, H, K] fp32) and du = Σ over B, T."""
-    qk = q.float() * k.float()
-    dov = (do.float() * v.float()).sum(-1, keepdim=True)
-    qkd = qk * dov * scale
-    return qkd * u.float(), qkd.sum((0, 1))
+def _bonus(q, k, v, do, scale, dov=None):
+    """RWKV6: W = scale·q ⊙ k (do·v) per token ([B, T, H, K] fp32; the bonus part of q ⊙ dq
+    is u ⊙ W) and du = Σ_{B,T} W. ``dov``: do·v already known ([B, T, H], fp32). In place
+    on one fp32 buffer: at 65,536 tokens × H·K = 4096 each full-size temporary is 1 GB."""
+    if dov is None:
+        dov = (do.float() * v.float()).sum(-1)
+    w = q.to(torch.float32, copy=True)  # a fresh buffer: q.float() may be q itself
+    w = w.mul_(k).mul_(dov.mul(scale)[..., None])
+    return w, w.sum((0, 1))
 
 
 def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
@@ -171,20 +181,32 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
     return o, S_T, (states, o32 if has_gv else None)
 
 
-def _scores(q, k, bkx, bk, u, c: tc.Config):
-    """The intra-chunk scores A ([B, T, H, L], q's dtype; triton_scores.scores_kernel)."""
+def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True):
+    """The intra-chunk scores A ([B, T, H, L], q's dtype; triton_scores.scores_kernel), or
+    (``gated`` False; q, k = do, v) the backward's ungated do vᵀ in fp32, diagonal included."""
     B, T, H, K = q.shape
     L = c.L
-    A = torch.empty(B, T, H, L, device=q.device, dtype=q.dtype)
-    BC, BS, BD, nw, ns = SCORE_TILES["scores"]
+    dtype = q.dtype if gated else torch.float32
+    A = torch.empty(B, T, H, L, device=q.device, dtype=dtype)
+    BC, BS, BD, nw, ns = SCORE_TILES["scores" if gated else "dscores"]
     BS, BD = _fit(BS, L), _fit(BD, K)
+    if not gated:  # one sub-chunk per chunk: no more rows than the chunk has
+        BC = _fit(BC, L)
     NQ = triton.cdiv(L, BC)
     sc.scores_kernel[(c.NT * NQ, c.rows)](
-        q, k, bkx, bk, u if c.excl else bk, A, c.CHUNKS, T, H, K, L, c.NT, NQ,
+        q, k, bkx, bk, u if c.excl and gated else bk, A, c.CHUNKS, T, H, K, L, c.NT, NQ,
         BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP,
-        DOT_PREC=c.prec, num_warps=nw, num_stages=ns,
+        DOT_PREC=c.prec, GATED=gated, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return A
+
+
+def _diagonal(P, c: tc.Config):
+    """P[b, t, h, t − (t's chunk start)]: the diagonal of stored scores ([B, T, H] fp32)."""
+    B, T, H, _ = P.shape
+    t = torch.arange(T, device=P.device)
+    col = t - c.tok_start if c.varlen else t % c.L
+    return P.gather(3, col.view(1, T, 1, 1).expand(B, T, H, 1)).squeeze(3).float()
 
 
 def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool):
@@ -210,6 +232,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
     has_gv = bv is not None
+    stored = not has_gv and saved[1] is not None  # gk-only with stored forward scores
     gv_ = bv if has_gv else dummy
     u_ = u if c.excl else dummy
     has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
@@ -229,16 +252,19 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
     common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP)
+    # gk-only with the forward's stored scores: do vᵀ stored once too, loaded by dq and dk
+    dP = _scores(do, v, bkx, bk, None, c, gated=False) if stored else None
+    p_do, p_dov = (do, v) if dP is None else (dP, dP)  # the P source of dq (Y) and dk (Y)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
     BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
     nQ = triton.cdiv(L, BC)
     dq = torch.empty_like(q)
     qdq = torch.empty(q.shape, **f32)
     kern.rows_kernel[(NT * nQ, triton.cdiv(K, BO), BH)](
-        do, v, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, q, qdq,
-        c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, 0.0,
-        BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=True, VEC_D=has_gv, VEC_O=True, **common,
-        num_warps=nw, num_stages=ns,
+        do, p_dov, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, q,
+        qdq, c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, 0.0,
+        BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=True, VEC_D=has_gv, VEC_O=True, P_MEM=stored,
+        **common, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     BC, BQ, BD, BO, nw, ns = VEC_TILES["cols"]
     BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
@@ -246,15 +272,15 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
     kern.cols_kernel[(NT * nS, triton.cdiv(K, BO), BH)](
-        v, do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
+        v, p_do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
         c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
-        BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=True, VEC_D=has_gv, VEC_O=True, **common,
-        num_warps=nw, num_stages=ns,
+        BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=True, VEC_D=has_gv, VEC_O=True, P_MEM=stored,
+        **common, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     BD, BO = _fit(BD, K), _fit(GATED_BO if has_gv else VEC_TILES["cols"][3], V)
     dv = torch.empty_like(v)
     vdv = torch.empty(v.shape, **f32) if has_gv else dummy
-    if not has_gv and saved[1] is not None:  # the forward's stored scores: dv = scale·Aᵀ do + …
+    if stored:  # the forward's stored scores: dv = scale·Aᵀ do + …
         _apply(saved[1], do, k, dstates, bk, dv, c, rev=True)
     else:
         kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
@@ -266,7 +292,8 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     to_bnth = lambda w: w.sum(2).view(-1, H, NT, w.shape[-1]).transpose(1, 2)  # noqa: E731
     Wk = to_bnth(bndk)
     Wv = to_bnth(bndv) if has_gv else None
-    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, Wk, Wv
+    dov = _diagonal(dP, c) if dP is not None else None  # do_t·v_t, for RWKV6's bonus
+    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, Wk, Wv, dov
 
 
 class _VecChunkFn(torch.autograd.Function):
@@ -293,7 +320,7 @@ class _VecChunkFn(torch.autograd.Function):
             grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c)
         else:
             grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c)
-        dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv = grads
+        dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov = grads
         endk = endv = totk = totv = None
         if c.fused:  # tails from the chunks' inter-chunk totals
             Wk, Wv, totk, totv = None, None, Wk, Wv
@@ -302,9 +329,9 @@ class _VecChunkFn(torch.autograd.Function):
                 endv = (dS_T.float() * S_T).sum(-2)
         dgk = _revsum(qdq - kdk, Wk, endk, c, totk)
         du = None
-        if c.excl:
-            b_u, du = _bonus(q, k, v, do, u, c.scale)
-            dgk = dgk - qdq + b_u
+        if c.excl:  # the query-side term is exclusive: q ⊙ dq less its bonus part u ⊙ W
+            w, du = _bonus(q, k, v, do, c.scale, dov)
+            dgk = dgk.sub_(qdq).addcmul_(w, u)
         dgv = None
         if bv is not None:
             # fused: the kernel's o ⊙ do − v ⊙ dv (rounding-matched); chunk: from the fp32 output
@@ -419,4 +446,5 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
         vdv if has_gv else None,
         q_tot - k_tot,
         (v_tot if has_gv else None),
+        None,  # do·v: RWKV6's bonus forms it itself
     )

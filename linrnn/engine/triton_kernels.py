@@ -76,6 +76,17 @@ def _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O, VEC_D: tl.constexpr):
 
 
 @triton.jit
+def _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM: tl.constexpr):
+    """Where the vector helpers read P from, and its row stride: the key-side tensor Y at
+    (b, h) (P formed from it, stride H·D), or (``P_MEM``) the stored P ([B, T, H, L]) at
+    (b, h), moved back by the chunk start c0 so that P[r, s] sits at r·H·L + s."""
+    if P_MEM:
+        return Y + (i_b * T * H + i_h) * L - c0, H * L
+    else:
+        return p_y, H * D
+
+
+@triton.jit
 def _vec_state_part(p_x, p_st, p_gd, p_go, o_t, m_t, o_o, m_o, c1, D, sD, sO, s_sd, s_so,
                     BT: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, TO_END: tl.constexpr,
                     VEC_D: tl.constexpr, VEC_O: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
@@ -285,7 +296,7 @@ def rows_kernel(
     STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, VEC: tl.constexpr = False, VEC_D: tl.constexpr = False,
     VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False,
+    DIAG_LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, output tiles, B·H). Rows r of one query tile:
 
@@ -299,7 +310,8 @@ def rows_kernel(
     side, GDK key side; ``VEC_D``) and the output dimension (GOX, GOK; ``VEC_O``), u [H, ·] on
     the gated dimension (``EXCL``); BQ is the sub-chunk, BS the tile of earlier keys; dq also
     stores QD ⊙ dq elementwise in PART ([B, T, H, O] fp32), the forward with ``VEC_O`` its
-    fp32 output."""
+    fp32 output. ``P_MEM`` (ungated depth): Y is the stored P = X Yᵀ ([B, T, H, L], fp32,
+    triton_scores.scores_kernel), loaded instead of formed."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, i_q = i_cq // NQ, i_cq % NQ
@@ -325,13 +337,14 @@ def rows_kernel(
             p_x, ST + (i_bh * NT + i_c) * D * O, p_gdx, p_gox, o_r, m_r, o_o, m_o, c1, D, H * D,
             H * O, s_sd, s_so, BQ, BD, BO, False, VEC_D, VEC_O, DOT_PREC,
         )  # fmt: skip
+        p_p, s_p = _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM)
         b_acc += _vec_diag(
-            p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_r, m_r, o_o, m_o, D, H * D, H * O,
-            BQ, BD, False, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP,
+            p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_r, m_r, o_o, m_o, D, s_p, H * O,
+            BQ, BD, False, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP, P_MEM,
         )  # fmt: skip
         b_acc += _vec_rows_off(
-            p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o_o, m_o, D, H * D,
-            H * O, BQ, BS, BD, BO, VEC_D, VEC_O, DOT_PREC,
+            p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o_o, m_o, D, s_p,
+            H * O, BQ, BS, BD, BO, VEC_D, VEC_O, DOT_PREC, P_MEM,
         )  # fmt: skip
     else:
         b_br = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
@@ -587,7 +600,7 @@ def cols_kernel(
     STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, VEC: tl.constexpr = False, VEC_D: tl.constexpr = False,
     VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False,
+    DIAG_LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, output tiles, B·H). Columns s of one key tile:
 
@@ -597,7 +610,8 @@ def cols_kernel(
     M_sr = A_r (v_s·dh_r) + dd_r. w_s = exp(b_L − b_s + a_s − m_c+1).
 
     ``VEC``: per-channel decays as in rows_kernel (BS the sub-chunk, BQ the tile of later
-    queries); KD ⊙ out goes elementwise to PART ([B, T, H, O] fp32) with ``VEC_O``."""
+    queries); KD ⊙ out goes elementwise to PART ([B, T, H, O] fp32) with ``VEC_O``;
+    ``P_MEM``: Y is the stored P[r, s] = Y_r·X_s, as in rows_kernel."""
     i_cs, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, i_s = i_cs // NS_, i_cs % NS_
@@ -622,13 +636,14 @@ def cols_kernel(
             p_x, DST + (i_bh * NT + i_c) * D * O, p_gdk, p_gok, o_s, m_s, o_o, m_o, c1, D, H * D,
             H * O, s_sd, s_so, BS, BD, BO, True, VEC_D, VEC_O, DOT_PREC,
         )  # fmt: skip
+        p_p, s_p = _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM)
         b_acc = _vec_diag(
-            p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_s, m_s, o_o, m_o, D, H * D, H * O,
-            BS, BD, True, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP,
+            p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_s, m_s, o_o, m_o, D, s_p, H * O,
+            BS, BD, True, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP, P_MEM,
         )  # fmt: skip
         b_acc += _vec_cols_off(
-            p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, tl.minimum(s0 + BS, c1), c1,
-            o_o, m_o, D, H * D, H * O, BS, BQ, BD, BO, VEC_D, VEC_O, DOT_PREC,
+            p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, tl.minimum(s0 + BS, c1), c1,
+            o_o, m_o, D, s_p, H * O, BS, BQ, BD, BO, VEC_D, VEC_O, DOT_PREC, P_MEM,
         )  # fmt: skip
         b_acc = b_acc * scale + b_int
     else:

@@ -10,6 +10,9 @@ scores are formed once and stored, then applied with wide row tiles:
   keys as tensor-core products around a reference point, the diagonal sub-chunk in log space
   (triton_vector). A is ``[B, T, H, L]`` in the inputs' dtype, the rounding the fused path
   gives the scores before its product with Z; zeros above the diagonal.
+* the same kernel with ``GATED`` off stores the backward's ungated P = do vᵀ (fp32, diagonal
+  included), which dq and dk then load (triton_kernels' ``P_MEM``) instead of forming it
+  again for every output tile;
 * ``apply_kernel``: out = scale·(A Z + (X ⊙ e^{G^X}) S) for the forward (Z = v, S the state
   entering the chunk) and, ``REV``, scale·Aᵀ Z + (X ⊙ e^{G_L − G^K}) dS for dv (Z = do, dS the
   state gradient leaving the chunk).
@@ -30,9 +33,11 @@ def scores_kernel(
     X, Y, GX, GK, U, A, CHUNKS, T, H, D, L, NT, NQ,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr,
     EXCL: tl.constexpr, DIAG_LOOP: tl.constexpr, DOT_PREC: tl.constexpr,
+    GATED: tl.constexpr = True,
 ):  # fmt: skip
     """Grid (chunks × sub-chunks, B·H): rows o_r of one sub-chunk of BQ steps against every
-    key of their chunk up to the sub-chunk's end."""
+    key of their chunk up to the sub-chunk's end. ``GATED`` False: the plain X Yᵀ, diagonal
+    included (the backward's do vᵀ; GX, GK, U unused)."""
     i_cq, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, i_q = i_cq // NQ, i_cq % NQ
@@ -51,11 +56,11 @@ def scores_kernel(
         o_s = s0 + tl.arange(0, BS)
         m_s = o_s < r0
         b_p = _vec_off_scores(p_x, p_y, p_gx, p_gk, o_r, m_r, o_s, m_s, i_z, D, H * D, BQ, BS,
-                              BD, True, DOT_PREC)  # fmt: skip
+                              BD, GATED, DOT_PREC)  # fmt: skip
         tl.store(p_a + (o_s - c0)[None, :], b_p.to(A.dtype.element_ty),
                  mask=m_r[:, None] & m_s[None, :])  # fmt: skip
     b_p, _, _ = _vec_diag_scores(p_x, p_y, p_gx, p_gk, U + i_h * D, o_r, m_r, D, H * D, BQ, BD,
-                                 False, True, EXCL, DOT_PREC, DIAG_LOOP)  # fmt: skip
+                                 False, GATED, EXCL, DOT_PREC, DIAG_LOOP)  # fmt: skip
     tl.store(p_a + (o_r - c0)[None, :], b_p.to(A.dtype.element_ty),
              mask=m_r[:, None] & (o_r < c0 + L)[None, :])  # fmt: skip
     for s0 in range(r0 + BQ, c0 + L, BS):  # zeros after the sub-chunk: every entry is written

@@ -47,6 +47,18 @@ def _xp(x, mask):
 
 
 @triton.jit
+def _ld_p(p_p, o_r, o_s, s_p, mask, TRANS: tl.constexpr):
+    """Stored ungated scores P[r, s] ([len(o_r), len(o_s)] fp32; ``TRANS``: the transpose,
+    [len(o_s), len(o_r)]) where ``mask``, 0 elsewhere. p_p is the store's (b, h) start moved
+    back by the chunk's first token, so P[r, s] sits at p_p + r·s_p + s."""
+    if TRANS:
+        p = p_p + o_r.to(tl.int64)[None, :] * s_p + o_s[:, None]
+    else:
+        p = p_p + o_r.to(tl.int64)[:, None] * s_p + o_s[None, :]
+    return tl.load(p, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _pair_gate(p_gx, p_gk, p_u, o_t, m_t, o_c, m_c, s_c, pair, same,
                REV: tl.constexpr, EXCL: tl.constexpr):  # fmt: skip
     """[BT, BT, BC] weights E_ij[c] = exp(G^X_a[c] − G^K_b[c]) on the pairs (a, b) = (i, j)
@@ -107,14 +119,15 @@ def _walk_row(p_a, p_gx, p_gk, g_t, b_u, pair_i, ar, t0, n_t, j, o_t, o_c, m_c, 
 def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.constexpr,
                      BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
                      EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
-                     LOOP: tl.constexpr = False):  # fmt: skip
+                     LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False):  # fmt: skip
     """The diagonal sub-chunk's P_ij = Σ_d X_i[d] Y_j[d] E^D_ij[d] on the causal pairs j ≤ i
     (``REV``: j ≥ i), strict with u on the diagonal for ``EXCL`` (E^D only with ``VEC_D``),
     0 elsewhere; also the pair masks. ([BT, BT] fp32, pair, same)
 
     The gated product is a [BT, BT, BD] fp32 block, or with ``LOOP`` a walk over the BT
     columns j, each a [BT, BD] product with row j (no 3-D block: BT× fewer registers, the
-    same exponentials)."""
+    same exponentials). ``P_MEM`` (ungated P only): P is loaded from memory instead, p_y
+    pointing at the stored P with row stride sD (see :func:`_ld_p`)."""
     ii = o_t[:, None]
     jj = o_t[None, :]
     valid = m_t[:, None] & m_t[None, :]
@@ -132,24 +145,31 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
     n_t = tl.sum(m_t.to(tl.int32), 0)  # the tile's valid rows (a prefix)
     pair_i = pair.to(tl.int32)
     b_p = tl.zeros([BT, BT], dtype=tl.float32)
-    for d0 in range(0, D, BD):
-        o_d = d0 + tl.arange(0, BD)
-        m_d = o_d < D
-        b_x = _tile(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
-        if VEC_D and LOOP:
-            b_x = b_x.to(tl.float32)
-            g_t, b_u = _walk_gates(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, REV, EXCL)
-            for j in range(0, BT):
-                y_j, e = _walk_row(p_y, p_gdx, p_gdk, g_t, b_u, pair_i, ar, t0, n_t, j, o_t,
-                                   o_d, m_d, sD, REV, EXCL)  # fmt: skip
-                b_p += tl.where(ar[None, :] == j, tl.sum(b_x * y_j[None, :] * e, 1)[:, None], 0.0)
-        elif VEC_D:
-            b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
-            e = _pair_gate(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, REV, EXCL)
-            b_p += tl.sum(b_x.to(tl.float32)[:, None, :] * b_y.to(tl.float32)[None, :, :] * e, 2)
-        else:
-            b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
-            b_p += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PREC)
+    if P_MEM:  # the stored ungated P
+        b_p = _ld_p(p_y, o_t, o_t, sD, pair | same, REV)
+    else:
+        for d0 in range(0, D, BD):
+            o_d = d0 + tl.arange(0, BD)
+            m_d = o_d < D
+            b_x = _tile(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+            if VEC_D and LOOP:
+                b_x = b_x.to(tl.float32)
+                g_t, b_u = _walk_gates(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, REV, EXCL)
+                for j in range(0, BT):
+                    y_j, e = _walk_row(p_y, p_gdx, p_gdk, g_t, b_u, pair_i, ar, t0, n_t, j, o_t,
+                                       o_d, m_d, sD, REV, EXCL)  # fmt: skip
+                    b_p += tl.where(
+                        ar[None, :] == j, tl.sum(b_x * y_j[None, :] * e, 1)[:, None], 0.0
+                    )
+            elif VEC_D:
+                b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+                e = _pair_gate(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, REV, EXCL)
+                b_p += tl.sum(
+                    b_x.to(tl.float32)[:, None, :] * b_y.to(tl.float32)[None, :, :] * e, 2
+                )
+            else:
+                b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+                b_p += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PREC)
     if not VEC_D:
         b_p = tl.where(pair | same, b_p, 0.0)
     return b_p, pair, same
@@ -159,12 +179,12 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
 def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, D, sD, sO,
               BT: tl.constexpr, BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
               VEC_O: tl.constexpr, EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
-              LOOP: tl.constexpr = False):  # fmt: skip
+              LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False):  # fmt: skip
     """The diagonal sub-chunk of one tile of BT positions o_t, in fp32 log space:
     out_i[o] = Σ_j P_ij Z_j[o] E^O_ij[o] with P from :func:`_vec_diag_scores` (the output
     gate E^O, ``VEC_O``, as a [BT, BT, BO] block or, ``LOOP``, walked). [BT, BO] fp32."""
     b_p, pair, same = _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT, BD,
-                                       REV, VEC_D, EXCL, DOT_PREC, LOOP)  # fmt: skip
+                                       REV, VEC_D, EXCL, DOT_PREC, LOOP, P_MEM)  # fmt: skip
     if VEC_O and LOOP:
         ar = tl.arange(0, BT)
         t0 = tl.min(o_t, 0)
@@ -214,10 +234,10 @@ def _vec_off_scores(p_x, p_y, p_gdx, p_gdk, o_r, m_r, o_s, m_s, i_z, D, sD, BQ: 
 def _vec_rows_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o_o, m_o,
                   D, sD, sO, BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr,
                   BO: tl.constexpr, VEC_D: tl.constexpr, VEC_O: tl.constexpr,
-                  DOT_PREC: tl.constexpr):  # fmt: skip
+                  DOT_PREC: tl.constexpr, P_MEM: tl.constexpr = False):  # fmt: skip
     """Query tile o_r (starting at r0) against every key s ∈ [c0, r0) of its chunk, as
     tensor-core products against the reference point z = G^K_{r0−1} (every factor ≤ 1).
-    [BQ, BO] fp32."""
+    ``P_MEM``: the ungated P loaded (p_y, sD as in :func:`_vec_diag_scores`). [BQ, BO] fp32."""
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
     has = r0 > c0
     i_z = tl.maximum(r0 - 1, c0)
@@ -226,8 +246,11 @@ def _vec_rows_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o
     for s0 in range(c0, r0, BS):
         o_s = s0 + tl.arange(0, BS)
         m_s = o_s < r0
-        b_p = _vec_off_scores(p_x, p_y, p_gdx, p_gdk, o_r, m_r, o_s, m_s, i_z, D, sD, BQ, BS,
-                              BD, VEC_D, DOT_PREC)  # fmt: skip
+        if P_MEM:
+            b_p = _ld_p(p_y, o_r, o_s, sD, m_r[:, None] & m_s[None, :], False)
+        else:
+            b_p = _vec_off_scores(p_x, p_y, p_gdx, p_gdk, o_r, m_r, o_s, m_s, i_z, D, sD, BQ,
+                                  BS, BD, VEC_D, DOT_PREC)  # fmt: skip
         b_z = _tile(p_z, o_s, o_o, sO, m_s, m_o)  # [BS, BO]
         if VEC_O:
             gk = _tile(p_gok, o_s, o_o, sO, m_s, m_o)
@@ -245,7 +268,7 @@ def _vec_rows_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o
 def _vec_cols_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, s_end, c1, o_o, m_o,
                   D, sD, sO, BS: tl.constexpr, BQ: tl.constexpr, BD: tl.constexpr,
                   BO: tl.constexpr, VEC_D: tl.constexpr, VEC_O: tl.constexpr,
-                  DOT_PREC: tl.constexpr):  # fmt: skip
+                  DOT_PREC: tl.constexpr, P_MEM: tl.constexpr = False):  # fmt: skip
     """Key tile o_s (ending at s_end) against every query r ∈ [s_end, c1) of its chunk, the
     transposed products of :func:`_vec_rows_off`, against z = G^K_{s_end−1}. [BS, BO] fp32."""
     b_acc = tl.zeros([BS, BO], dtype=tl.float32)
@@ -256,20 +279,23 @@ def _vec_cols_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, s_end, c1
         o_r = r0 + tl.arange(0, BQ)
         m_r = o_r < c1
         b_pt = tl.zeros([BS, BQ], dtype=tl.float32)
-        for d0 in range(0, D, BD):
-            o_d = d0 + tl.arange(0, BD)
-            m_d = o_d < D
-            b_x = _tile(p_x, o_s, o_d, sD, m_s, m_d)  # [BS, BD]
-            b_yt = _tile_t(p_y, o_r, o_d, sD, m_r, m_d)  # [BD, BQ]
-            if VEC_D:
-                z_d = _ld_row(p_gdk, i_z, o_d, sD, m_d)
-                gk = _tile(p_gdk, o_s, o_d, sD, m_s, m_d)
-                gx = _tile_t(p_gdx, o_r, o_d, sD, m_r, m_d)
-                fx = _xp(z_d[None, :] - gk, m_s[:, None] & m_d[None, :])
-                fy = _xp(gx - z_d[:, None], m_d[:, None] & m_r[None, :])
-                b_x = (b_x.to(tl.float32) * fx).to(b_x.dtype)
-                b_yt = (b_yt.to(tl.float32) * fy).to(b_yt.dtype)
-            b_pt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        if P_MEM:  # P[r, s] stored: its transpose
+            b_pt = _ld_p(p_y, o_r, o_s, sD, m_s[:, None] & m_r[None, :], True)
+        else:
+            for d0 in range(0, D, BD):
+                o_d = d0 + tl.arange(0, BD)
+                m_d = o_d < D
+                b_x = _tile(p_x, o_s, o_d, sD, m_s, m_d)  # [BS, BD]
+                b_yt = _tile_t(p_y, o_r, o_d, sD, m_r, m_d)  # [BD, BQ]
+                if VEC_D:
+                    z_d = _ld_row(p_gdk, i_z, o_d, sD, m_d)
+                    gk = _tile(p_gdk, o_s, o_d, sD, m_s, m_d)
+                    gx = _tile_t(p_gdx, o_r, o_d, sD, m_r, m_d)
+                    fx = _xp(z_d[None, :] - gk, m_s[:, None] & m_d[None, :])
+                    fy = _xp(gx - z_d[:, None], m_d[:, None] & m_r[None, :])
+                    b_x = (b_x.to(tl.float32) * fx).to(b_x.dtype)
+                    b_yt = (b_yt.to(tl.float32) * fy).to(b_yt.dtype)
+                b_pt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
         b_z = _tile(p_z, o_r, o_o, sO, m_r, m_o)  # [BQ, BO]
         if VEC_O:
             gx = _tile(p_gox, o_r, o_o, sO, m_r, m_o)
