@@ -300,6 +300,8 @@ def role(name: str, kw: dict) -> str:
         return "cols_kernel[dk]" if kw.get("IS_DK") else "cols_kernel[dv]"
     if name == "apply_kernel":
         return "apply_kernel[dv]" if kw.get("REV") else "apply_kernel[fwd]"
+    if name == "scores_kernel" and kw.get("GATED") is False:
+        return "scores_kernel[dP]"  # the backward's do vᵀ
     return name
 
 
@@ -784,6 +786,12 @@ def parse_args(argv=None):
         help="DIAG_LOOP of the default config (profile and sweep; default: the engine's)",
     )
     p.add_argument(
+        "--base-scores",
+        type=int,
+        choices=(0, 1),
+        help="SCORES of the default config (profile and sweep; default: the engine's)",
+    )
+    p.add_argument(
         "--adopt-below",
         type=float,
         default=None,
@@ -865,7 +873,12 @@ def parse_args(argv=None):
     elif not HAS_DIAG_LOOP:
         p.error("--base-diag-loop: this engine has no DIAG_LOOP")
     builtin["diag_loop"] = [(1 - base_loop,)]
-    builtin["scores"] = [(1 - int(bool(tcv.SCORES)),)] if HAS_SCORES else []
+    if args.base_scores is not None and not HAS_SCORES:
+        p.error("--base-scores: this engine has no SCORES")
+    base_scores = args.base_scores
+    if base_scores is None:
+        base_scores = int(bool(tcv.SCORES)) if HAS_SCORES else 0
+    builtin["scores"] = [(1 - base_scores,)] if HAS_SCORES else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:
@@ -1054,6 +1067,8 @@ def main(argv=None) -> int:
     hard_end = t_start + args.deadline
     if args.base_diag_loop is not None:
         tcv.DIAG_LOOP = bool(args.base_diag_loop)
+    if args.base_scores is not None:
+        tcv.SCORES = bool(args.base_scores)
     machine = report.machine_info(
         report.info_case({"device": args.device}, {}), args.device, args.commit
     )

@@ -18,12 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from linrnn.engine import triton_chunk_vec as tcv
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "vector_sweep.py"
 ROLES = {"rows_kernel[fwd]", "rows_kernel[dq]", "cols_kernel[dk]", "cols_kernel[dv]",
          "states_fwd_kernel", "states_bwd_kernel"}  # fmt: skip
-SCORES_ROLES = {"scores_kernel", "apply_kernel[fwd]", "apply_kernel[dv]", "rows_kernel[dq]",
-                "cols_kernel[dk]", "states_fwd_kernel", "states_bwd_kernel"}  # fmt: skip
+SCORES_ROLES = {"scores_kernel", "scores_kernel[dP]", "apply_kernel[fwd]", "apply_kernel[dv]",
+                "rows_kernel[dq]", "cols_kernel[dk]", "states_fwd_kernel",
+                "states_bwd_kernel"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +52,13 @@ def quick(tmp_path_factory, *extra):
 
 def test_quick_run(tmp_path_factory):
     rep = quick(tmp_path_factory, "--profile", "--ops", "gla_gv", "--chunks", "16", "32",
-                "--gated-bo", "16", "32", "--adopt-below", "0")  # fmt: skip
+                "--gated-bo", "16", str(tcv.GATED_BO), "--adopt-below", "0",
+                "--base-scores", "0")  # fmt: skip
     default = rep["default_config"]
-    assert default["GATED_BO"] == 32 and default["DIAG_LOOP"] is False
-    assert default["SCORES"] is False and default["SCORE_TILES"]["apply"] == [64, 64, 32, 64, 4, 2]
+    # The engine's defaults (the interpreter keeps the block diagonal: triton_chunk_vec)
+    assert default["GATED_BO"] == tcv.GATED_BO and default["DIAG_LOOP"] is False
+    assert default["SCORES"] is False  # --base-scores 0
+    assert default["SCORE_TILES"]["apply"] == list(tcv.SCORE_TILES["apply"])
 
     (prof,) = rep["profile"]  # --profile-scores both: no effect with gv, one profile
     assert prof["chunk"] == 16 and prof["fwdbwd_ms"] > 0 and prof["diag_loop"] is False
@@ -71,14 +77,14 @@ def test_quick_run(tmp_path_factory):
         (16, "states", [16, 32, 16, 4, 1]),
         (16, "cols", [16, 16, 16, 32, 4, 1]),
         (16, "gated_bo", [16]),
-        (16, "gated_bo", [32]),  # the default: skipped
+        (16, "gated_bo", [tcv.GATED_BO]),  # the default: skipped
         (16, "combined", None),  # --quick combines every kernel's best (not DIAG_LOOP)
         (32, "default", None),
         (32, "combined", None),
     ]
     by = {(r["chunk"], r["kernel"], str(r.get("tiles"))): r for r in rep["sweep"]}
     for (_, kernel, tiles), r in by.items():
-        if kernel == "gated_bo" and tiles == "[32]":
+        if kernel == "gated_bo" and tiles == f"[{tcv.GATED_BO}]":
             assert r["status"] == "skipped: same as default"
             continue
         if kernel == "scores":
@@ -113,7 +119,8 @@ def test_quick_run_adopts_switches(tmp_path_factory):
     """RWKV6: the profile with SCORES off and on; DIAG_LOOP then SCORES adopted (--quick adopts
     always), then the candidates that come with them: rows' BC 32 (the walk) and SCORE_TILES'."""
     rep = quick(tmp_path_factory, "--profile", "--ops", "rwkv6", "--chunks", "16", "--kernels",
-                "diag_loop", "scores", "rows", "score_tiles", "apply_tiles")  # fmt: skip
+                "diag_loop", "scores", "rows", "score_tiles", "apply_tiles", "--base-diag-loop",
+                "0", "--base-scores", "0")  # fmt: skip
     profs = [(p["diag_loop"], p["scores"]) for p in rep["profile"]]
     assert profs == [(False, False), (False, True)]
     assert {r["role"] for r in rep["profile"][0]["launches"]} == ROLES
@@ -147,7 +154,8 @@ def test_quick_run_adopts_switches(tmp_path_factory):
     assert rest[1]["launches"]["apply_kernel[fwd]"]["BD"] == 32  # apply kept the default
     assert rest[2]["launches"]["apply_kernel[dv]"]["num_stages"] == 1
     tiles = rest[-1]["config"]["SCORE_TILES"]  # combined
-    assert tiles == {"scores": [16, 16, 16, 4, 1], "apply": [16, 16, 16, 32, 4, 1]}
+    assert tiles == {"scores": [16, 16, 16, 4, 1], "apply": [16, 16, 16, 32, 4, 1],
+                     "dscores": list(tcv.SCORE_TILES["dscores"])}  # fmt: skip
     base = rep["best"][0]["chunks"]["16"]["base"]
     assert base["adopted"] == "diag_loop+scores" and base["SCORES"] is True
 
@@ -176,7 +184,7 @@ def test_builtin_candidates_are_legal(sweep):
         and args.candidates["states"] == sweep.CANDIDATES["states"]
     )
     assert sweep.parse_args(["--base-diag-loop", "1"]).candidates["diag_loop"] == [(0,)]
-    assert args.candidates["scores"] == [(1,)] and args.adopt_below == 0.99
+    assert args.candidates["scores"] == [(1 - int(tcv.SCORES),)] and args.adopt_below == 0.99
     assert args.loop_candidates["score_tiles"] == sweep.LOOP_ONLY["score_tiles"]
     args = sweep.parse_args(["--apply-tiles", "128,64,32,128,8,2", "--score-tiles"])
     assert args.candidates["apply_tiles"] == [(128, 64, 32, 128, 8, 2)]
@@ -184,7 +192,7 @@ def test_builtin_candidates_are_legal(sweep):
 
 
 def test_clipping_finds_duplicates(sweep):
-    cfg = sweep.current()
+    cfg = dict(sweep.current(), SCORES=False)  # the row-program form, then SCORES applied
     key = lambda c, shape, gv=False, L=64: sweep.effective(  # noqa: E731
         c, "chunk", sweep.parse_shape(shape), L, gv
     )
@@ -212,15 +220,16 @@ def test_clipping_finds_duplicates(sweep):
     tiles = sweep.apply("apply_tiles", (128, 64, 32, 64, 4, 2), stored)
     assert key(tiles, gla, L=64) == key(stored, gla, L=64)  # BQ clips to L = 64
     assert key(tiles, gla, L=128) != key(stored, gla, L=128)
-    assert cfg == sweep.current()  # apply copies
+    assert cfg == dict(sweep.current(), SCORES=False)  # apply copies
 
 
-def test_failing_config_is_recorded_and_tiles_restored(sweep):
+def test_failing_config_is_recorded_and_tiles_restored(sweep, monkeypatch):
     args = sweep.parse_args(["--quick"])
     device = torch.device("cpu")
     unit = {"op": "gla", "shape": "B1-T20-H1-K16-V16", "mode": "chunk", "chunk": 16}
     x = sweep.make_inputs("gla", sweep.parse_shape(unit["shape"]), torch.float32, device, 0)
     do = torch.randn_like(x["v"])
+    monkeypatch.setattr(tcv, "SCORES", False)  # the row-program form: rows' tiles in the fwd
     cfg = sweep.current()
     row, ref = sweep.measure(args, unit, x, do, None, cfg, False, device)
     assert row["status"] == "ok" and set(ref) == {"o", "dq", "dk", "dv", "dg"}
