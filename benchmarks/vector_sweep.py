@@ -139,6 +139,10 @@ try:  # SCORES' kernels (absent in an older checkout)
     from linrnn.engine import triton_scores
 except ImportError:
     triton_scores = None
+try:  # the one-pass log-decay gradient (absent in an older checkout)
+    from linrnn.engine import triton_gate_grad
+except ImportError:
+    triton_gate_grad = None
 
 OPS = ("gla", "rwkv6", "gla_gv")  # in this order: a run cut short has the headline op first
 GLA_SHAPES = ("B8-T8192-H16-K256-V256",)  # B8-T8192-H32-K128-V128 with --shapes
@@ -150,6 +154,7 @@ KERNEL_MODULES = (
     (triton_kernels, ("states_fwd_kernel", "rows_kernel", "states_bwd_kernel", "cols_kernel")),
     (triton_fused, ("fused_fwd_kernel", "fused_dq_kernel", "fused_dk_kernel", "fused_dv_kernel")),
     *([(triton_scores, ("scores_kernel", "apply_kernel"))] if triton_scores else []),
+    *([(triton_gate_grad, ("decay_grad_kernel",))] if triton_gate_grad else []),
 )
 # Host-side steps of the engine (triton_chunk_vec), timed as phases of a forward+backward.
 PHASES = (
@@ -160,6 +165,7 @@ PHASES = (
     "_backward_fused",
     "_revsum",
     "_bonus",
+    "_decay_grad",
 )
 TILE_KEYS = ("BQ", "BS", "BC", "BT", "BD", "BO", "BK", "BV", "num_warps", "num_stages")
 

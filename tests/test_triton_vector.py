@@ -84,6 +84,22 @@ def test_stored_scores_match_reference(monkeypatch, family, case, diag_loop):
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode="chunk", chunk_size=L)
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("family", ["gla", "rwkv6"])
+def test_decay_gradient_over_row_tiles(family, varlen):
+    """Chunks of 160 steps: the log-decay gradient's one-pass kernel (triton_gate_grad) walks
+    each chunk in 64-row tiles from its end, carrying the sum across tiles (T = 200: a full
+    chunk of three tiles, a partial one of 40 steps; packed: sequences across those cases),
+    with K = 80 over two channel tiles."""
+    if varlen:
+        check_varlen(family, "chunk", True, lens=[130, 1, 69], chunk_size=160)
+        return
+    fam = FAMILIES[family]
+    B, T, H, K, V = 1, 200, 2, 80, 12
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode="chunk", chunk_size=160)
+
+
 def test_stored_scores_are_all_written(monkeypatch):
     """Every entry of the stored scores is written (allocations are NaN-poisoned in tests):
     causal scores below and on the diagonal, zeros above, a partial last chunk included."""

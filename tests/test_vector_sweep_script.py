@@ -23,8 +23,10 @@ from linrnn.engine import triton_chunk_vec as tcv
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "vector_sweep.py"
 ROLES = {"rows_kernel[fwd]", "rows_kernel[dq]", "cols_kernel[dk]", "cols_kernel[dv]",
+         "decay_grad_kernel",
          "states_fwd_kernel", "states_bwd_kernel"}  # fmt: skip
 SCORES_ROLES = {"scores_kernel", "scores_kernel[dP]", "apply_kernel[fwd]", "apply_kernel[dv]",
+                "decay_grad_kernel",
                 "rows_kernel[dq]", "cols_kernel[dk]", "states_fwd_kernel",
                 "states_bwd_kernel"}  # fmt: skip
 
@@ -65,7 +67,8 @@ def test_quick_run(tmp_path_factory):
     assert prof["scores"] is None
     assert {r["role"] for r in prof["launches"]} == ROLES
     assert {r["phase"] for r in prof["phases"]} == {"_cumsums", "_forward", "_backward",
-                                                     "_revsum", "other"}  # fmt: skip
+                                                     "_decay_grad", "_revsum",
+                                                     "other"}  # fmt: skip
     assert prof["kernels"], prof.get("kernels_error")
 
     rows = [(r["chunk"], r["kernel"], r.get("tiles")) for r in rep["sweep"]]

@@ -30,6 +30,7 @@ import triton
 
 from linrnn.engine import triton_chunk as tc
 from linrnn.engine import triton_fused as fused
+from linrnn.engine import triton_gate_grad as gg
 from linrnn.engine import triton_kernels as kern
 from linrnn.engine import triton_scores as sc
 
@@ -142,6 +143,28 @@ def _bonus(q, k, v, do, scale, dov=None):
     w = q.to(torch.float32, copy=True)  # a fresh buffer: q.float() may be q itself
     w = w.mul_(k).mul_(dov.mul(scale)[..., None])
     return w, w.sum((0, 1))
+
+
+def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
+    """Chunk mode's gk gradient and RWKV6's du in one pass (triton_gate_grad): q ⊙ dq − k ⊙ dk
+    reverse-summed in each chunk from the exact tail W ([B·H, NT, K]), with the bonus terms
+    for the exclusive form. ``dov``: do·v per token when the backward stored it, else formed
+    here. Returns (dg [B, T, H, K] fp32, du [H, K] fp32 or None)."""
+    T, H, K = q.shape[1:]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    dg = torch.empty(q.shape, **f32)
+    du_rows = torch.empty(c.rows, c.NT, K, **f32) if c.excl else dummy
+    if c.excl and dov is None:
+        dov = (do.float() * v.float()).sum(-1)
+    BT, BD = _fit(64, c.L), _fit(64, K)
+    gg.decay_grad_kernel[(c.NT, triton.cdiv(K, BD), c.rows)](
+        qdq, kdk, W, q, k, dov if c.excl else dummy, u if c.excl else dummy, dg, du_rows,
+        c.CHUNKS, T, H, K, c.L, c.NT, c.scale, BT=BT, BD=BD, VARLEN=c.varlen, EXCL=c.excl,
+        num_warps=4,
+    )  # fmt: skip
+    du = du_rows.view(-1, H, c.NT, K).sum((0, 2)) if c.excl else None
+    return dg, du
 
 
 def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
@@ -289,9 +312,8 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
             BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=False, VEC_D=True, VEC_O=has_gv, **common,
             num_warps=nw, num_stages=ns,
         )  # fmt: skip
-    to_bnth = lambda w: w.sum(2).view(-1, H, NT, w.shape[-1]).transpose(1, 2)  # noqa: E731
-    Wk = to_bnth(bndk)
-    Wv = to_bnth(bndv) if has_gv else None
+    Wk = bndk.sum(2)  # [B·H, NT, K]: the rows triton_gate_grad reads
+    Wv = bndv.sum(2).view(-1, H, NT, V).transpose(1, 2) if has_gv else None  # as _revsum
     dov = _diagonal(dP, c) if dP is not None else None  # do_t·v_t, for RWKV6's bonus
     return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, Wk, Wv, dov
 
@@ -327,11 +349,13 @@ class _VecChunkFn(torch.autograd.Function):
             if dS_T is not None:
                 endk = (dS_T.float() * S_T).sum(-1)
                 endv = (dS_T.float() * S_T).sum(-2)
-        dgk = _revsum(qdq - kdk, Wk, endk, c, totk)
-        du = None
-        if c.excl:  # the query-side term is exclusive: q ⊙ dq less its bonus part u ⊙ W
-            w, du = _bonus(q, k, v, do, c.scale, dov)
-            dgk = dgk.sub_(qdq).addcmul_(w, u)
+            dgk = _revsum(qdq - kdk, Wk, endk, c, totk)
+            du = None
+            if c.excl:  # the query-side term is exclusive: q ⊙ dq less its bonus part u ⊙ W
+                w, du = _bonus(q, k, v, do, c.scale, dov)
+                dgk = dgk.sub_(qdq).addcmul_(w, u)
+        else:  # one pass from the exact chunk-end tails (Wk: [B·H, NT, K])
+            dgk, du = _decay_grad(q, k, v, do, u, qdq, kdk, Wk, dov, c)
         dgv = None
         if bv is not None:
             # fused: the kernel's o ⊙ do − v ⊙ dv (rounding-matched); chunk: from the fp32 output
