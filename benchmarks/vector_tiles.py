@@ -25,13 +25,16 @@ SCORE_KEYS = {"score_tiles": "scores", "apply_tiles": "apply"}  # their SCORE_TI
 HAS_DIAG_LOOP = hasattr(tcv, "DIAG_LOOP")  # added in 35acbf2
 HAS_SCORES = hasattr(tcv, "SCORES")  # added in 502a28b (with SCORE_TILES, triton_scores)
 
-# Built-in candidates, most promising first (the sweep is cut by the deadline). Defaults are
-# VEC_TILES = states (64, 64, 64, 4, 2), rows / cols (16, 64, 32, 64, 4, 2),
-# fused (16, 0, 32, 0, 4, 1), GATED_BO = 32, DIAG_LOOP = False, SCORES = False, SCORE_TILES
-# scores (16, 64, 32, 4, 2) and apply (64, 64, 32, 64, 4, 2). diag_loop's and scores'
-# candidate is the other form than the base's (set in parse_args).
+# Built-in candidates, most promising first (the sweep is cut by the deadline). The defaults
+# since the session-6 sweep: VEC_TILES = states (64, 64, 64, 4, 2), rows (16, 64, 32, 64, 4,
+# 2), cols (16, 64, 32, 64, 4, 1), fused (16, 0, 32, 0, 4, 1), GATED_BO = 64, DIAG_LOOP on the
+# GPU, SCORES on, SCORE_TILES scores (16, 32, 32, 4, 2) and apply (64, 64, 32, 64, 4, 2).
+# diag_loop's and scores' candidate is the other form than the base's (set in parse_args).
+# In that sweep 8 warps always lost to 4 on the 16-row programs: 2 warps come first now.
 CANDIDATES = {
     "rows": [  # (BC, BS, BD, BO, warps, stages)
+        (16, 64, 32, 64, 2, 2),  # 2 warps: a [16, 64] tile is 4 elements per thread at 4
+        (16, 64, 64, 64, 2, 1),
         (16, 64, 32, 256, 4, 2),  # BO = V: the forward computes the gated q·kᵀ once, not V/64×
         (16, 64, 32, 256, 8, 2),
         (16, 64, 32, 64, 8, 2),  # 8 warps alone (RWKV6: V = 64, the BO above clip to this)
@@ -57,6 +60,8 @@ CANDIDATES = {
         (64, 64, 64, 4, 1),
     ],
     "cols": [  # (BC, BQ, BD, BO, warps, stages); BO: dv's V tile without gv
+        (16, 64, 32, 64, 2, 1),  # 2 warps
+        (16, 64, 64, 64, 2, 1),
         (16, 64, 32, 256, 4, 2),  # dv's BO = V: one pass over the later queries, not V/64
         (16, 64, 32, 64, 8, 2),
         (16, 64, 32, 256, 8, 2),
@@ -69,6 +74,8 @@ CANDIDATES = {
         (32, 64, 16, 64, 8, 2),
     ],
     "gated_bo": [  # (BO,) or (BO, warps of rows and cols)
+        (64, 2),
+        (128, 4),  # GLA K = 256: two K tiles in dq and dk
         (64, 8),  # RWKV6: the whole K in dq and dk (one output tile, not two)
         (64,),
         (128, 8),  # GLA K = 256: dq and dk recompute the gated products per K tile (8× at 32)
@@ -83,6 +90,8 @@ CANDIDATES = {
     ],
     # With SCORES in the base only (otherwise these kernels do not run)
     "score_tiles": [  # scores_kernel (BC, BS, BD, warps, stages)
+        (16, 32, 32, 2, 2),  # 2 warps
+        (16, 32, 64, 2, 2),  # BD 64 (RWKV6: K = 64 in one step)
         (16, 64, 64, 8, 2),  # BD 64: half the depth steps of each score tile
         (16, 32, 32, 4, 2),  # BS 32: fewer masked keys before the sub-chunks 1–3
         (16, 128, 32, 4, 2),  # BS 128: one key tile at L = 128
