@@ -59,6 +59,18 @@ def _ld_p(p_p, o_r, o_s, s_p, mask, TRANS: tl.constexpr):
 
 
 @triton.jit
+def _p_col(p_p, o_t, m_t, t0, j, n_t, s_p, REV: tl.constexpr):
+    """Column j of a diagonal tile's stored P ([BT] fp32, pairs and diagonal, else 0): P[o_t,
+    t0 + j], or (``REV``: P_ij is the stored P[j, i]) the stored row t0 + j. See :func:`_ld_p`."""
+    m = _pair_col(o_t, m_t, t0, j, n_t, REV, True)
+    if REV:
+        p = p_p + (t0 + j).to(tl.int64) * s_p + o_t
+    else:
+        p = p_p + o_t.to(tl.int64) * s_p + t0 + j
+    return tl.load(p, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _pair_gate(p_gx, p_gk, p_u, o_t, m_t, o_c, m_c, s_c, pair, same,
                REV: tl.constexpr, EXCL: tl.constexpr):  # fmt: skip
     """[BT, BT, BC] weights E_ij[c] = exp(G^X_a[c] − G^K_b[c]) on the pairs (a, b) = (i, j)
@@ -98,7 +110,22 @@ def _walk_gates(p_gx, p_gk, p_u, o_t, m_t, o_c, m_c, s_c, REV: tl.constexpr,
 
 
 @triton.jit
-def _walk_row(p_a, p_gx, p_gk, g_t, b_u, pair_i, ar, t0, n_t, j, o_t, o_c, m_c, s_c,
+def _pair_col(o_t, m_t, t0, j, n_t, REV: tl.constexpr, SAME: tl.constexpr):
+    """Column j of a tile's pair mask ([BT] bool, rows o_t = t0 + i, the first n_t valid):
+    the rows after row j (``REV``: before it), and row j itself with ``SAME``. The mask of
+    :func:`_vec_diag_scores` read off the positions, not reduced out of the [BT, BT] tile."""
+    tj = t0 + j
+    if REV:
+        hit = o_t < tj
+    else:
+        hit = o_t > tj
+    if SAME:
+        hit = hit | (o_t == tj)
+    return hit & m_t & (o_t * 0 + j < n_t)
+
+
+@triton.jit
+def _walk_row(p_a, p_gx, p_gk, g_t, b_u, m_t, t0, n_t, j, o_t, o_c, m_c, s_c,
               REV: tl.constexpr, EXCL: tl.constexpr):  # fmt: skip
     """Step j of the walk: row j of ``p_a`` ([BC] fp32, 0 past the tile's n_t valid rows) and
     its gates against every row i, exp(G^X_i − G^K_j) (``REV``: exp(G^X_j − G^K_i)) on the
@@ -109,7 +136,7 @@ def _walk_row(p_a, p_gx, p_gk, g_t, b_u, pair_i, ar, t0, n_t, j, o_t, o_c, m_c, 
         lw = _ld_row(p_gx, t0 + j, o_c, s_c, m_j)[None, :] - g_t
     else:
         lw = g_t - _ld_row(p_gk, t0 + j, o_c, s_c, m_j)[None, :]
-    e = _xp(lw, (_col(pair_i, ar, j) > 0)[:, None] & m_c[None, :])
+    e = _xp(lw, _pair_col(o_t, m_t, t0, j, n_t, REV, not EXCL)[:, None] & m_c[None, :])
     if EXCL:
         e = tl.where((o_t == t0 + j)[:, None], b_u[None, :], e)
     return a_j, e
@@ -143,7 +170,6 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
     ar = tl.arange(0, BT)
     t0 = tl.min(o_t, 0)
     n_t = tl.sum(m_t.to(tl.int32), 0)  # the tile's valid rows (a prefix)
-    pair_i = pair.to(tl.int32)
     b_p = tl.zeros([BT, BT], dtype=tl.float32)
     if P_MEM:  # the stored ungated P
         b_p = _ld_p(p_y, o_t, o_t, sD, pair | same, REV)
@@ -156,7 +182,7 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
                 b_x = b_x.to(tl.float32)
                 g_t, b_u = _walk_gates(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, REV, EXCL)
                 for j in range(0, BT):
-                    y_j, e = _walk_row(p_y, p_gdx, p_gdk, g_t, b_u, pair_i, ar, t0, n_t, j, o_t,
+                    y_j, e = _walk_row(p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j, o_t,
                                        o_d, m_d, sD, REV, EXCL)  # fmt: skip
                     b_p += tl.where(
                         ar[None, :] == j, tl.sum(b_x * y_j[None, :] * e, 1)[:, None], 0.0
@@ -189,13 +215,16 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
         ar = tl.arange(0, BT)
         t0 = tl.min(o_t, 0)
         n_t = tl.sum(m_t.to(tl.int32), 0)
-        pair_i = pair.to(tl.int32)
         g_t, b_u = _walk_gates(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, REV, EXCL)
         b_out = tl.zeros_like(g_t)
         for j in range(0, BT):
-            z_j, e = _walk_row(p_z, p_gox, p_gok, g_t, b_u, pair_i, ar, t0, n_t, j, o_t, o_o,
-                               m_o, sO, REV, EXCL)  # fmt: skip
-            b_out += _col(b_p, ar, j)[:, None] * z_j[None, :] * e
+            z_j, e = _walk_row(p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, o_t, o_o, m_o, sO,
+                               REV, EXCL)  # fmt: skip
+            if P_MEM:  # column j of the stored P (diagonal included), loaded
+                p_j = _p_col(p_y, o_t, m_t, t0, j, n_t, sD, REV)
+            else:
+                p_j = _col(b_p, ar, j)
+            b_out += p_j[:, None] * z_j[None, :] * e
         return b_out
     b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
     if VEC_O:
