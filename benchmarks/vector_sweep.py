@@ -112,6 +112,7 @@ from vector_tiles import (  # noqa: E402  (benchmarks/ is the script's own folde
     DTYPES,
     HAS_DIAG_LOOP,
     HAS_SCORES,
+    HAS_WALK_UNROLL,
     KERNELS,
     LOOP_ONLY,
     MODE_KERNELS,
@@ -665,6 +666,11 @@ def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
             for t in args.candidates["scores"]:
                 un.emit(dict(kernel="scores", tiles=list(t), status=f"skipped: {un.no_scores}"))
             continue
+        if switch == "walk_unroll" and not un.cfg["DIAG_LOOP"]:
+            for t in args.candidates["walk_unroll"]:
+                why = "skipped: WALK_UNROLL needs the walk (DIAG_LOOP) in the base"
+                un.emit(dict(kernel="walk_unroll", tiles=list(t), status=why))
+            continue
         for t in args.candidates[switch]:
             if not time_left():
                 break
@@ -674,7 +680,7 @@ def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
             un.cfg, un.base = r["config"], r
             adopted.append(switch)
             keys[un.key(un.cfg)] = f"the base ({switch})"
-            switches = {"DIAG_LOOP": un.cfg["DIAG_LOOP"], "SCORES": un.cfg["SCORES"]}
+            switches = {k: un.cfg.get(k) for k in ("DIAG_LOOP", "SCORES", "WALK_UNROLL")}
             info["base"] = {"adopted": "+".join(adopted), "tiles": r["tiles"], **switches}
             info["base"].update(_figures(r))
             print(f"  base: {switch.upper()}={un.cfg[switch.upper()]} from here on", flush=True)
@@ -778,6 +784,13 @@ def parse_args(argv=None):
         metavar="0|1",
         help="SCORES candidates (default: the form the base does not use; gla, rwkv6 in chunk "
         "mode)",
+    )
+    p.add_argument(
+        "--walk-unroll",
+        nargs="*",
+        metavar="0|1",
+        help="WALK_UNROLL candidates (default: the form the base does not use; only with the "
+        "walk, DIAG_LOOP, in the base)",
     )
     p.add_argument(
         "--diag-loop",
@@ -885,6 +898,7 @@ def parse_args(argv=None):
     if base_scores is None:
         base_scores = int(bool(tcv.SCORES)) if HAS_SCORES else 0
     builtin["scores"] = [(1 - base_scores,)] if HAS_SCORES else []
+    builtin["walk_unroll"] = [(1 - int(bool(tcv.WALK_UNROLL)),)] if HAS_WALK_UNROLL else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:

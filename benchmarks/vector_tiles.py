@@ -1,5 +1,5 @@
 """The tile configurations benchmarks/vector_sweep.py tries on the vector-gate path
-(triton_chunk_vec's VEC_TILES, GATED_BO, DIAG_LOOP, SCORES, SCORE_TILES): the built-in
+(triton_chunk_vec's VEC_TILES, GATED_BO, DIAG_LOOP, SCORES, WALK_UNROLL, SCORE_TILES): the
 candidate lists, their legality, applying one to a config, what the kernels get after
 clipping, and setting the engine to a config and back."""
 
@@ -14,7 +14,7 @@ from linrnn.engine import triton_chunk_vec as tcv
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
 # The switches first (in this order, each adopted as the base when faster), then the tiles
-SWITCHES = ("diag_loop", "scores")
+SWITCHES = ("diag_loop", "scores", "walk_unroll")
 KERNELS = (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles", "fused")
 MODE_KERNELS = {
     "chunk": (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles"),
@@ -24,6 +24,7 @@ ARITY = {"states": 5, "rows": 6, "cols": 6, "fused": 6, "score_tiles": 5, "apply
 SCORE_KEYS = {"score_tiles": "scores", "apply_tiles": "apply"}  # their SCORE_TILES entries
 HAS_DIAG_LOOP = hasattr(tcv, "DIAG_LOOP")  # added in 35acbf2
 HAS_SCORES = hasattr(tcv, "SCORES")  # added in 502a28b (with SCORE_TILES, triton_scores)
+HAS_WALK_UNROLL = hasattr(tcv, "WALK_UNROLL")  # added in session 6
 
 # Built-in candidates, most promising first (the sweep is cut by the deadline). The defaults
 # since the session-6 sweep: VEC_TILES = states (64, 64, 64, 4, 2), rows (16, 64, 32, 64, 4,
@@ -146,6 +147,7 @@ def current() -> dict:
         "DIAG_LOOP": bool(tcv.DIAG_LOOP) if HAS_DIAG_LOOP else None,
         "SCORES": bool(tcv.SCORES) if HAS_SCORES else None,
         "SCORE_TILES": dict(tcv.SCORE_TILES) if HAS_SCORES else None,
+        "WALK_UNROLL": bool(tcv.WALK_UNROLL) if HAS_WALK_UNROLL else None,
     }
 
 
@@ -183,6 +185,8 @@ def apply(kernel: str | None, t, cfg: dict) -> dict:
         cfg["DIAG_LOOP"] = bool(t[0])
     elif kernel == "scores":
         cfg["SCORES"] = bool(t[0])
+    elif kernel == "walk_unroll":
+        cfg["WALK_UNROLL"] = bool(t[0])
     elif kernel in SCORE_KEYS:
         cfg["SCORE_TILES"][SCORE_KEYS[kernel]] = tuple(t)
     elif kernel == "gated_bo":
@@ -210,7 +214,8 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
     """What the kernels of ``mode`` get from ``cfg`` after clipping (depth and output tiles to
     max(K, V): conservative when K ≠ V). Equal keys: the same kernels."""
     f = tcv._fit
-    tiles, loop = cfg["VEC_TILES"], cfg["DIAG_LOOP"]
+    tiles = cfg["VEC_TILES"]
+    loop = (cfg["DIAG_LOOP"], bool(cfg.get("WALK_UNROLL")) and bool(cfg["DIAG_LOOP"]))
     D, K, V = max(shape["K"], shape["V"]), shape["K"], shape["V"]
     if mode == "fused_chunk":
         BC, _, BD, _, nw, ns = tiles["fused"]
@@ -242,6 +247,8 @@ def using(cfg: dict):
     if HAS_SCORES:
         tcv.SCORES = bool(cfg["SCORES"])
         tcv.SCORE_TILES.update(cfg["SCORE_TILES"])
+    if HAS_WALK_UNROLL:
+        tcv.WALK_UNROLL = bool(cfg.get("WALK_UNROLL"))
     try:
         yield
     finally:
@@ -254,6 +261,8 @@ def using(cfg: dict):
             tcv.SCORES = saved["SCORES"]
             tcv.SCORE_TILES.clear()
             tcv.SCORE_TILES.update(saved["SCORE_TILES"])
+        if HAS_WALK_UNROLL:
+            tcv.WALK_UNROLL = saved["WALK_UNROLL"]
 
 
 def fmt(t) -> str:

@@ -64,6 +64,31 @@ def test_diagonal_walk_matches_reference(monkeypatch, family, mode, shape):
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
 
 
+UNROLL_CASES = [(f, m, False) for f in VECTOR for m in MODES] + [
+    ("gla", "chunk", True),
+    ("rwkv6", "chunk", True),
+]
+
+
+UNROLL_IDS = [f"{f}-{m}{'-scores' if s else ''}" for f, m, s in UNROLL_CASES]
+
+
+@pytest.mark.parametrize(("family", "mode", "scores"), UNROLL_CASES, ids=UNROLL_IDS)
+def test_unrolled_walk_matches_reference(monkeypatch, family, mode, scores):
+    """The walk unrolled (``WALK_UNROLL``: static steps), in every kernel that walks: forward,
+    dq, dk, dv, and with stored scores (gk-only, chunk mode) their walk and the loaded do vᵀ
+    columns."""
+    from linrnn.engine import triton_chunk_vec
+
+    monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", True)
+    monkeypatch.setattr(triton_chunk_vec, "WALK_UNROLL", True)
+    monkeypatch.setattr(triton_chunk_vec, "SCORES", scores)
+    fam = FAMILIES[family]
+    B, T, H, K, V, L = 2, 37, 2, 20, 12, 32
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
+
+
 @pytest.mark.parametrize("diag_loop", [False, True], ids=["block", "walk"])
 @pytest.mark.parametrize("case", ["T37-L32", "T70-L64-K60-V100", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])

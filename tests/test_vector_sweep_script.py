@@ -76,6 +76,7 @@ def test_quick_run(tmp_path_factory):
         (16, "default", None),
         (16, "diag_loop", [1]),  # slower: not adopted (--adopt-below 0)
         (16, "scores", [1]),  # no effect with gv: skipped
+        (16, "walk_unroll", [1]),  # the base has no walk: skipped
         (16, "rows", [16, 16, 16, 32, 4, 1]),
         (16, "states", [16, 32, 16, 4, 1]),
         (16, "cols", [16, 16, 16, 32, 4, 1]),
@@ -92,6 +93,9 @@ def test_quick_run(tmp_path_factory):
             continue
         if kernel == "scores":
             assert r["status"] == "skipped: SCORES has no effect with gv (gk-only calls)"
+            continue
+        if kernel == "walk_unroll":
+            assert r["status"] == "skipped: WALK_UNROLL needs the walk (DIAG_LOOP) in the base"
             continue
         assert r["status"] == "ok", r
         assert r["fwdbwd_ms"] > 0 and r["first_call_s"] > 0
@@ -215,6 +219,11 @@ def test_clipping_finds_duplicates(sweep):
     )
     loop = sweep.apply("diag_loop", (1,), cfg)
     assert loop["DIAG_LOOP"] is True and key(loop, gla) != key(cfg, gla)
+    unrolled = sweep.apply("walk_unroll", (1,), loop)
+    assert unrolled["WALK_UNROLL"] is True and key(unrolled, gla) != key(loop, gla)
+    assert key(sweep.apply("walk_unroll", (1,), cfg), gla) == key(cfg, gla)  # no walk: same
+    with sweep.using(unrolled):
+        assert tcv.DIAG_LOOP is True and tcv.WALK_UNROLL is True and tcv._walk_form() == 2
     stored = sweep.apply("scores", (1,), cfg)
     assert key(stored, gla) != key(cfg, gla) and key(stored, gla, gv=True) == key(cfg, gla, True)
     assert key(sweep.apply("rows", (16, 64, 32, 256, 4, 2), stored), gla) == key(stored, gla)

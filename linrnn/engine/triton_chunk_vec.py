@@ -53,6 +53,17 @@ GATED_BO = 64  # 32 -> 64: GLA+gv fwd+bwd 0.67x, GLA 0.89x, RWKV6 0.92x in the s
 # GPU default. Under the interpreter it is ~8x slower, so there the block form stays the
 # default and the walk is tested by its own cases (tests/test_triton_vector.py).
 DIAG_LOOP = os.environ.get("TRITON_INTERPRET") != "1"
+# The walk's 16 steps as a loop (False) or unrolled (True: the steps' row loads and
+# exponentials may overlap, for more code and registers). Not timed yet: the sweep's
+# walk_unroll switch decides.
+WALK_UNROLL = False
+
+
+def _walk_form() -> int:
+    """The kernels' DIAG_LOOP: 0 the block, 1 the walk, 2 the walk unrolled."""
+    return (2 if WALK_UNROLL else 1) if DIAG_LOOP else 0
+
+
 # gk-only calls in chunk mode (GLA without gv, RWKV6): store the intra-chunk scores once
 # (triton_scores: [B, T, H, L] in the inputs' dtype, kept for dv) and apply them with wide
 # row tiles, instead of re-forming them per output tile in 16-row programs. On the H200:
@@ -199,7 +210,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
         o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy,
         T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, 0.0,
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
-        VEC_O=has_gv, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP, num_warps=nw, num_stages=ns,
+        VEC_O=has_gv, EXCL=c.excl, DIAG_LOOP=_walk_form(), num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return o, S_T, (states, o32 if has_gv else None)
 
@@ -218,7 +229,7 @@ def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True):
     NQ = triton.cdiv(L, BC)
     sc.scores_kernel[(c.NT * NQ, c.rows)](
         q, k, bkx, bk, u if c.excl and gated else bk, A, c.CHUNKS, T, H, K, L, c.NT, NQ,
-        BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP,
+        BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, DIAG_LOOP=_walk_form(),
         DOT_PREC=c.prec, GATED=gated, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return A
@@ -274,7 +285,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
         HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, VEC=True, VEC_V=has_gv,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP)
+    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, DIAG_LOOP=_walk_form())
     # gk-only with the forward's stored scores: do vᵀ stored once too, loaded by dq and dk
     dP = _scores(do, v, bkx, bk, None, c, gated=False) if stored else None
     p_do, p_dov = (do, v) if dP is None else (dP, dP)  # the P source of dq (Y) and dk (Y)
@@ -388,7 +399,7 @@ def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> tc.Confi
 
 def _fused_common(c: tc.Config, has_gv: bool):
     BC, _, BD, _, nw, ns = VEC_TILES["fused"]
-    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, DIAG_LOOP=DIAG_LOOP, BC=BC, BD=BD,
+    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, DIAG_LOOP=_walk_form(), BC=BC, BD=BD,
                 HAS_DECAY=False,
                 HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen,
                 num_warps=nw, num_stages=ns)  # fmt: skip

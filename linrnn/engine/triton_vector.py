@@ -143,6 +143,29 @@ def _walk_row(p_a, p_gx, p_gk, g_t, b_u, m_t, t0, n_t, j, o_t, o_c, m_c, s_c,
 
 
 @triton.jit
+def _depth_step(b_p, b_x, p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j, ar, o_t, o_d, m_d, sD,
+                REV: tl.constexpr, EXCL: tl.constexpr):  # fmt: skip
+    """One step of the walk over a depth-gated product: column j of P ([BT, BT] fp32)."""
+    y_j, e = _walk_row(p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j, o_t, o_d, m_d, sD, REV,
+                       EXCL)  # fmt: skip
+    return b_p + tl.where(ar[None, :] == j, tl.sum(b_x * y_j[None, :] * e, 1)[:, None], 0.0)
+
+
+@triton.jit
+def _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, ar, o_t, o_o, m_o,
+              sO, sD, REV: tl.constexpr, EXCL: tl.constexpr, P_MEM: tl.constexpr):  # fmt: skip
+    """One step of the walk over an output-gated product: row j of Z, gated, weighted by
+    column j of P (loaded with ``P_MEM``, else taken from the [BT, BT] tile b_p)."""
+    z_j, e = _walk_row(p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, o_t, o_o, m_o, sO, REV,
+                       EXCL)  # fmt: skip
+    if P_MEM:  # column j of the stored P (diagonal included)
+        p_j = _p_col(p_y, o_t, m_t, t0, j, n_t, sD, REV)
+    else:
+        p_j = _col(b_p, ar, j)
+    return b_out + p_j[:, None] * z_j[None, :] * e
+
+
+@triton.jit
 def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.constexpr,
                      BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
                      EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -153,7 +176,8 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
 
     The gated product is a [BT, BT, BD] fp32 block, or with ``LOOP`` a walk over the BT
     columns j, each a [BT, BD] product with row j (no 3-D block: BT× fewer registers, the
-    same exponentials). ``P_MEM`` (ungated P only): P is loaded from memory instead, p_y
+    same exponentials; ``LOOP`` 2: the walk unrolled). ``P_MEM`` (ungated P only): P is
+    loaded from memory instead, p_y
     pointing at the stored P with row stride sD (see :func:`_ld_p`)."""
     ii = o_t[:, None]
     jj = o_t[None, :]
@@ -181,12 +205,14 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
             if VEC_D and LOOP:
                 b_x = b_x.to(tl.float32)
                 g_t, b_u = _walk_gates(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, REV, EXCL)
-                for j in range(0, BT):
-                    y_j, e = _walk_row(p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j, o_t,
-                                       o_d, m_d, sD, REV, EXCL)  # fmt: skip
-                    b_p += tl.where(
-                        ar[None, :] == j, tl.sum(b_x * y_j[None, :] * e, 1)[:, None], 0.0
-                    )
+                if LOOP == 2:  # unrolled: the steps' loads and exponentials can overlap
+                    for j in tl.static_range(BT):
+                        b_p = _depth_step(b_p, b_x, p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j,
+                                          ar, o_t, o_d, m_d, sD, REV, EXCL)  # fmt: skip
+                else:
+                    for j in range(0, BT):
+                        b_p = _depth_step(b_p, b_x, p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j,
+                                          ar, o_t, o_d, m_d, sD, REV, EXCL)  # fmt: skip
             elif VEC_D:
                 b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
                 e = _pair_gate(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, REV, EXCL)
@@ -217,14 +243,14 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
         n_t = tl.sum(m_t.to(tl.int32), 0)
         g_t, b_u = _walk_gates(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, REV, EXCL)
         b_out = tl.zeros_like(g_t)
-        for j in range(0, BT):
-            z_j, e = _walk_row(p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, o_t, o_o, m_o, sO,
-                               REV, EXCL)  # fmt: skip
-            if P_MEM:  # column j of the stored P (diagonal included), loaded
-                p_j = _p_col(p_y, o_t, m_t, t0, j, n_t, sD, REV)
-            else:
-                p_j = _col(b_p, ar, j)
-            b_out += p_j[:, None] * z_j[None, :] * e
+        if LOOP == 2:  # unrolled
+            for j in tl.static_range(BT):
+                b_out = _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j,
+                                  ar, o_t, o_o, m_o, sO, sD, REV, EXCL, P_MEM)  # fmt: skip
+        else:
+            for j in range(0, BT):
+                b_out = _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j,
+                                  ar, o_t, o_o, m_o, sO, sD, REV, EXCL, P_MEM)  # fmt: skip
         return b_out
     b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
     if VEC_O:
