@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
 
 from linrnn.engine import triton_fused as fused
 from linrnn.engine import triton_kernels as kern
+from linrnn.engine.host_math import cdiv, next_pow2
 
 FUSED_MAX_CHUNK = 128
 
@@ -67,7 +67,7 @@ class Config:
             "mlstm": kern.NORM_MAXM if stabilize else kern.NORM_MAX1,
         }[normalizer]
         self.L = int(chunk_size or default_chunk_size(K, V, fused))
-        self.NT = triton.cdiv(T, self.L)
+        self.NT = cdiv(T, self.L)
         self.varlen = offsets is not None
         self.N, self.NSEQ = B, 1  # states (sequences) and sequences per row of B·H
         ints = dict(device=q.device, dtype=torch.int32)
@@ -84,9 +84,9 @@ class Config:
                     f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
                     f"{FUSED_MAX_CHUNK}, got {self.L} (mode='chunk' takes any chunk size)"
                 )
-            self.BT = max(16, triton.next_power_of_2(self.L))
-            self.KP = max(16, triton.next_power_of_2(K))
-            self.VP = max(16, triton.next_power_of_2(V))
+            self.BT = max(16, next_pow2(self.L))
+            self.KP = max(16, next_pow2(K))
+            self.VP = max(16, next_pow2(V))
             self.BVf = max(16, min(64, 8192 // self.KP, self.VP))
             self.BKf = max(16, min(64, 8192 // self.VP, self.KP))
         self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -121,7 +121,7 @@ class Config:
     def tiles(self, name: str, D: int, O: int):
         """(time tile, depth tile, output tile, launch options) of kernel ``name``."""
         t, d, o, nw, ns = TILES[name]
-        fit = lambda x, n: max(16, min(x, triton.next_power_of_2(n)))  # noqa: E731
+        fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
         return fit(t, self.L), fit(d, D), fit(o, O), dict(num_warps=nw, num_stages=ns)
 
     def flags(self):
@@ -150,7 +150,7 @@ def _chunk_cumsum(g: torch.Tensor, L: int, c: Config | None = None) -> torch.Ten
         cs = F.pad(x.double().cumsum(-1), (1, 0))
         return (cs[:, 1:] - cs[:, c.tok_start]).float().contiguous()
     BH, T = x.shape
-    NT = triton.cdiv(T, L)
+    NT = cdiv(T, L)
     x = F.pad(x, (0, NT * L - T)).view(BH, NT, L).cumsum(-1)
     return x.view(BH, NT * L)[:, :T].contiguous()
 
@@ -162,7 +162,7 @@ def _chunk_max(b, a, L, c: Config | None = None):
         out = torch.full((BH, c.NT), -torch.inf, device=b.device)
         idx = c.tok_chunk.expand(BH, T)
         return out.scatter_reduce_(1, idx, a - b, "amax", include_self=True)
-    NT = triton.cdiv(T, L)
+    NT = cdiv(T, L)
     z = F.pad(a - b, (0, NT * L - T), value=-torch.inf)
     return z.view(BH, NT, L).amax(-1).contiguous()
 
@@ -180,7 +180,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
     n_T = torch.empty(N, H, K, **f32) if c.track_n else dummy
     has_s0 = S0 is not None
     BS, BK, BV, launch = c.tiles("states_fwd", K, V)
-    kern.states_fwd_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), c.walkers)](
+    kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
         k, v, states, ns, mc,
         S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, b, a,
@@ -191,8 +191,8 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
     den = torch.empty(BH, T, **f32) if c.norm else dummy
     m_row = torch.empty(BH, T, **f32) if c.stab else dummy
     BQ, BD, BO, launch = c.tiles("rows_fwd", K, V)
-    NQ = triton.cdiv(L, BQ)
-    kern.rows_kernel[(NT * NQ, triton.cdiv(V, BO), BH)](
+    NQ = cdiv(L, BQ)
+    kern.rows_kernel[(NT * NQ, cdiv(V, BO), BH)](
         q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy, c.CHUNKS,
         *[dummy] * 5, T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=False, NORM=c.norm, **c.flags(), **launch,
@@ -214,7 +214,7 @@ def _forward_fused(q, k, v, b, a, S0, n0, m0, c: Config):
     den = torch.empty(BH, T, **f32) if c.norm else dummy
     m_row = torch.empty(BH, T, **f32) if c.stab else dummy
     has_s0 = S0 is not None
-    fused.fused_fwd_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
+    fused.fused_fwd_kernel[(cdiv(V, c.BVf), c.walkers)](
         q, k, v, o, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, mc, b, a,
         _chunk_max(b, a, c.L, c) if c.stab else dummy, m_row, den, c.CO, c.CHUNKS,
@@ -236,7 +236,7 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
     R_A, R_D, R_M = _norm_rows(do, o, den, m_row, c)
     has_dst, dS_T, dn_T = _final_grads(dS_T, dn_T, q, K, V, c)
     has_s0 = S0 is not None
-    nK = triton.cdiv(K, c.BKf)
+    nK = cdiv(K, c.BKf)
     gates = c.has_decay or c.has_igate
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
     k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
@@ -261,7 +261,7 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: Config):
         BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_DST=has_dst, SPLIT=split, **common,
     )  # fmt: skip
     dv = torch.empty_like(v)
-    fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
+    fused.fused_dv_kernel[(cdiv(V, c.BVf), c.walkers)](
         q, k, do, dv, dS_T if has_dst else dummy, mc, b, a, m_row, R_A, c.CO, c.CHUNKS,
         *[dummy] * 9, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
@@ -281,9 +281,9 @@ def _norm_rows(do, o, den, m_row, c: Config):
     R_A, R_D = torch.empty(B * H, T, **f32), torch.empty(B * H, T, **f32)
     R_M = torch.empty(B * H, T, **f32) if c.stab else dummy
     BT = 64
-    kern.norm_bwd_kernel[(triton.cdiv(T, BT), B * H)](
+    kern.norm_bwd_kernel[(cdiv(T, BT), B * H)](
         do, o, den, m_row, R_A, R_D, R_M, T, H, V, c.eps,
-        BT=BT, BV=min(128, max(16, triton.next_power_of_2(V))), NORM=c.norm, STAB=c.stab,
+        BT=BT, BV=min(128, max(16, next_pow2(V))), NORM=c.norm, STAB=c.stab,
     )  # fmt: skip
     return R_A, R_D, R_M
 
@@ -314,7 +314,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     dS0 = torch.empty(N, H, K, V, **f32)
     dn0 = torch.empty(N, H, K, **f32) if c.track_n else dummy
     BQ, BK, BV, launch = c.tiles("states_bwd", K, V)
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), c.walkers)
+    grid = (cdiv(K, BK), cdiv(V, BV), c.walkers)
     bnd = torch.zeros(BH, NT, grid[0] * grid[1], **f32) if c.has_decay else dummy
     kern.states_bwd_kernel[grid](
         q, do, dstates, dns, dS0, dn0,
@@ -328,7 +328,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     gates = c.has_decay or c.has_igate
     common = dict(NORM=c.norm, **c.flags())
     BQ, BD, BO, launch = c.tiles("rows_dq", V, K)
-    nQ, nK = triton.cdiv(L, BQ), triton.cdiv(K, BO)
+    nQ, nK = cdiv(L, BQ), cdiv(K, BO)
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
     dq = torch.empty_like(q)
     kern.rows_kernel[(NT * nQ, nK, BH)](
@@ -337,7 +337,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dk", V, K)
-    nS, nK = triton.cdiv(L, BS), triton.cdiv(K, BO)
+    nS, nK = cdiv(L, BS), cdiv(K, BO)
     k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
     dk = torch.empty_like(k)
     kern.cols_kernel[(NT * nS, nK, BH)](
@@ -346,9 +346,9 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dv", K, V)
-    nS = triton.cdiv(L, BS)
+    nS = cdiv(L, BS)
     dv = torch.empty_like(v)
-    kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
+    kern.cols_kernel[(NT * nS, cdiv(V, BO), BH)](
         k, q, do, dv, dstates, dns, mc, b, a, m_row, R_A, R_D, dummy, dummy, c.CHUNKS,
         *[dummy] * 5, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=False, **common, **launch,

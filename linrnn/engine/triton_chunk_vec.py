@@ -26,13 +26,13 @@ import os
 
 import torch
 import torch.nn.functional as F
-import triton
 
 from linrnn.engine import triton_chunk as tc
 from linrnn.engine import triton_fused as fused
 from linrnn.engine import triton_gate_grad as gg
 from linrnn.engine import triton_kernels as kern
 from linrnn.engine import triton_scores as sc
+from linrnn.engine.host_math import cdiv, next_pow2
 
 # Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
 # num_stages). The diagonal sub-chunk is a [BC, BC, depth or output tile] fp32 product; a kernel
@@ -82,7 +82,7 @@ SCORE_TILES = {
 
 
 def _fit(x: int, n: int) -> int:
-    return max(16, min(x, triton.next_power_of_2(max(n, 1))))
+    return max(16, min(x, next_pow2(max(n, 1))))
 
 
 def _cumsums(g, c: tc.Config, exclusive: bool):
@@ -169,7 +169,7 @@ def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
     if c.excl and dov is None:
         dov = (do.float() * v.float()).sum(-1)
     BT, BD = _fit(64, c.L), _fit(64, K)
-    gg.decay_grad_kernel[(c.NT, triton.cdiv(K, BD), c.rows)](
+    gg.decay_grad_kernel[(c.NT, cdiv(K, BD), c.rows)](
         qdq, kdk, W, q, k, dov if c.excl else dummy, u if c.excl else dummy, dg, du_rows,
         c.CHUNKS, T, H, K, c.L, c.NT, c.scale, BT=BT, BD=BD, VARLEN=c.varlen, EXCL=c.excl,
         num_warps=4,
@@ -189,7 +189,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
     S_T = torch.empty(N, H, K, V, **f32)
     BS, BK, BV, nw, ns = VEC_TILES["states"]
     BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
-    kern.states_fwd_kernel[(triton.cdiv(K, BK), triton.cdiv(V, BV), c.walkers)](
+    kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
         k, v, states, dummy, dummy, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy,
         dummy, dummy, dummy, c.CO, c.CHUNKS, bk, bv if has_gv else dummy,
         T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(),
@@ -202,10 +202,10 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
         return o, S_T, (states, A)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
     BS, BD, BO = _fit(BS, L), _fit(BD, K), _fit(GATED_BO if has_gv else BO, V)
-    NQ = triton.cdiv(L, BC)
+    NQ = cdiv(L, BC)
     gv_ = bv if has_gv else dummy
     o32 = torch.empty(v.shape, **f32) if has_gv else dummy  # for gv's gradient
-    kern.rows_kernel[(NT * NQ, triton.cdiv(V, BO), BH)](
+    kern.rows_kernel[(NT * NQ, cdiv(V, BO), BH)](
         q, k, v, o, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy,
         o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy,
         T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, 0.0,
@@ -226,7 +226,7 @@ def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True):
     BS, BD = _fit(BS, L), _fit(BD, K)
     if not gated:  # one sub-chunk per chunk: no more rows than the chunk has
         BC = _fit(BC, L)
-    NQ = triton.cdiv(L, BC)
+    NQ = cdiv(L, BC)
     sc.scores_kernel[(c.NT * NQ, c.rows)](
         q, k, bkx, bk, u if c.excl and gated else bk, A, c.CHUNKS, T, H, K, L, c.NT, NQ,
         BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, DIAG_LOOP=_walk_form(),
@@ -250,8 +250,8 @@ def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool):
     O = z.shape[3]
     BQ, BS, BD, BO, nw, ns = SCORE_TILES["apply"]
     BQ, BS, BD, BO = _fit(BQ, c.L), _fit(BS, c.L), _fit(BD, D), _fit(BO, O)
-    NQ = triton.cdiv(c.L, BQ)
-    sc.apply_kernel[(c.NT * NQ, triton.cdiv(O, BO), c.rows)](
+    NQ = cdiv(c.L, BQ)
+    sc.apply_kernel[(c.NT * NQ, cdiv(O, BO), c.rows)](
         A, z, x, st, g, out, c.CHUNKS, T, H, D, O, c.L, c.NT, NQ, c.scale, O, 1,
         BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen, DOT_PREC=c.prec,
         num_warps=nw, num_stages=ns,
@@ -274,7 +274,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     dS0 = torch.empty(N, H, K, V, **f32)
     BS, BK, BV, nw, ns = VEC_TILES["states"]
     BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), c.walkers)
+    grid = (cdiv(K, BK), cdiv(V, BV), c.walkers)
     bndk = torch.zeros(BH, NT, grid[1], K, **f32)
     bndv = torch.zeros(BH, NT, grid[0], V, **f32) if has_gv else dummy
     kern.states_bwd_kernel[grid](
@@ -291,10 +291,10 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     p_do, p_dov = (do, v) if dP is None else (dP, dP)  # the P source of dq (Y) and dk (Y)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
     BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
-    nQ = triton.cdiv(L, BC)
+    nQ = cdiv(L, BC)
     dq = torch.empty_like(q)
     qdq = torch.empty(q.shape, **f32)
-    kern.rows_kernel[(NT * nQ, triton.cdiv(K, BO), BH)](
+    kern.rows_kernel[(NT * nQ, cdiv(K, BO), BH)](
         do, p_dov, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, q,
         qdq, c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, 0.0,
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=True, VEC_D=has_gv, VEC_O=True, P_MEM=stored,
@@ -302,10 +302,10 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     )  # fmt: skip
     BC, BQ, BD, BO, nw, ns = VEC_TILES["cols"]
     BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
-    nS = triton.cdiv(L, BC)
+    nS = cdiv(L, BC)
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
-    kern.cols_kernel[(NT * nS, triton.cdiv(K, BO), BH)](
+    kern.cols_kernel[(NT * nS, cdiv(K, BO), BH)](
         v, p_do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
         c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
         BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=True, VEC_D=has_gv, VEC_O=True, P_MEM=stored,
@@ -317,7 +317,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     if stored:  # the forward's stored scores: dv = scale·Aᵀ do + …
         _apply(saved[1], do, k, dstates, bk, dv, c, rev=True)
     else:
-        kern.cols_kernel[(NT * nS, triton.cdiv(V, BO), BH)](
+        kern.cols_kernel[(NT * nS, cdiv(V, BO), BH)](
             k, q, do, dv, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, v, vdv,
             c.CHUNKS, bkx, bk, gv_, gv_, u_, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
             BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=False, VEC_D=True, VEC_O=has_gv, **common,
@@ -416,7 +416,7 @@ def _forward_fused(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
     # For gv's gradient: the output's intra- and inter-chunk parts (fp32), see fused_dv_kernel
     o_in = torch.empty(v.shape, **f32) if has_gv else dummy
     o_x = torch.empty(v.shape, **f32) if has_gv else dummy
-    fused.fused_fwd_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
+    fused.fused_fwd_kernel[(cdiv(V, c.BVf), c.walkers)](
         q, k, v, o, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy, dummy, dummy, dummy,
         dummy, o_x, o_in, c.CO, c.CHUNKS, bk, bkx, bv if has_gv else dummy,
         u if c.excl else dummy, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale, 0.0,
@@ -440,7 +440,7 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
     # both sides see the state at (nearly) fp32 precision, so the forward's and dv's
     # inter-chunk products are split too when gv is there.
     split = q.dtype != torch.float32
-    nK = triton.cdiv(K, c.BKf)
+    nK = cdiv(K, c.BKf)
     dq = torch.empty_like(q)
     qdq = torch.empty(q.shape, **f32)
     # Per chunk, the inter-chunk parts of q⊙dq, k⊙dk (and o⊙do − v⊙dv): the tails the gate
@@ -466,7 +466,7 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
     # With gv: o ⊙ do − v ⊙ dv per step (fp32), ready for the reverse sum
     vdv = torch.empty(v.shape, **f32) if has_gv else dummy
     o_in, o_x = saved if has_gv else (dummy, dummy)
-    fused.fused_dv_kernel[(triton.cdiv(V, c.BVf), c.walkers)](
+    fused.fused_dv_kernel[(cdiv(V, c.BVf), c.walkers)](
         q, k, do, dv, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy, dummy, c.CO,
         c.CHUNKS, *gates, v, vdv, o_in, o_x, v_tot, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
         BK=c.KP, BV=c.BVf, HAS_DST=has_dst, SPLIT=split and has_gv, **common,

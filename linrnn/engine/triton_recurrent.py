@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from linrnn.engine.host_math import cdiv, next_pow2
 from linrnn.engine.triton_kernels import _denominator, _start_state
 
 # Decay kinds (the DECAY switch).
@@ -132,13 +133,13 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
     q, k, v, g, gv, gi, u = map(c, (q, k, v, g, gv, gi, u))
     S_T, n_T, m_T = out_state if out_state is not None else (None, None, None)
     S_T = torch.empty(N, H, K, V, **f32) if S_T is None else S_T
-    BK = max(16, triton.next_power_of_2(K))
-    BV = max(16, min(64, 8192 // BK, triton.next_power_of_2(V)))
+    BK = max(16, next_pow2(K))
+    BV = max(16, min(64, 8192 // BK, next_pow2(V)))
     # n and m are read by every V tile of a head: with several tiles one tile's final n/m must
     # not land on the initial n/m another tile has yet to read, so they go to fresh buffers and
     # are copied after; with one tile the kernel writes them in place (two launches fewer per
     # decode step).
-    direct = triton.cdiv(V, BV) == 1
+    direct = cdiv(V, BV) == 1
     n_buf = m_buf = dummy
     if track_n:
         n_buf = n_T if direct and n_T is not None else torch.empty(N, H, K, **f32)
@@ -150,7 +151,7 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
     o = torch.empty_like(v, dtype=q.dtype)
     if offsets is not None:
         offsets = torch.as_tensor(offsets, dtype=torch.int64, device=dev)
-    recurrent_fwd_kernel[(triton.cdiv(V, BV), N * H)](
+    recurrent_fwd_kernel[(cdiv(V, BV), N * H)](
         q, k, v, o, g if g is not None else dummy, gv if gv is not None else dummy,
         gi if gi is not None else dummy, u if u is not None else dummy,
         S0 if has_s0 else dummy,

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from linrnn.engine import triton_chunk
 from linrnn.engine import triton_recurrent as fwd
+from linrnn.engine.host_math import cdiv, next_pow2
 from linrnn.engine.triton_kernels import _start_state
 
 
@@ -278,13 +279,13 @@ class _RecurrentFn(torch.autograd.Function):
         offsets = torch.tensor(c.offsets, device=dev) if c.varlen else dummy
         gates = (opt(g), opt(gv), opt(gi), opt(u))
         NH = c.N * H
-        KP, VP = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+        KP, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
         BKt = max(16, min(64, 8192 // VP, KP))
         BVt = max(16, min(64, 8192 // KP, VP))
 
         dq = torch.empty(B, T, H, K, **f32)
         qdq = torch.zeros(B, T, H, K, **f32) if g is not None else dummy
-        recurrent_dq_kernel[(triton.cdiv(K, BKt), NH)](
+        recurrent_dq_kernel[(cdiv(K, BKt), NH)](
             q, k, v, do, *gates, opt(S0), opt(n0), opt(m0), opt(m_row), R_A, R_D, dq, qdq,
             offsets, T, H, K, V, c.scale, BK=BKt, BV=VP, SAVE_QDQ=g is not None, **flags,
         )  # fmt: skip
@@ -295,14 +296,14 @@ class _RecurrentFn(torch.autograd.Function):
         dn0 = torch.empty(c.N, H, K, **f32) if c.track_n else dummy
         dst = (dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy)
         common = (q, k, v, do, *gates, opt(m0), opt(m_row), R_A, R_D, *dst)
-        recurrent_dkv_kernel[(triton.cdiv(K, BKt), 1, NH)](
+        recurrent_dkv_kernel[(cdiv(K, BKt), 1, NH)](
             *common, dk, dummy, kdk, dummy, du, dS0, dn0, offsets, T, H, K, V, c.scale,
             BK=BKt, BV=VP, HAS_DST=has_dst, IS_DK=True, SAVE_KDK=has_gates, SAVE_VDV=False,
             **flags,
         )  # fmt: skip
         dv = torch.empty(B, T, H, V, **f32)
         vdv = torch.empty(B, T, H, V, **f32) if gv is not None else dummy
-        recurrent_dkv_kernel[(1, triton.cdiv(V, BVt), NH)](
+        recurrent_dkv_kernel[(1, cdiv(V, BVt), NH)](
             *common, dummy, dv, dummy, vdv, dummy, dummy, dummy, offsets, T, H, K, V, c.scale,
             BK=KP, BV=BVt, HAS_DST=has_dst, IS_DK=False, SAVE_KDK=False,
             SAVE_VDV=gv is not None, **flags,
