@@ -145,14 +145,17 @@ def _revsum(x, W, end, c: tc.Config, totals=None):
     return back(local + W.float()[:, :, None])
 
 
-def _bonus(q, k, v, do, scale, dov=None):
-    """RWKV6: W = scale·q ⊙ k (do·v) per token ([B, T, H, K] fp32; the bonus part of q ⊙ dq
-    is u ⊙ W) and du = Σ_{B,T} W. ``dov``: do·v already known ([B, T, H], fp32). In place
-    on one fp32 buffer: at 65,536 tokens × H·K = 4096 each full-size temporary is 1 GB."""
-    if dov is None:
-        dov = (do.float() * v.float()).sum(-1)
+def _dov(do, v):
+    """do_t·v_t per token ([B, T, H] fp32): RWKV6's bonus weight."""
+    return (do.float() * v.float()).sum(-1)
+
+
+def _bonus(q, k, v, do, scale):
+    """RWKV6 in fused_chunk: W = scale·q ⊙ k (do·v) per token ([B, T, H, K] fp32; the bonus
+    part of q ⊙ dq is u ⊙ W) and du = Σ_{B,T} W. In place on one fp32 buffer: at 65,536
+    tokens × H·K = 4096 each full-size temporary is 1 GB. (Chunk mode: triton_gate_grad.)"""
     w = q.to(torch.float32, copy=True)  # a fresh buffer: q.float() may be q itself
-    w = w.mul_(k).mul_(dov.mul(scale)[..., None])
+    w = w.mul_(k).mul_(_dov(do, v).mul_(scale)[..., None])
     return w, w.sum((0, 1))
 
 
@@ -167,7 +170,7 @@ def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
     dg = torch.empty(q.shape, **f32)
     du_rows = torch.empty(c.rows, c.NT, K, **f32) if c.excl else dummy
     if c.excl and dov is None:
-        dov = (do.float() * v.float()).sum(-1)
+        dov = _dov(do, v)
     BT, BD = _fit(64, c.L), _fit(64, K)
     gg.decay_grad_kernel[(c.NT, cdiv(K, BD), c.rows)](
         qdq, kdk, W, q, k, dov if c.excl else dummy, u if c.excl else dummy, dg, du_rows,
@@ -363,7 +366,7 @@ class _VecChunkFn(torch.autograd.Function):
             dgk = _revsum(qdq - kdk, Wk, endk, c, totk)
             du = None
             if c.excl:  # the query-side term is exclusive: q ⊙ dq less its bonus part u ⊙ W
-                w, du = _bonus(q, k, v, do, c.scale, dov)
+                w, du = _bonus(q, k, v, do, c.scale)
                 dgk = dgk.sub_(qdq).addcmul_(w, u)
         else:  # one pass from the exact chunk-end tails (Wk: [B·H, NT, K])
             dgk, du = _decay_grad(q, k, v, do, u, qdq, kdk, Wk, dov, c)
@@ -481,5 +484,5 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
         vdv if has_gv else None,
         q_tot - k_tot,
         (v_tot if has_gv else None),
-        None,  # do·v: RWKV6's bonus forms it itself
+        None,  # do·v: _bonus forms it
     )
