@@ -263,10 +263,12 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
 @triton.jit
 def _vec_off_scores(p_x, p_y, p_gdx, p_gdk, o_r, m_r, o_s, m_s, i_z, D, sD, BQ: tl.constexpr,
                     BS: tl.constexpr, BD: tl.constexpr, VEC_D: tl.constexpr,
-                    DOT_PREC: tl.constexpr):  # fmt: skip
+                    DOT_PREC: tl.constexpr, REV: tl.constexpr = False):  # fmt: skip
     """P_rs = Σ_d X_r[d] Y_s[d] exp(G^X_r[d] − G^K_s[d]) for rows o_r after keys o_s, as one
     tensor-core product of the factors exp(G^X_r − z) and exp(z − G^K_s) around z = G^K at
-    i_z (between them: both ≤ 1); without ``VEC_D`` the plain X Yᵀ. [BQ, BS] fp32."""
+    i_z (between them: both ≤ 1); without ``VEC_D`` the plain X Yᵀ. ``REV``: the transposed
+    pairs, rows o_r keys before the queries o_s, exp(G^X_s − G^K_r) as exp(z − G^K_r) and
+    exp(G^X_s − z). [BQ, BS] fp32."""
     b_p = tl.zeros([BQ, BS], dtype=tl.float32)
     for d0 in range(0, D, BD):
         o_d = d0 + tl.arange(0, BD)
@@ -275,10 +277,16 @@ def _vec_off_scores(p_x, p_y, p_gdx, p_gdk, o_r, m_r, o_s, m_s, i_z, D, sD, BQ: 
         b_yt = _tile_t(p_y, o_s, o_d, sD, m_s, m_d)  # [BD, BS]
         if VEC_D:
             z_d = _ld_row(p_gdk, i_z, o_d, sD, m_d)  # [BD]
-            gx = _tile(p_gdx, o_r, o_d, sD, m_r, m_d)
-            gk = _tile_t(p_gdk, o_s, o_d, sD, m_s, m_d)
-            fx = _xp(gx - z_d[None, :], m_r[:, None] & m_d[None, :])
-            fy = _xp(z_d[:, None] - gk, m_d[:, None] & m_s[None, :])
+            if REV:
+                gk = _tile(p_gdk, o_r, o_d, sD, m_r, m_d)
+                gx = _tile_t(p_gdx, o_s, o_d, sD, m_s, m_d)
+                fx = _xp(z_d[None, :] - gk, m_r[:, None] & m_d[None, :])
+                fy = _xp(gx - z_d[:, None], m_d[:, None] & m_s[None, :])
+            else:
+                gx = _tile(p_gdx, o_r, o_d, sD, m_r, m_d)
+                gk = _tile_t(p_gdk, o_s, o_d, sD, m_s, m_d)
+                fx = _xp(gx - z_d[None, :], m_r[:, None] & m_d[None, :])
+                fy = _xp(z_d[:, None] - gk, m_d[:, None] & m_s[None, :])
             b_x = (b_x.to(tl.float32) * fx).to(b_x.dtype)
             b_yt = (b_yt.to(tl.float32) * fy).to(b_yt.dtype)
         b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
@@ -333,24 +341,11 @@ def _vec_cols_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, s_end, c1
     for r0 in range(s_end, c1, BQ):
         o_r = r0 + tl.arange(0, BQ)
         m_r = o_r < c1
-        b_pt = tl.zeros([BS, BQ], dtype=tl.float32)
         if P_MEM:  # P[r, s] stored: its transpose
             b_pt = _ld_p(p_y, o_r, o_s, sD, m_s[:, None] & m_r[None, :], True)
-        else:
-            for d0 in range(0, D, BD):
-                o_d = d0 + tl.arange(0, BD)
-                m_d = o_d < D
-                b_x = _tile(p_x, o_s, o_d, sD, m_s, m_d)  # [BS, BD]
-                b_yt = _tile_t(p_y, o_r, o_d, sD, m_r, m_d)  # [BD, BQ]
-                if VEC_D:
-                    z_d = _ld_row(p_gdk, i_z, o_d, sD, m_d)
-                    gk = _tile(p_gdk, o_s, o_d, sD, m_s, m_d)
-                    gx = _tile_t(p_gdx, o_r, o_d, sD, m_r, m_d)
-                    fx = _xp(z_d[None, :] - gk, m_s[:, None] & m_d[None, :])
-                    fy = _xp(gx - z_d[:, None], m_d[:, None] & m_r[None, :])
-                    b_x = (b_x.to(tl.float32) * fx).to(b_x.dtype)
-                    b_yt = (b_yt.to(tl.float32) * fy).to(b_yt.dtype)
-                b_pt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        else:  # [BS, BQ]
+            b_pt = _vec_off_scores(p_x, p_y, p_gdx, p_gdk, o_s, m_s, o_r, m_r, i_z, D, sD, BS,
+                                   BQ, BD, VEC_D, DOT_PREC, True)  # fmt: skip
         b_z = _tile(p_z, o_r, o_o, sO, m_r, m_o)  # [BQ, BO]
         if VEC_O:
             gx = _tile(p_gox, o_r, o_o, sO, m_r, m_o)
