@@ -148,15 +148,6 @@ from linrnn.bench import report  # noqa: E402
 from linrnn.bench.registry import parse_shape  # noqa: E402
 from linrnn.engine import triton_chunk_vec as tcv  # noqa: E402
 
-try:  # SCORES' kernels (absent in an older checkout)
-    from linrnn.engine import triton_scores
-except ImportError:
-    triton_scores = None
-try:  # the one-pass log-decay gradient (absent in an older checkout)
-    from linrnn.engine import triton_gate_grad
-except ImportError:
-    triton_gate_grad = None
-
 OPS = ("gla", "rwkv6", "gla_gv")  # in this order: a run cut short has the headline op first
 GLA_SHAPES = ("B8-T8192-H16-K256-V256",)  # B8-T8192-H32-K128-V128 with --shapes
 RWKV6_SHAPES = ("B8-T8192-H64-K64-V64",)
