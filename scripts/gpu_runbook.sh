@@ -141,7 +141,7 @@ cp)
     gpus=$(nvidia-smi -L | wc -l)
     for g in 1 2 4; do
         [ "$g" -le "$gpus" ] || continue
-        timeout 180 python3 -m torch.distributed.run --nproc_per_node "$g" \
+        timeout 185 python3 -m torch.distributed.run --nproc_per_node "$g" \
             benchmarks/context_parallel.py --commit "$C" --out "$OUT/cp-${g}gpu.json" \
             >"$OUT/cp-${g}gpu.log" 2>&1
         echo "gpus=$g rc=$?"; grep -E "^check |tokens_per_s" "$OUT/cp-${g}gpu.log"
