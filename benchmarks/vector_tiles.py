@@ -215,7 +215,8 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
     max(K, V): conservative when K ≠ V). Equal keys: the same kernels."""
     f = tcv._fit
     tiles = cfg["VEC_TILES"]
-    loop = (cfg["DIAG_LOOP"], bool(cfg.get("WALK_UNROLL")) and bool(cfg["DIAG_LOOP"]))
+    unroll = bool(cfg.get("WALK_UNROLL")) or (gv and getattr(tcv, "WALK_UNROLL_GV", False))
+    loop = (cfg["DIAG_LOOP"], unroll and bool(cfg["DIAG_LOOP"]))
     D, K, V = max(shape["K"], shape["V"]), shape["K"], shape["V"]
     if mode == "fused_chunk":
         BC, _, BD, _, nw, ns = tiles["fused"]

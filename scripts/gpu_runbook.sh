@@ -24,8 +24,8 @@
 #                 (chunk_gla's first call needs > 230 s on Triton 3.6), ≤ 575 s
 #   compile       issue 9: benchmarks/compile_graphs.py
 #   decode        issue 5: linrnn bench --suite decode
-#   varlen        issue 5: linrnn bench --suite varlen in two parts (linrnn ops, then fla's peer
-#                 if ≥ 240 s are left), ≤ BUDGET (520) s; every finished case stays in
+#   varlen        issue 5: linrnn bench --suite varlen in two parts (linrnn ops, or VARLEN_OPS,
+#                 then fla's peer if ≥ 240 s are left), ≤ BUDGET (520) s; every finished case stays in
 #                 $OUT/varlen.json. Resume on a later call with the returned JSON (copied into the
 #                 checkout, so that it travels): bash scripts/gpu_runbook.sh varlen <varlen.json>
 #   train         issue 7: benchmarks/train_throughput.py (8 mixers, ~7 min)
@@ -90,12 +90,22 @@ mlstm-shapes)
         --out "$OUT/bench_mlstm_shapes.json"
     ;;
 vector-check)
-    (timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_triton_vector.py \
-        >"$OUT/pytest_vector.txt" 2>&1; echo "rc=$?" >>"$OUT/pytest_vector.txt") &
+    # The kernel tests in SHARDS interleaved slices of the collected ids (one process took
+    # > 400 s beside the matrix in session 7: compilation is CPU-bound), beside the matrix.
+    SHARDS=${SHARDS:-4}
+    python3 -m pytest -q -p no:cacheprovider --collect-only tests/test_triton_vector.py |
+        grep '::' >"$OUT/pytest_vector_ids.txt"
+    for i in $(seq 0 $((SHARDS - 1))); do
+        awk -v n="$SHARDS" -v i="$i" 'NR % n == i' "$OUT/pytest_vector_ids.txt" >"$OUT/ids-$i.txt"
+        mapfile -t ids <"$OUT/ids-$i.txt"
+        (timeout 420 python3 -m pytest -q -p no:cacheprovider "${ids[@]}" \
+            >"$OUT/pytest_vector-$i.txt" 2>&1; echo "rc=$?" >>"$OUT/pytest_vector-$i.txt") &
+    done
     timeout 500 python3 benchmarks/gpu_engine.py --skip-bench --vector --ops gla "gla[gv]" rwkv6 \
         --jobs 4 --commit "$C" --out "$OUT/check_vector.json"
     wait
-    tail -3 "$OUT/pytest_vector.txt"
+    echo "$(wc -l <"$OUT/pytest_vector_ids.txt") tests collected"
+    tail -qn 2 "$OUT"/pytest_vector-*.txt
     ;;
 vector-sweep)
     # The profile first, of both forms of the diagonal block (DIAG_LOOP off and on) × both
@@ -175,7 +185,8 @@ varlen)
             tee -a "$OUT/varlen.log"
         echo "varlen --ops $*: rc=${PIPESTATUS[0]} at ${SECONDS} s" | tee -a "$OUT/varlen.log"
     }
-    varlen_part $((BUDGET - SECONDS - 10)) 120 linrnn
+    # shellcheck disable=SC2086
+    varlen_part $((BUDGET - SECONDS - 10)) 120 ${VARLEN_OPS:-linrnn}
     left=$((BUDGET - SECONDS - 10))
     if [ "$left" -ge 240 ]; then
         varlen_part "$left" 220 peers

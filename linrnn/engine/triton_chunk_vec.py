@@ -39,8 +39,10 @@ from linrnn.engine.host_math import cdiv, next_pow2
 # whose output dimension carries a gate uses GATED_BO instead. Chosen by the H200 sweep of
 # session 6 (benchmarks/vector_sweep.py, results in benchmarks/results/s6/): the combined best
 # of GLA, GLA+gv and RWKV6 at L = 64, where they agreed; cols at one stage won for all three.
+# Session 7's sweep (s7/): states' V tile 64 -> 128, GLA fwd+bwd 0.97x, GLA+gv 0.99x (RWKV6,
+# V = 64, the same kernel).
 VEC_TILES = {
-    "states": (64, 64, 64, 4, 2),  # (time tile, K tile, V tile, ...)
+    "states": (64, 64, 128, 4, 2),  # (time tile, K tile, V tile, ...)
     "rows": (16, 64, 32, 64, 4, 2),
     "cols": (16, 64, 32, 64, 4, 1),
     "fused": (16, 0, 32, 0, 4, 1),
@@ -53,15 +55,20 @@ GATED_BO = 64  # 32 -> 64: GLA+gv fwd+bwd 0.67x, GLA 0.89x, RWKV6 0.92x in the s
 # GPU default. Under the interpreter it is ~8x slower, so there the block form stays the
 # default and the walk is tested by its own cases (tests/test_triton_vector.py).
 DIAG_LOOP = os.environ.get("TRITON_INTERPRET") != "1"
-# The walk's 16 steps as a loop (False) or unrolled (True: the steps' row loads and
-# exponentials may overlap, for more code and registers). Not timed yet: the sweep's
-# walk_unroll switch decides.
+# The walk's 16 steps as a loop or unrolled (the steps' row loads and exponentials may
+# overlap, for more code and registers). WALK_UNROLL unrolls every call; WALK_UNROLL_GV the
+# calls with gv. The H200 sweep of session 7 (benchmarks/results/s7/): unrolled, GLA+gv
+# fwd+bwd 0.88x (fwd 0.78x) of the loop, but GLA 1.12x and RWKV6 1.20x (their walks run in
+# the scores kernel and the backward, where the loop wins).
 WALK_UNROLL = False
+WALK_UNROLL_GV = True
 
 
-def _walk_form() -> int:
+def _walk_form(has_gv: bool = False) -> int:
     """The kernels' DIAG_LOOP: 0 the block, 1 the walk, 2 the walk unrolled."""
-    return (2 if WALK_UNROLL else 1) if DIAG_LOOP else 0
+    if not DIAG_LOOP:
+        return 0
+    return 2 if WALK_UNROLL or (has_gv and WALK_UNROLL_GV) else 1
 
 
 # gk-only calls in chunk mode (GLA without gv, RWKV6): store the intra-chunk scores once
@@ -74,8 +81,8 @@ SCORES = True
 # The backward of those calls stores its ungated P = do vᵀ once too ("dscores": one
 # [64, 64] product per chunk, fp32) for dq and dk to load, instead of forming it again for
 # every K tile of both (at K = 256 that product was ~80 % of their matmul work).
-SCORE_TILES = {
-    "scores": (16, 32, 32, 4, 2),
+SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998x
+    "scores": (16, 32, 32, 2, 2),
     "apply": (64, 64, 32, 64, 4, 2),
     "dscores": (64, 64, 64, 4, 2),
 }
@@ -86,23 +93,17 @@ def _fit(x: int, n: int) -> int:
 
 
 def _cumsums(g, c: tc.Config, exclusive: bool):
-    """Chunk-local inclusive (and exclusive) cumulative sums of a [B, T, H, D] log decay, fp32.
-    The exclusive sum holds exactly the inclusive one's values, shifted by one step."""
-    B, T, H, D = g.shape
-    g = g.float()
-    if c.varlen:  # chunks from the table: differences of fp64 prefix sums
-        cs = F.pad(g.double().cumsum(1), (0, 0, 0, 0, 1, 0))  # cs[:, t] = Σ_{j<t} g_j
-        start = cs[:, c.tok_start]
-        inc = (cs[:, 1:] - start).float().contiguous()
-        exc = (cs[:, :-1] - start).float().contiguous() if exclusive else inc
-        return inc, exc
-    L, NT = c.L, c.NT
-    x = F.pad(g, (0, 0, 0, 0, 0, NT * L - T)).view(B, NT, L, H, D).cumsum(2)
-    inc = x.view(B, NT * L, H, D)[:, :T].contiguous()
+    """Chunk-local inclusive (and exclusive) cumulative sums of a [B, T, H, D] log decay, fp32,
+    summed in each chunk's zero-padded layout (packed sequences: chunks from the table). The
+    exclusive sum holds exactly the inclusive one's values, shifted by one step. (Packed calls
+    once took differences of fp64 prefix sums over all of T: at T = 65,536, K = 256 that made
+    a GLA forward 2.2x slower than the same tokens padded.)"""
+    y, back = _padded(g.float(), c)
+    x = y.cumsum(2)  # [B, NT, L, H, D]
+    inc = back(x).contiguous()
     if not exclusive:
         return inc, inc
-    exc = F.pad(x[:, :, :-1], (0, 0, 0, 0, 1, 0)).view(B, NT * L, H, D)[:, :T].contiguous()
-    return inc, exc
+    return inc, back(F.pad(x[:, :, :-1], (0, 0, 0, 0, 1, 0))).contiguous()
 
 
 def _padded(x, c: tc.Config):
@@ -213,7 +214,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
         o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy,
         T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, 0.0,
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
-        VEC_O=has_gv, EXCL=c.excl, DIAG_LOOP=_walk_form(), num_warps=nw, num_stages=ns,
+        VEC_O=has_gv, EXCL=c.excl, DIAG_LOOP=_walk_form(has_gv), num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return o, S_T, (states, o32 if has_gv else None)
 
@@ -288,7 +289,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
         HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, VEC=True, VEC_V=has_gv,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, DIAG_LOOP=_walk_form())
+    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, DIAG_LOOP=_walk_form(has_gv))
     # gk-only with the forward's stored scores: do vᵀ stored once too, loaded by dq and dk
     dP = _scores(do, v, bkx, bk, None, c, gated=False) if stored else None
     p_do, p_dov = (do, v) if dP is None else (dP, dP)  # the P source of dq (Y) and dk (Y)
@@ -402,7 +403,8 @@ def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> tc.Confi
 
 def _fused_common(c: tc.Config, has_gv: bool):
     BC, _, BD, _, nw, ns = VEC_TILES["fused"]
-    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, DIAG_LOOP=_walk_form(), BC=BC, BD=BD,
+    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, DIAG_LOOP=_walk_form(has_gv),
+                BC=BC, BD=BD,
                 HAS_DECAY=False,
                 HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen,
                 num_warps=nw, num_stages=ns)  # fmt: skip
