@@ -24,6 +24,7 @@
 #                 (chunk_gla's first call needs > 230 s on Triton 3.6), ≤ 575 s
 #   compile       issue 9: benchmarks/compile_graphs.py
 #   decode        issue 5: linrnn bench --suite decode
+#   decode-sweep  issue 5: the decode step's tile (triton_recurrent.STEP_TILE), ≤ 560 s
 #   varlen        issue 5: linrnn bench --suite varlen in two parts (linrnn ops, or VARLEN_OPS,
 #                 then fla's peer if ≥ 240 s are left), ≤ BUDGET (520) s; every finished case stays in
 #                 $OUT/varlen.json. Resume on a later call with the returned JSON (copied into the
@@ -52,7 +53,7 @@ MLSTM_OPS=(
     mlstm_kernels:triton_xl_chunk mlstm_kernels:triton_limit_chunk torch:sdpa_causal
 )
 
-stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, vector-sweep, vector-bench, vector-bench-gla, compile, decode, varlen, train, cp}
+stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, vector-sweep, vector-bench, vector-bench-gla, compile, decode, decode-sweep, varlen, train, cp}
 case "$stage" in
 scalar-check)
     # Test files in parallel first (compilation is CPU-bound), then the correctness matrix.
@@ -159,6 +160,12 @@ cp)
     ;;
 decode)
     timeout 570 python3 -m linrnn.bench --suite decode --commit "$C" --out-dir "$OUT"
+    ;;
+decode-sweep)
+    # The decode step's value tile and warps (benchmarks/decode_sweep.py), in CUDA graphs;
+    # no case starts after 480 s
+    timeout 560 python3 -u benchmarks/decode_sweep.py --deadline 480 --commit "$C" \
+        --out "$OUT/decode_sweep.json" 2>&1 | tee "$OUT/decode_sweep.txt"
     ;;
 varlen)
     # Session 6 (H200): the 10 linrnn ops took ~330 s (each a worker: ~6 s start, 5-15 s first
