@@ -126,6 +126,7 @@ from vector_tiles import (  # noqa: E402  (benchmarks/ is the script's own folde
     DTYPES,
     HAS_DIAG_LOOP,
     HAS_SCORES,
+    HAS_SPLIT_INTER,
     HAS_WALK_UNROLL,
     KERNELS,
     LOOP_ONLY,
@@ -292,6 +293,8 @@ def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
         kernels.remove("diag_loop")
     if not HAS_SCORES:
         kernels = [k for k in kernels if k != "scores" and k not in SCORE_KEYS]
+    if not HAS_SPLIT_INTER and "split_inter" in kernels:
+        kernels.remove("split_inter")
     keys = {un.key(un.cfg): "default"}
     best: dict = {}
     best_fwd: dict = {}
@@ -328,6 +331,11 @@ def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
                 why = "skipped: WALK_UNROLL needs the walk (DIAG_LOOP) in the base"
                 un.emit(dict(kernel="walk_unroll", tiles=list(t), status=why))
             continue
+        if switch == "split_inter" and (un.no_scores or not un.cfg.get("SCORES")):
+            for t in args.candidates["split_inter"]:
+                why = "skipped: SPLIT_INTER needs the stored scores (SCORES, gk only, chunk)"
+                un.emit(dict(kernel="split_inter", tiles=list(t), status=why))
+            continue
         for t in args.candidates[switch]:
             if not time_left():
                 break
@@ -337,7 +345,7 @@ def sweep_candidates(un: Unit, info, costs, sub_end, hard_end, later):
             un.cfg, un.base = r["config"], r
             adopted.append(switch)
             keys[un.key(un.cfg)] = f"the base ({switch})"
-            switches = {k: un.cfg.get(k) for k in ("DIAG_LOOP", "SCORES", "WALK_UNROLL")}
+            switches = {k: un.cfg.get(k) for k in (s.upper() for s in SWITCHES)}
             info["base"] = {"adopted": "+".join(adopted), "tiles": r["tiles"], **switches}
             info["base"].update(_figures(r))
             print(f"  base: {switch.upper()}={un.cfg[switch.upper()]} from here on", flush=True)
@@ -450,6 +458,13 @@ def parse_args(argv=None):
         "walk, DIAG_LOOP, in the base)",
     )
     p.add_argument(
+        "--split-inter",
+        nargs="*",
+        metavar="0|1",
+        help="SPLIT_INTER candidates (default: the form the base does not use; only with the "
+        "stored scores, SCORES, in the base)",
+    )
+    p.add_argument(
         "--diag-loop",
         nargs="*",
         metavar="0|1",
@@ -556,6 +571,7 @@ def parse_args(argv=None):
         base_scores = int(bool(tcv.SCORES)) if HAS_SCORES else 0
     builtin["scores"] = [(1 - base_scores,)] if HAS_SCORES else []
     builtin["walk_unroll"] = [(1 - int(bool(tcv.WALK_UNROLL)),)] if HAS_WALK_UNROLL else []
+    builtin["split_inter"] = [(1 - int(bool(tcv.SPLIT_INTER)),)] if HAS_SPLIT_INTER else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:

@@ -1,5 +1,6 @@
 """The tile configurations benchmarks/vector_sweep.py tries on the vector-gate path
-(triton_chunk_vec's VEC_TILES, GATED_BO, DIAG_LOOP, SCORES, WALK_UNROLL, SCORE_TILES): the
+(triton_chunk_vec's VEC_TILES, GATED_BO, DIAG_LOOP, SCORES, WALK_UNROLL, SPLIT_INTER,
+SCORE_TILES): the
 candidate lists, their legality, applying one to a config, what the kernels get after
 clipping, and setting the engine to a config and back."""
 
@@ -14,7 +15,7 @@ from linrnn.engine import triton_chunk_vec as tcv
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
 # The switches first (in this order, each adopted as the base when faster), then the tiles
-SWITCHES = ("diag_loop", "scores", "walk_unroll")
+SWITCHES = ("diag_loop", "scores", "walk_unroll", "split_inter")
 KERNELS = (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles", "fused")
 MODE_KERNELS = {
     "chunk": (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles"),
@@ -25,6 +26,7 @@ SCORE_KEYS = {"score_tiles": "scores", "apply_tiles": "apply"}  # their SCORE_TI
 HAS_DIAG_LOOP = hasattr(tcv, "DIAG_LOOP")  # added in 35acbf2
 HAS_SCORES = hasattr(tcv, "SCORES")  # added in 502a28b (with SCORE_TILES, triton_scores)
 HAS_WALK_UNROLL = hasattr(tcv, "WALK_UNROLL")  # added in session 6
+HAS_SPLIT_INTER = hasattr(tcv, "SPLIT_INTER")  # added in session 7
 
 # Built-in candidates, most promising first (the sweep is cut by the deadline). The defaults
 # since the session-6 sweep: VEC_TILES = states (64, 64, 64, 4, 2), rows (16, 64, 32, 64, 4,
@@ -148,6 +150,7 @@ def current() -> dict:
         "SCORES": bool(tcv.SCORES) if HAS_SCORES else None,
         "SCORE_TILES": dict(tcv.SCORE_TILES) if HAS_SCORES else None,
         "WALK_UNROLL": bool(tcv.WALK_UNROLL) if HAS_WALK_UNROLL else None,
+        "SPLIT_INTER": bool(tcv.SPLIT_INTER) if HAS_SPLIT_INTER else None,
     }
 
 
@@ -187,6 +190,8 @@ def apply(kernel: str | None, t, cfg: dict) -> dict:
         cfg["SCORES"] = bool(t[0])
     elif kernel == "walk_unroll":
         cfg["WALK_UNROLL"] = bool(t[0])
+    elif kernel == "split_inter":
+        cfg["SPLIT_INTER"] = bool(t[0])
     elif kernel in SCORE_KEYS:
         cfg["SCORE_TILES"][SCORE_KEYS[kernel]] = tuple(t)
     elif kernel == "gated_bo":
@@ -233,6 +238,8 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
         key.append(("scores", BC, f(BS, chunk), f(BD, K), nw, ns))
         BQ, BS, BD, BO, nw, ns = cfg["SCORE_TILES"]["apply"]
         key.append(("apply", f(BQ, chunk), f(BS, chunk), f(BD, K), f(BO, V), nw, ns))
+        if cfg.get("SPLIT_INTER"):  # (gk-only calls in chunk mode, like the stored scores)
+            key.append(("split_inter", *cfg["SCORE_TILES"]["inter"]))
     return tuple(key)
 
 
@@ -250,6 +257,8 @@ def using(cfg: dict):
         tcv.SCORE_TILES.update(cfg["SCORE_TILES"])
     if HAS_WALK_UNROLL:
         tcv.WALK_UNROLL = bool(cfg.get("WALK_UNROLL"))
+    if HAS_SPLIT_INTER:
+        tcv.SPLIT_INTER = bool(cfg.get("SPLIT_INTER"))
     try:
         yield
     finally:
@@ -264,6 +273,8 @@ def using(cfg: dict):
             tcv.SCORE_TILES.update(saved["SCORE_TILES"])
         if HAS_WALK_UNROLL:
             tcv.WALK_UNROLL = saved["WALK_UNROLL"]
+        if HAS_SPLIT_INTER:
+            tcv.SPLIT_INTER = saved["SPLIT_INTER"]
 
 
 def fmt(t) -> str:

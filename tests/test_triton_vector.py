@@ -100,13 +100,39 @@ def test_stored_scores_match_reference(monkeypatch, family, case, diag_loop):
 
     monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
     monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", diag_loop)
+    _check_stored(family, case)
+
+
+STORED_CASES = {  # (B, T, H, K, V, L)
+    "T37-L32": (2, 37, 2, 20, 12, 32),
+    "T70-L64-K60-V100": (1, 70, 1, 60, 100, 64),
+    "T200-L160-K80": (1, 200, 2, 80, 12, 160),
+}
+
+
+def _check_stored(family, case):
+    """Chunk mode on the stored-scores path: a dense case of STORED_CASES, or packed sequences."""
     fam = FAMILIES[family]
     if case == "varlen":
         check_varlen(family, "chunk", True, lens=[1, 9, 0, 45, 3, 20], chunk_size=32)
         return
-    B, T, H, K, V, L = (2, 37, 2, 20, 12, 32) if case == "T37-L32" else (1, 70, 1, 60, 100, 64)
+    B, T, H, K, V, L = STORED_CASES[case]
     h0 = fam.make_state(B, H, K, V, torch.float32)
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode="chunk", chunk_size=L)
+
+
+@pytest.mark.parametrize("case", ["T37-L32", "T200-L160-K80", "varlen"])
+@pytest.mark.parametrize("family", ["gla", "rwkv6"])
+def test_split_inter_matches_reference(monkeypatch, family, case):
+    """``SPLIT_INTER``: dq's and dk's inter-chunk parts from triton_scores.inter_kernel (row
+    tiles of 32 at L = 32; three per chunk at L = 160, a partial one included; two output
+    tiles at K = 80; packed sequences), loaded by the dq/dk programs (``STATE_IN``); every
+    gradient against the fp64 reference, the intermediate buffers NaN-poisoned."""
+    from linrnn.engine import triton_chunk_vec
+
+    monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
+    monkeypatch.setattr(triton_chunk_vec, "SPLIT_INTER", True)
+    _check_stored(family, case)
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])

@@ -77,6 +77,7 @@ def test_quick_run(tmp_path_factory):
         (16, "diag_loop", [1]),  # slower: not adopted (--adopt-below 0)
         (16, "scores", [1]),  # no effect with gv: skipped
         (16, "walk_unroll", [1]),  # the base has no walk: skipped
+        (16, "split_inter", [1]),  # no stored scores with gv: skipped
         (16, "rows", [16, 16, 16, 32, 4, 1]),
         (16, "states", [16, 32, 16, 4, 1]),
         (16, "cols", [16, 16, 16, 32, 4, 1]),
@@ -96,6 +97,10 @@ def test_quick_run(tmp_path_factory):
             continue
         if kernel == "walk_unroll":
             assert r["status"] == "skipped: WALK_UNROLL needs the walk (DIAG_LOOP) in the base"
+            continue
+        if kernel == "split_inter":
+            why = "skipped: SPLIT_INTER needs the stored scores (SCORES, gk only, chunk)"
+            assert r["status"] == why
             continue
         assert r["status"] == "ok", r
         assert r["fwdbwd_ms"] > 0 and r["first_call_s"] > 0
@@ -123,11 +128,12 @@ def test_quick_run(tmp_path_factory):
 
 
 def test_quick_run_adopts_switches(tmp_path_factory):
-    """RWKV6: the profile with SCORES off and on; DIAG_LOOP then SCORES adopted (--quick adopts
-    always), then the candidates that come with them: rows' BC 32 (the walk) and SCORE_TILES'."""
+    """RWKV6: the profile with SCORES off and on; DIAG_LOOP, SCORES then SPLIT_INTER adopted
+    (--quick adopts always), then the candidates that come with them: rows' BC 32 (the walk)
+    and SCORE_TILES'."""
     rep = quick(tmp_path_factory, "--profile", "--ops", "rwkv6", "--chunks", "16", "--kernels",
-                "diag_loop", "scores", "rows", "score_tiles", "apply_tiles", "--base-diag-loop",
-                "0", "--base-scores", "0")  # fmt: skip
+                "diag_loop", "scores", "split_inter", "rows", "score_tiles", "apply_tiles",
+                "--base-diag-loop", "0", "--base-scores", "0")  # fmt: skip
     profs = [(p["diag_loop"], p["scores"]) for p in rep["profile"]]
     assert profs == [(False, False), (False, True)]
     assert {r["role"] for r in rep["profile"][0]["launches"]} == ROLES
@@ -139,20 +145,24 @@ def test_quick_run_adopts_switches(tmp_path_factory):
         ("default", None, "ok"),
         ("diag_loop", [1], "ok"),  # the base from here on
         ("scores", [1], "ok"),  # the base from here on (with DIAG_LOOP)
+        ("split_inter", [1], "ok"),  # needs SCORES in the base; the base from here on
         ("rows", [32, 16, 16, 32, 4, 1], "ok"),  # with the walk only: BC 32
         ("score_tiles", [16, 16, 16, 4, 1], "ok"),  # with SCORES only
         ("apply_tiles", [16, 16, 16, 32, 4, 1], "ok"),
         ("rows", [16, 16, 16, 32, 4, 1], "ok"),
         ("combined", None, "ok"),
     ]
-    loop, scores, *rest = rep["sweep"][1:]
+    loop, scores, split, *rest = rep["sweep"][1:]
     assert loop["config"]["DIAG_LOOP"] is True and "fwdbwd_vs_base" not in loop
     assert loop["config"]["SCORES"] is False and "scores_kernel" not in loop["launches"]
     assert scores["config"]["SCORES"] is True and scores["fwdbwd_vs_base"] > 0
     assert "rows_kernel[fwd]" not in scores["launches"] and "scores_kernel" in scores["launches"]
+    assert split["config"]["SPLIT_INTER"] is True and "inter_kernel[dk]" in split["launches"]
+    assert split["launches"]["inter_kernel[dq]"]["BQ"] == 16  # 64 clipped to L
+    assert "inter_kernel[dq]" not in scores["launches"]
     for r in rest:
         assert r["config"]["DIAG_LOOP"] is True and r["config"]["SCORES"] is True
-        assert r["fwdbwd_vs_base"] > 0
+        assert r["config"]["SPLIT_INTER"] is True and r["fwdbwd_vs_base"] > 0
     assert rest[0]["launches"]["rows_kernel[dq]"]["BQ"] == 32
     assert rest[0]["launches"]["cols_kernel[dk]"]["BS"] == 16  # cols kept the default
     assert "fwd_ms" not in rest[0]  # rows: dq only with SCORES
@@ -162,9 +172,11 @@ def test_quick_run_adopts_switches(tmp_path_factory):
     assert rest[2]["launches"]["apply_kernel[dv]"]["num_stages"] == 1
     tiles = rest[-1]["config"]["SCORE_TILES"]  # combined
     assert tiles == {"scores": [16, 16, 16, 4, 1], "apply": [16, 16, 16, 32, 4, 1],
-                     "dscores": list(tcv.SCORE_TILES["dscores"])}  # fmt: skip
+                     "dscores": list(tcv.SCORE_TILES["dscores"]),
+                     "inter": list(tcv.SCORE_TILES["inter"])}  # fmt: skip
     base = rep["best"][0]["chunks"]["16"]["base"]
-    assert base["adopted"] == "diag_loop+scores" and base["SCORES"] is True
+    assert base["adopted"] == "diag_loop+scores+split_inter"
+    assert base["SCORES"] is True and base["SPLIT_INTER"] is True
 
 
 def test_builtin_candidates_are_legal(sweep):

@@ -81,10 +81,17 @@ SCORES = True
 # The backward of those calls stores its ungated P = do vᵀ once too ("dscores": one
 # [64, 64] product per chunk, fp32) for dq and dk to load, instead of forming it again for
 # every K tile of both (at K = 256 that product was ~80 % of their matmul work).
+# SPLIT_INTER: dq's and dk's inter-chunk parts (do Cᵀ and v dCᵀ, gated over K) formed once per
+# chunk with 64-row tiles (triton_scores.inter_kernel, "inter" tiles: rows, depth tile, output
+# tile, warps, stages) and loaded by their 16-row programs, which otherwise each read the
+# chunk's state slice and take M = 16 products (dq and dk were 17 of RWKV6's 32.5 ms and 20 of
+# GLA's 41 on the H200, session 7). Off until the GPU sweep times it (switch split_inter).
+SPLIT_INTER = False
 SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998x
     "scores": (16, 32, 32, 2, 2),
     "apply": (64, 64, 32, 64, 4, 2),
     "dscores": (64, 64, 64, 4, 2),
+    "inter": (64, 32, 64, 4, 2),
 }
 
 
@@ -262,6 +269,22 @@ def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool):
     )  # fmt: skip
 
 
+def _inter(x, st, g, out, c: tc.Config, to_end: bool):
+    """out = dq's inter-chunk part (x = do, st the states entering the chunks, g = G^X) or,
+    ``to_end``, dk's (x = v, st the state gradients leaving them, g = G^K): fp32, unscaled
+    (triton_scores.inter_kernel)."""
+    T, H, D = x.shape[1:]
+    O = out.shape[3]
+    BQ, BD, BO, nw, ns = SCORE_TILES["inter"]
+    BQ, BD, BO = _fit(BQ, c.L), _fit(BD, D), _fit(BO, O)
+    NQ = cdiv(c.L, BQ)
+    sc.inter_kernel[(c.NT * NQ, cdiv(O, BO), c.rows)](
+        x, st, g, out, c.CHUNKS, T, H, D, O, c.L, c.NT, NQ, 1, D,
+        BQ=BQ, BD=BD, BO=BO, TO_END=to_end, VARLEN=c.varlen, DOT_PREC=c.prec,
+        num_warps=nw, num_stages=ns,
+    )  # fmt: skip
+
+
 def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     states = saved[0]
     T, H, K = q.shape[1:]
@@ -297,23 +320,28 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
     nQ = cdiv(L, BC)
     dq = torch.empty_like(q)
-    qdq = torch.empty(q.shape, **f32)
+    qdq = torch.empty(q.shape, **f32)  # SPLIT_INTER: dq's inter-chunk part first
+    split = SPLIT_INTER and stored
+    if split:
+        _inter(do, states, bkx, qdq, c, to_end=False)
     kern.rows_kernel[(NT * nQ, cdiv(K, BO), BH)](
         do, p_dov, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, q,
         qdq, c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, 0.0,
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=True, VEC_D=has_gv, VEC_O=True, P_MEM=stored,
-        **common, num_warps=nw, num_stages=ns,
+        STATE_IN=split, **common, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     BC, BQ, BD, BO, nw, ns = VEC_TILES["cols"]
     BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
     nS = cdiv(L, BC)
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
+    if split:
+        _inter(v, dstates, bk, kdk, c, to_end=True)
     kern.cols_kernel[(NT * nS, cdiv(K, BO), BH)](
         v, p_do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
         c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
         BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=True, VEC_D=has_gv, VEC_O=True, P_MEM=stored,
-        **common, num_warps=nw, num_stages=ns,
+        STATE_IN=split, **common, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     BD, BO = _fit(BD, K), _fit(GATED_BO if has_gv else VEC_TILES["cols"][3], V)
     dv = torch.empty_like(v)

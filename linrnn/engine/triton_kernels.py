@@ -185,6 +185,17 @@ def _bounds(CHUNKS, i_c, L, T, VARLEN: tl.constexpr):
         return c0, tl.minimum(c0 + L, T), 0
 
 
+@triton.jit
+def _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ: tl.constexpr, VARLEN: tl.constexpr):
+    """Row tile i_cq % NQ of chunk i_cq // NQ (a program's first grid index): (i_c, c0, c1,
+    i_n, r0, o_r, m_r) with rows o_r = r0 + [0, BQ), m_r = o_r < c1; r0 ≥ c1: an empty tile."""
+    i_c = i_cq // NQ
+    c0, c1, i_n = _bounds(CHUNKS, i_c, L, T, VARLEN)
+    r0 = c0 + (i_cq % NQ) * BQ
+    o_r = r0 + tl.arange(0, BQ)
+    return i_c, c0, c1, i_n, r0, o_r, o_r < c1
+
+
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_fwd_kernel(
     K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A, CMAX, CO, CHUNKS, GK, GV,
@@ -297,6 +308,7 @@ def rows_kernel(
     VARLEN: tl.constexpr, VEC: tl.constexpr = False, VEC_D: tl.constexpr = False,
     VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
     DIAG_LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
+    STATE_IN: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, output tiles, B·H). Rows r of one query tile:
 
@@ -311,16 +323,13 @@ def rows_kernel(
     the gated dimension (``EXCL``); BQ is the sub-chunk, BS the tile of earlier keys; dq also
     stores QD ⊙ dq elementwise in PART ([B, T, H, O] fp32), the forward with ``VEC_O`` its
     fp32 output. ``P_MEM`` (ungated depth): Y is the stored P = X Yᵀ ([B, T, H, L], fp32,
-    triton_scores.scores_kernel), loaded instead of formed."""
+    triton_scores.scores_kernel), loaded instead of formed. ``STATE_IN`` (dq with ``VEC``): the
+    inter-chunk part is loaded from PART, where triton_scores.inter_kernel put it, unscaled."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, i_q = i_cq // NQ, i_cq % NQ
-    c0, c1, i_n = _bounds(CHUNKS, i_c, L, T, VARLEN)
-    r0 = c0 + i_q * BQ
+    i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
-    o_r = r0 + tl.arange(0, BQ)
-    m_r = o_r < c1
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O
     p_x = X + (i_b * T * H + i_h) * D
@@ -333,10 +342,13 @@ def rows_kernel(
         p_gdx, p_gdk, p_gox, p_gok, p_u = _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O,
                                                     VEC_D)  # fmt: skip
         # The state entering the chunk: (X_r ⊙ exp(G^X_r)) S, then ⊙ exp(G^X_r) over the output.
-        b_acc = _vec_state_part(
-            p_x, ST + (i_bh * NT + i_c) * D * O, p_gdx, p_gox, o_r, m_r, o_o, m_o, c1, D, H * D,
-            H * O, s_sd, s_so, BQ, BD, BO, False, VEC_D, VEC_O, DOT_PREC,
-        )  # fmt: skip
+        if STATE_IN:
+            b_acc = _tile(PART + (i_b * T * H + i_h) * O, o_r, o_o, H * O, m_r, m_o)
+        else:
+            b_acc = _vec_state_part(
+                p_x, ST + (i_bh * NT + i_c) * D * O, p_gdx, p_gox, o_r, m_r, o_o, m_o, c1, D,
+                H * D, H * O, s_sd, s_so, BQ, BD, BO, False, VEC_D, VEC_O, DOT_PREC,
+            )  # fmt: skip
         p_p, s_p = _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM)
         b_acc += _vec_diag(
             p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_r, m_r, o_o, m_o, D, s_p, H * O,
@@ -601,6 +613,7 @@ def cols_kernel(
     VARLEN: tl.constexpr, VEC: tl.constexpr = False, VEC_D: tl.constexpr = False,
     VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
     DIAG_LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
+    STATE_IN: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, output tiles, B·H). Columns s of one key tile:
 
@@ -611,16 +624,13 @@ def cols_kernel(
 
     ``VEC``: per-channel decays as in rows_kernel (BS the sub-chunk, BQ the tile of later
     queries); KD ⊙ out goes elementwise to PART ([B, T, H, O] fp32) with ``VEC_O``;
-    ``P_MEM``: Y is the stored P[r, s] = Y_r·X_s, as in rows_kernel."""
+    ``P_MEM``: Y is the stored P[r, s] = Y_r·X_s, and ``STATE_IN`` (dk) the inter-chunk part
+    loaded from PART, as in rows_kernel."""
     i_cs, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, i_s = i_cs // NS_, i_cs % NS_
-    c0, c1, i_n = _bounds(CHUNKS, i_c, L, T, VARLEN)
-    s0 = c0 + i_s * BS
+    i_c, c0, c1, i_n, s0, o_s, m_s = _chunk_rows(CHUNKS, i_cs, NS_, L, T, BS, VARLEN)
     if s0 >= c1:
         return
-    o_s = s0 + tl.arange(0, BS)
-    m_s = o_s < c1
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O
     p_x = X + (i_b * T * H + i_h) * D
@@ -632,10 +642,13 @@ def cols_kernel(
         p_gdx, p_gdk, p_gox, p_gok, p_u = _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O,
                                                     VEC_D)  # fmt: skip
         # The state leaving the chunk: (X_s ⊙ exp(G_L − G_s)) dS, ⊙ exp(G_L − G_s) over O.
-        b_int = _vec_state_part(
-            p_x, DST + (i_bh * NT + i_c) * D * O, p_gdk, p_gok, o_s, m_s, o_o, m_o, c1, D, H * D,
-            H * O, s_sd, s_so, BS, BD, BO, True, VEC_D, VEC_O, DOT_PREC,
-        )  # fmt: skip
+        if STATE_IN:
+            b_int = _tile(PART + (i_b * T * H + i_h) * O, o_s, o_o, H * O, m_s, m_o)
+        else:
+            b_int = _vec_state_part(
+                p_x, DST + (i_bh * NT + i_c) * D * O, p_gdk, p_gok, o_s, m_s, o_o, m_o, c1, D,
+                H * D, H * O, s_sd, s_so, BS, BD, BO, True, VEC_D, VEC_O, DOT_PREC,
+            )  # fmt: skip
         p_p, s_p = _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM)
         b_acc = _vec_diag(
             p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_s, m_s, o_o, m_o, D, s_p, H * O,

@@ -15,7 +15,10 @@ scores are formed once and stored, then applied with wide row tiles:
   again for every output tile;
 * ``apply_kernel``: out = scale·(A Z + (X ⊙ e^{G^X}) S) for the forward (Z = v, S the state
   entering the chunk) and, ``REV``, scale·Aᵀ Z + (X ⊙ e^{G_L − G^K}) dS for dv (Z = do, dS the
-  state gradient leaving the chunk).
+  state gradient leaving the chunk);
+* ``inter_kernel`` (``SPLIT_INTER``): the inter-chunk parts of dq and dk, gated over their
+  output dimension, with wide row tiles, for the 16-row dq/dk programs to load (their
+  ``STATE_IN``) instead of each forming its sub-chunk's rows against the chunk's state.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _bounds, _vec_state_part
+from linrnn.engine.triton_kernels import _chunk_rows, _vec_state_part
 from linrnn.engine.triton_tiles import _tile
 from linrnn.engine.triton_vector import _vec_diag_scores, _vec_off_scores
 
@@ -40,13 +43,9 @@ def scores_kernel(
     included (the backward's do vᵀ; GX, GK, U unused)."""
     i_cq, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, i_q = i_cq // NQ, i_cq % NQ
-    c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-    r0 = c0 + i_q * BQ
+    _, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
-    o_r = r0 + tl.arange(0, BQ)
-    m_r = o_r < c1
     base = i_b * T * H + i_h
     p_x, p_y = X + base * D, Y + base * D
     p_gx, p_gk = GX + base * D, GK + base * D
@@ -80,13 +79,9 @@ def apply_kernel(
     part against the chunk's state (gate G: G^X; ``REV``: G^K)."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, i_q = i_cq // NQ, i_cq % NQ
-    c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-    r0 = c0 + i_q * BQ
+    i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
-    o_r = r0 + tl.arange(0, BQ)
-    m_r = o_r < c1
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O
     base = i_b * T * H + i_h
@@ -120,3 +115,29 @@ def apply_kernel(
         b_out = scale * (b_acc + b_int)
     p_out = OUT + base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
     tl.store(p_out, b_out.to(OUT.dtype.element_ty), mask=m_r[:, None] & m_o[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def inter_kernel(
+    X, ST, G, OUT, CHUNKS, T, H, D, O, L, NT, NQ, s_sd, s_so,
+    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, TO_END: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks × row tiles, output tiles, B·H): OUT_t = (X_t S) ⊙ exp(G_t) with S the
+    state entering t's chunk (dq: X = do, S = Cᵀ, G = G^X), or (``TO_END``) ⊙ exp(G_{c1−1} −
+    G_t) with S the state gradient leaving it (dk: X = v, S = dCᵀ, G = G^K). [B, T, H, O] fp32,
+    without dq's scale."""
+    i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c, _, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
+    if r0 >= c1:
+        return
+    o_o = i_o * BO + tl.arange(0, BO)
+    m_o = o_o < O
+    base = i_b * T * H + i_h
+    b_out = _vec_state_part(
+        X + base * D, ST + (i_bh * NT + i_c) * D * O, G, G + base * O, o_r, m_r, o_o, m_o, c1, D,
+        H * D, H * O, s_sd, s_so, BQ, BD, BO, TO_END, False, True, DOT_PREC,
+    )  # fmt: skip
+    p_out = OUT + base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
+    tl.store(p_out, b_out, mask=m_r[:, None] & m_o[None, :])
