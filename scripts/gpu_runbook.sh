@@ -93,19 +93,21 @@ mlstm-shapes)
 vector-check)
     # The kernel tests in SHARDS interleaved slices of the collected ids (one process took
     # > 400 s beside the matrix in session 7: compilation is CPU-bound), beside the matrix.
+    # (the id lists stay out of $OUT: the device tool returns at most 8 files)
     SHARDS=${SHARDS:-4}
+    IDS=$(mktemp -d)
     python3 -m pytest -q -p no:cacheprovider --collect-only tests/test_triton_vector.py |
-        grep '::' >"$OUT/pytest_vector_ids.txt"
+        grep '::' >"$IDS/all.txt"
     for i in $(seq 0 $((SHARDS - 1))); do
-        awk -v n="$SHARDS" -v i="$i" 'NR % n == i' "$OUT/pytest_vector_ids.txt" >"$OUT/ids-$i.txt"
-        mapfile -t ids <"$OUT/ids-$i.txt"
+        awk -v n="$SHARDS" -v i="$i" 'NR % n == i' "$IDS/all.txt" >"$IDS/ids-$i.txt"
+        mapfile -t ids <"$IDS/ids-$i.txt"
         (timeout 420 python3 -m pytest -q -p no:cacheprovider "${ids[@]}" \
             >"$OUT/pytest_vector-$i.txt" 2>&1; echo "rc=$?" >>"$OUT/pytest_vector-$i.txt") &
     done
     timeout 500 python3 benchmarks/gpu_engine.py --skip-bench --vector --ops gla "gla[gv]" rwkv6 \
         --jobs 4 --commit "$C" --out "$OUT/check_vector.json"
     wait
-    echo "$(wc -l <"$OUT/pytest_vector_ids.txt") tests collected"
+    echo "$(wc -l <"$IDS/all.txt") tests collected"
     tail -qn 2 "$OUT"/pytest_vector-*.txt
     ;;
 vector-sweep)
