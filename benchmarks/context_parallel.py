@@ -171,12 +171,14 @@ def throughput(args, rank, world, device, opts, T):
     do = torch.randn_like(leaves["v"])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = []
+    times, churn0 = [], None
     try:
         for it in range(args.repeats + 1):
             for x in leaves.values():
                 x.grad = None
             sync(device)
+            if it == 1:
+                churn0 = _alloc_counts(device)
             t0 = time.perf_counter()
             o, _ = call(context_parallel, args.family, leaves, **opts)
             (o * do).sum().backward()
@@ -190,7 +192,21 @@ def throughput(args, rank, world, device, opts, T):
     out["tokens_per_s"] = T / med
     if device.type == "cuda":
         out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        # The allocator's device-level work during the timed iterations (session 7: the time
+        # per token grew with the tokens per GPU; cudaMalloc/free churn near the memory limit
+        # would explain that): counts per timed iteration.
+        after = _alloc_counts(device)
+        out["alloc_per_iter"] = {k: (after[k] - churn0[k]) / args.repeats for k in after}
     return out
+
+
+def _alloc_counts(device) -> dict:
+    """The caching allocator's cudaMalloc / cudaFree calls and out-of-memory retries so far."""
+    if device.type != "cuda":
+        return {}
+    st = torch.cuda.memory_stats(device)
+    keys = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+    return {k: st.get(k, 0) for k in keys}
 
 
 def versions(device, commit=None) -> dict:
