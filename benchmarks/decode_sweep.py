@@ -53,14 +53,14 @@ def parse_args(argv=None):
     return args
 
 
-def effective(shape: dict, cand: tuple) -> tuple:
-    """The (BV, warps) a candidate gives at ``shape``."""
-    saved = dict(tr.STEP_TILE)
-    try:
-        tr.STEP_TILE.update(BV_MAX=cand[0], STATE_ELEMS=1 << 30)
-        return tr._value_tile(shape["K"], shape["V"])[1], cand[1]
-    finally:
-        tr.STEP_TILE.update(saved)
+def tile_of(cand: tuple) -> dict:
+    """STEP_TILE of a (BV_MAX, NUM_WARPS) candidate."""
+    return dict(BV_MAX=cand[0], STATE_ELEMS=1 << 30, NUM_WARPS=cand[1])
+
+
+def effective(shape: dict, tile: dict) -> tuple:
+    """The (BV, warps) ``tile`` gives at ``shape``."""
+    return tr._value_tile(shape["K"], shape["V"], tile)[1], tile["NUM_WARPS"]
 
 
 def time_loop(loop, device, case) -> float:
@@ -73,7 +73,7 @@ def time_loop(loop, device, case) -> float:
     return timing.median_ms(loop, case, device)
 
 
-def run_tile(op, shape, per_step, state0, tile, device, case):
+def run_tile(op, per_step, state0, tile, device, case):
     """(first output, loop ms) with ``tile`` in STEP_TILE, from a fresh copy of the state."""
     saved = dict(tr.STEP_TILE)
     tr.STEP_TILE.update(tile)
@@ -101,32 +101,31 @@ def sweep(args) -> dict:
     t_start, rows = time.perf_counter(), []
     default = dict(tr.STEP_TILE)
     for op in args.ops:
-        like = op
         for shape_id in args.shapes:
             if args.deadline and time.perf_counter() - t_start > args.deadline:
                 rows.append(dict(op=op, shape=shape_id, status="not run: deadline"))
                 continue
             shape = registry.parse_shape(shape_id)
-            per_step, state0 = decode.step_inputs(like, shape, args.steps, args.dtype, 0, device)
-            o_ref, base_ms = run_tile(op, shape, per_step, state0, default, device, case)
-            base = dict(op=op, shape=shape_id, tile="default", ms=base_ms, ratio=1.0,
-                        BV=tr._value_tile(shape["K"], shape["V"])[1], warps=default["NUM_WARPS"],
-                        err=0.0, status="ok")  # fmt: skip
+            per_step, state0 = decode.step_inputs(op, shape, args.steps, args.dtype, 0, device)
+            o_ref, base_ms = run_tile(op, per_step, state0, default, device, case)
+            bv, warps = effective(shape, default)
+            base = dict(op=op, shape=shape_id, tile="default", ms=base_ms, ratio=1.0, BV=bv,
+                        warps=warps, err=0.0, status="ok")  # fmt: skip
             rows.append(base)
             print(f"{op} {shape_id} default (BV {base['BV']}, {base['warps']} warps): "
                   f"{base_ms / args.steps * 1e3:.1f} µs/step", flush=True)  # fmt: skip
             seen = {(base["BV"], base["warps"])}
             cands = CANDIDATES[:3] if args.quick else CANDIDATES
             for cand in cands:
-                eff = effective(shape, cand)
+                tile = tile_of(cand)
+                eff = effective(shape, tile)
                 if eff in seen:
                     continue
                 seen.add(eff)
-                tile = dict(BV_MAX=cand[0], STATE_ELEMS=1 << 30, NUM_WARPS=cand[1])
                 row = dict(op=op, shape=shape_id, tile=f"BV{eff[0]}-w{eff[1]}", BV=eff[0],
                            warps=eff[1])  # fmt: skip
                 try:
-                    o, ms = run_tile(op, shape, per_step, state0, tile, device, case)
+                    o, ms = run_tile(op, per_step, state0, tile, device, case)
                     err = decode.rel_err(o, o_ref)
                     row.update(ms=ms, ratio=ms / base_ms, err=err,
                                status="ok" if err < 1e-2 else "wrong result")  # fmt: skip

@@ -32,10 +32,11 @@ DECAY_NONE, DECAY_SCALAR, DECAY_VECTOR = 0, 1, 2
 STEP_TILE = {"BV_MAX": 64, "STATE_ELEMS": 8192, "NUM_WARPS": 4}
 
 
-def _value_tile(K: int, V: int) -> tuple[int, int]:
-    """(BK, BV) of the recurrent kernel for head dims K, V (:data:`STEP_TILE`)."""
+def _value_tile(K: int, V: int, tile: dict | None = None) -> tuple[int, int]:
+    """(BK, BV) of the recurrent kernel for head dims K, V under ``tile`` (:data:`STEP_TILE`)."""
+    t = STEP_TILE if tile is None else tile
     BK = max(16, next_pow2(K))
-    return BK, max(16, min(STEP_TILE["BV_MAX"], STEP_TILE["STATE_ELEMS"] // BK, next_pow2(V)))
+    return BK, max(16, min(t["BV_MAX"], t["STATE_ELEMS"] // BK, next_pow2(V)))
 
 
 @triton.jit(do_not_specialize=["T"])
