@@ -37,15 +37,10 @@ except ImportError:
     triton_gate_grad = None
 
 # Kernels whose launches are timed / recorded, by module; rows and cols run twice per call.
-_SCORE_KERNELS = ("scores_kernel", "apply_kernel", "inter_kernel")  # inter: session 7
 KERNEL_MODULES = (
     (triton_kernels, ("states_fwd_kernel", "rows_kernel", "states_bwd_kernel", "cols_kernel")),
     (triton_fused, ("fused_fwd_kernel", "fused_dq_kernel", "fused_dk_kernel", "fused_dv_kernel")),
-    *(
-        [(triton_scores, tuple(n for n in _SCORE_KERNELS if hasattr(triton_scores, n)))]
-        if triton_scores
-        else []
-    ),
+    *([(triton_scores, ("scores_kernel", "apply_kernel"))] if triton_scores else []),
     *([(triton_gate_grad, ("decay_grad_kernel",))] if triton_gate_grad else []),
 )
 # Host-side steps of the engine (triton_chunk_vec), timed as phases of a forward+backward.
@@ -196,12 +191,12 @@ def role(name: str, kw: dict) -> str:
         return "rows_kernel[dq]" if kw.get("IS_DQ") else "rows_kernel[fwd]"
     if name == "cols_kernel":
         return "cols_kernel[dk]" if kw.get("IS_DK") else "cols_kernel[dv]"
+    if name == "apply_kernel" and kw.get("INTER"):  # SPLIT_INTER: dq's / dk's inter part
+        return "apply_kernel[inter dk]" if kw.get("REV") else "apply_kernel[inter dq]"
     if name == "apply_kernel":
         return "apply_kernel[dv]" if kw.get("REV") else "apply_kernel[fwd]"
     if name == "scores_kernel" and kw.get("GATED") is False:
         return "scores_kernel[dP]"  # the backward's do vᵀ
-    if name == "inter_kernel":
-        return "inter_kernel[dk]" if kw.get("TO_END") else "inter_kernel[dq]"
     return name
 
 

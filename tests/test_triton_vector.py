@@ -124,10 +124,10 @@ def _check_stored(family, case):
 @pytest.mark.parametrize("case", ["T37-L32", "T200-L160-K80", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_split_inter_matches_reference(monkeypatch, family, case):
-    """``SPLIT_INTER``: dq's and dk's inter-chunk parts from triton_scores.inter_kernel (row
-    tiles of 32 at L = 32; three per chunk at L = 160, a partial one included; two output
-    tiles at K = 80; packed sequences), loaded by the dq/dk programs (``STATE_IN``); every
-    gradient against the fp64 reference, the intermediate buffers NaN-poisoned."""
+    """``SPLIT_INTER``: dq's and dk's inter-chunk parts from triton_scores.apply_kernel
+    (``INTER``; row tiles of 32 at L = 32; three per chunk at L = 160, a partial one included;
+    two output tiles at K = 80; packed sequences), loaded by the dq/dk programs (``STATE_IN``);
+    every gradient against the fp64 reference, the intermediate buffers NaN-poisoned."""
     from linrnn.engine import triton_chunk_vec
 
     monkeypatch.setattr(triton_chunk_vec, "SCORES", True)

@@ -82,10 +82,10 @@ SCORES = True
 # [64, 64] product per chunk, fp32) for dq and dk to load, instead of forming it again for
 # every K tile of both (at K = 256 that product was ~80 % of their matmul work).
 # SPLIT_INTER: dq's and dk's inter-chunk parts (do Cᵀ and v dCᵀ, gated over K) formed once per
-# chunk with 64-row tiles (triton_scores.inter_kernel, "inter" tiles: rows, depth tile, output
-# tile, warps, stages) and loaded by their 16-row programs, which otherwise each read the
-# chunk's state slice and take M = 16 products (dq and dk were 17 of RWKV6's 32.5 ms and 20 of
-# GLA's 41 on the H200, session 7). Off until the GPU sweep times it (switch split_inter).
+# chunk with 64-row tiles (triton_scores.apply_kernel's INTER, "inter" tiles: rows, depth
+# tile, output tile, warps, stages) and loaded by their 16-row programs, which otherwise each
+# read the chunk's state slice and take M = 16 products (dq and dk were 17 of RWKV6's 32.5 ms
+# and 20 of GLA's 41 on the H200, session 7). Off until the GPU sweep times it (split_inter).
 SPLIT_INTER = False
 SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998x
     "scores": (16, 32, 32, 2, 2),
@@ -254,33 +254,24 @@ def _diagonal(P, c: tc.Config):
     return P.gather(3, col.view(1, T, 1, 1).expand(B, T, H, 1)).squeeze(3).float()
 
 
-def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool):
+def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False):
     """out = scale·(A z + (x ⊙ e^g) S), or (``rev``, dv) scale·Aᵀ z + (x ⊙ e^{g_L − g}) dS
-    (triton_scores.apply_kernel)."""
+    (triton_scores.apply_kernel). ``inter`` (A, z None): dq's inter-chunk part (x = do, S the
+    states entering the chunks, g = G^X) or, ``rev``, dk's (x = v, S the state gradients
+    leaving them, g = G^K), gated over the output, fp32, unscaled ("inter" tiles)."""
     T, H, D = x.shape[1:]
-    O = z.shape[3]
-    BQ, BS, BD, BO, nw, ns = SCORE_TILES["apply"]
+    O = out.shape[3]
+    if inter:
+        BQ, BD, BO, nw, ns = SCORE_TILES["inter"]
+        BS, A, z, strides = 16, out, out, (1, D)  # A, z unused; S = Cᵀ / dCᵀ
+    else:
+        BQ, BS, BD, BO, nw, ns = SCORE_TILES["apply"]
+        strides = (O, 1)
     BQ, BS, BD, BO = _fit(BQ, c.L), _fit(BS, c.L), _fit(BD, D), _fit(BO, O)
     NQ = cdiv(c.L, BQ)
     sc.apply_kernel[(c.NT * NQ, cdiv(O, BO), c.rows)](
-        A, z, x, st, g, out, c.CHUNKS, T, H, D, O, c.L, c.NT, NQ, c.scale, O, 1,
-        BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen, DOT_PREC=c.prec,
-        num_warps=nw, num_stages=ns,
-    )  # fmt: skip
-
-
-def _inter(x, st, g, out, c: tc.Config, to_end: bool):
-    """out = dq's inter-chunk part (x = do, st the states entering the chunks, g = G^X) or,
-    ``to_end``, dk's (x = v, st the state gradients leaving them, g = G^K): fp32, unscaled
-    (triton_scores.inter_kernel)."""
-    T, H, D = x.shape[1:]
-    O = out.shape[3]
-    BQ, BD, BO, nw, ns = SCORE_TILES["inter"]
-    BQ, BD, BO = _fit(BQ, c.L), _fit(BD, D), _fit(BO, O)
-    NQ = cdiv(c.L, BQ)
-    sc.inter_kernel[(c.NT * NQ, cdiv(O, BO), c.rows)](
-        x, st, g, out, c.CHUNKS, T, H, D, O, c.L, c.NT, NQ, 1, D,
-        BQ=BQ, BD=BD, BO=BO, TO_END=to_end, VARLEN=c.varlen, DOT_PREC=c.prec,
+        A, z, x, st, g, out, c.CHUNKS, T, H, D, O, c.L, c.NT, NQ, c.scale, *strides,
+        BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen, DOT_PREC=c.prec, INTER=inter,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
 
@@ -323,7 +314,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     qdq = torch.empty(q.shape, **f32)  # SPLIT_INTER: dq's inter-chunk part first
     split = SPLIT_INTER and stored
     if split:
-        _inter(do, states, bkx, qdq, c, to_end=False)
+        _apply(None, None, do, states, bkx, qdq, c, rev=False, inter=True)
     kern.rows_kernel[(NT * nQ, cdiv(K, BO), BH)](
         do, p_dov, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, q,
         qdq, c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, 0.0,
@@ -336,7 +327,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
     if split:
-        _inter(v, dstates, bk, kdk, c, to_end=True)
+        _apply(None, None, v, dstates, bk, kdk, c, rev=True, inter=True)
     kern.cols_kernel[(NT * nS, cdiv(K, BO), BH)](
         v, p_do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
         c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,

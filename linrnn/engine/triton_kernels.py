@@ -324,7 +324,8 @@ def rows_kernel(
     stores QD ⊙ dq elementwise in PART ([B, T, H, O] fp32), the forward with ``VEC_O`` its
     fp32 output. ``P_MEM`` (ungated depth): Y is the stored P = X Yᵀ ([B, T, H, L], fp32,
     triton_scores.scores_kernel), loaded instead of formed. ``STATE_IN`` (dq with ``VEC``): the
-    inter-chunk part is loaded from PART, where triton_scores.inter_kernel put it, unscaled."""
+    inter-chunk part is loaded from PART, where triton_scores.apply_kernel (``INTER``) put it,
+    unscaled."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)

@@ -16,9 +16,9 @@ scores are formed once and stored, then applied with wide row tiles:
 * ``apply_kernel``: out = scale·(A Z + (X ⊙ e^{G^X}) S) for the forward (Z = v, S the state
   entering the chunk) and, ``REV``, scale·Aᵀ Z + (X ⊙ e^{G_L − G^K}) dS for dv (Z = do, dS the
   state gradient leaving the chunk);
-* ``inter_kernel`` (``SPLIT_INTER``): the inter-chunk parts of dq and dk, gated over their
-  output dimension, with wide row tiles, for the 16-row dq/dk programs to load (their
-  ``STATE_IN``) instead of each forming its sub-chunk's rows against the chunk's state.
+* the same kernel with ``INTER`` (``SPLIT_INTER``): the inter-chunk parts of dq and dk,
+  gated over their output dimension, with wide row tiles, for the 16-row dq/dk programs to
+  load (their ``STATE_IN``) instead of each forming its sub-chunk's rows against the state.
 """
 
 from __future__ import annotations
@@ -73,10 +73,15 @@ def apply_kernel(
     A, Z, X, ST, G, OUT, CHUNKS, T, H, D, O, L, NT, NQ, scale, s_sd, s_so,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     REV: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    INTER: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × row tiles, output tiles, B·H): rows o_r of a chunk — queries (forward),
     or keys (``REV``, dv) — against the stored scores of their chunk, plus the inter-chunk
-    part against the chunk's state (gate G: G^X; ``REV``: G^K)."""
+    part against the chunk's state (gate G: G^X; ``REV``: G^K).
+
+    ``INTER`` (``SPLIT_INTER``): the inter-chunk part alone, gated over the output dimension
+    instead, stored fp32 and unscaled (A, Z unused): dq's (X = do, S = Cᵀ, G = G^X) or,
+    ``REV``, dk's (X = v, S the state gradient dCᵀ, gate exp(G_{c1−1} − G^K))."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
@@ -87,7 +92,9 @@ def apply_kernel(
     base = i_b * T * H + i_h
     p_z, p_a = Z + base * O, A + base * L
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
-    if REV:  # keys r, every later query t of the chunk: Σ_t A[t, r] Z_t
+    if INTER:
+        pass
+    elif REV:  # keys r, every later query t of the chunk: Σ_t A[t, r] Z_t
         for t0 in range(r0, c1, BS):
             o_t = t0 + tl.arange(0, BS)
             m_t = o_t < c1
@@ -106,38 +113,14 @@ def apply_kernel(
             b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BS, BO]
             b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
     b_int = _vec_state_part(
-        X + base * D, ST + (i_bh * NT + i_c) * D * O, G + base * D, G, o_r, m_r, o_o, m_o, c1,
-        D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, True, False, DOT_PREC,
+        X + base * D, ST + (i_bh * NT + i_c) * D * O, G + base * D, G + base * O, o_r, m_r, o_o,
+        m_o, c1, D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, not INTER, INTER, DOT_PREC,
     )  # fmt: skip
-    if REV:  # the state gradient carries the scale already
+    if INTER:
+        b_out = b_int
+    elif REV:  # the state gradient carries the scale already
         b_out = scale * b_acc + b_int
     else:
         b_out = scale * (b_acc + b_int)
     p_out = OUT + base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
     tl.store(p_out, b_out.to(OUT.dtype.element_ty), mask=m_r[:, None] & m_o[None, :])
-
-
-@triton.jit(do_not_specialize=["T", "NT"])
-def inter_kernel(
-    X, ST, G, OUT, CHUNKS, T, H, D, O, L, NT, NQ, s_sd, s_so,
-    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, TO_END: tl.constexpr,
-    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """Grid (chunks × row tiles, output tiles, B·H): OUT_t = (X_t S) ⊙ exp(G_t) with S the
-    state entering t's chunk (dq: X = do, S = Cᵀ, G = G^X), or (``TO_END``) ⊙ exp(G_{c1−1} −
-    G_t) with S the state gradient leaving it (dk: X = v, S = dCᵀ, G = G^K). [B, T, H, O] fp32,
-    without dq's scale."""
-    i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_c, _, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
-    if r0 >= c1:
-        return
-    o_o = i_o * BO + tl.arange(0, BO)
-    m_o = o_o < O
-    base = i_b * T * H + i_h
-    b_out = _vec_state_part(
-        X + base * D, ST + (i_bh * NT + i_c) * D * O, G, G + base * O, o_r, m_r, o_o, m_o, c1, D,
-        H * D, H * O, s_sd, s_so, BQ, BD, BO, TO_END, False, True, DOT_PREC,
-    )  # fmt: skip
-    p_out = OUT + base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
-    tl.store(p_out, b_out, mask=m_r[:, None] & m_o[None, :])
