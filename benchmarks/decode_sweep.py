@@ -45,7 +45,16 @@ def parse_args(argv=None):
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="a tiny shape, 3 candidates (and 2 ops)")
+    p.add_argument("--candidates", nargs="+", metavar="BV,W", default=None,
+                   help="(BV_MAX, NUM_WARPS) pairs to time (default: BV 16..128 × 1..8 warps)")
     args = p.parse_args(argv)
+    try:
+        args.candidates = [tuple(int(x) for x in c.split(",")) for c in args.candidates or ()]
+    except ValueError:
+        p.error(f"--candidates {args.candidates}: BV,W pairs of integers")
+    for c in args.candidates:
+        if len(c) != 2 or c[0] < 16 or c[0] & (c[0] - 1) or c[1] not in (1, 2, 4, 8, 16):
+            p.error(f"--candidates {c}: BV a power of two ≥ 16, W in 1, 2, 4, 8, 16")
     if args.quick:
         args.shapes, args.steps = ["B2-T1-H2-K32-V48"], 2
         if args.ops == list(OPS):
@@ -115,7 +124,7 @@ def sweep(args) -> dict:
             print(f"{op} {shape_id} default (BV {base['BV']}, {base['warps']} warps): "
                   f"{base_ms / args.steps * 1e3:.1f} µs/step", flush=True)  # fmt: skip
             seen = {(base["BV"], base["warps"])}
-            cands = CANDIDATES[:3] if args.quick else CANDIDATES
+            cands = args.candidates or (CANDIDATES[:3] if args.quick else CANDIDATES)
             for cand in cands:
                 tile = tile_of(cand)
                 eff = effective(shape, tile)

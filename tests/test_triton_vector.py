@@ -123,15 +123,18 @@ def _check_stored(family, case):
 
 @pytest.mark.parametrize("case", ["T37-L32", "T200-L160-K80", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
-def test_split_inter_matches_reference(monkeypatch, family, case):
-    """``SPLIT_INTER``: dq's and dk's inter-chunk parts from triton_scores.apply_kernel
-    (``INTER``; row tiles of 32 at L = 32; three per chunk at L = 160, a partial one included;
-    two output tiles at K = 80; packed sequences), loaded by the dq/dk programs (``STATE_IN``);
-    every gradient against the fp64 reference, the intermediate buffers NaN-poisoned."""
+@pytest.mark.parametrize("split", [True, False], ids=["split", "unsplit"])
+def test_split_inter_matches_reference(monkeypatch, family, case, split):
+    """``SPLIT_INTER`` on (the default): dq's and dk's inter-chunk parts from
+    triton_scores.apply_kernel (``INTER``; row tiles of 32 at L = 32; three per chunk at
+    L = 160, a partial one included; two output tiles at K = 80; packed sequences), loaded by
+    the dq/dk programs (``STATE_IN``). Off: each dq/dk program forms its rows' part against the
+    chunk's state. Every gradient against the fp64 reference, the intermediate buffers
+    NaN-poisoned."""
     from linrnn.engine import triton_chunk_vec
 
     monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
-    monkeypatch.setattr(triton_chunk_vec, "SPLIT_INTER", True)
+    monkeypatch.setattr(triton_chunk_vec, "SPLIT_INTER", split)
     _check_stored(family, case)
 
 

@@ -85,8 +85,11 @@ SCORES = True
 # chunk with 64-row tiles (triton_scores.apply_kernel's INTER, "inter" tiles: rows, depth
 # tile, output tile, warps, stages) and loaded by their 16-row programs, which otherwise each
 # read the chunk's state slice and take M = 16 products (dq and dk were 17 of RWKV6's 32.5 ms
-# and 20 of GLA's 41 on the H200, session 7). Off until the GPU sweep times it (split_inter).
-SPLIT_INTER = False
+# and 20 of GLA's 41 on the H200, session 7). The H200 sweep of session 8 (d5c17e8,
+# benchmarks/results/s8/): GLA fwd+bwd 0.934x, RWKV6 0.996x of the unsplit form, so it is the
+# default; the unsplit form (each 16-row program against the state, STATE_IN off) stays for
+# the sweep and is tested by its own cases.
+SPLIT_INTER = True
 SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998x
     "scores": (16, 32, 32, 2, 2),
     "apply": (64, 64, 32, 64, 4, 2),
