@@ -64,12 +64,12 @@ def parse_args(argv=None):
 
 def tile_of(cand: tuple) -> dict:
     """STEP_TILE of a (BV_MAX, NUM_WARPS) candidate."""
-    return dict(BV_MAX=cand[0], STATE_ELEMS=1 << 30, NUM_WARPS=cand[1])
+    return dict(BV_MAX=cand[0], STATE_ELEMS=1 << 30, NUM_WARPS=cand[1], FULL_WARPS=cand[1])
 
 
 def effective(shape: dict, tile: dict) -> tuple:
     """The (BV, warps) ``tile`` gives at ``shape``."""
-    return tr._value_tile(shape["K"], shape["V"], tile)[1], tile["NUM_WARPS"]
+    return tr._value_tile(shape["K"], shape["V"], tile)[1:]
 
 
 def time_loop(loop, device, case) -> float:

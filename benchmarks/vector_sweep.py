@@ -483,6 +483,12 @@ def parse_args(argv=None):
         help="SCORES of the default config (profile and sweep; default: the engine's)",
     )
     p.add_argument(
+        "--base-split-inter",
+        type=int,
+        choices=(0, 1),
+        help="SPLIT_INTER of the default config (profile and sweep; default: the engine's)",
+    )
+    p.add_argument(
         "--adopt-below",
         type=float,
         default=None,
@@ -571,7 +577,12 @@ def parse_args(argv=None):
         base_scores = int(bool(tcv.SCORES)) if HAS_SCORES else 0
     builtin["scores"] = [(1 - base_scores,)] if HAS_SCORES else []
     builtin["walk_unroll"] = [(1 - int(bool(tcv.WALK_UNROLL)),)] if HAS_WALK_UNROLL else []
-    builtin["split_inter"] = [(1 - int(bool(tcv.SPLIT_INTER)),)] if HAS_SPLIT_INTER else []
+    if args.base_split_inter is not None and not HAS_SPLIT_INTER:
+        p.error("--base-split-inter: this engine has no SPLIT_INTER")
+    base_split = args.base_split_inter
+    if base_split is None:
+        base_split = int(bool(tcv.SPLIT_INTER)) if HAS_SPLIT_INTER else 0
+    builtin["split_inter"] = [(1 - base_split,)] if HAS_SPLIT_INTER else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:
@@ -723,6 +734,8 @@ def main(argv=None) -> int:
         tcv.DIAG_LOOP = bool(args.base_diag_loop)
     if args.base_scores is not None:
         tcv.SCORES = bool(args.base_scores)
+    if args.base_split_inter is not None:
+        tcv.SPLIT_INTER = bool(args.base_split_inter)
     machine = report.machine_info(
         report.info_case({"device": args.device}, {}), args.device, args.commit
     )

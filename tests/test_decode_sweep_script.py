@@ -51,3 +51,16 @@ def test_a_tile_that_changes_the_result_fails(monkeypatch, tmp_path):
     monkeypatch.setattr(ds.decode, "rel_err", rel_err)
     assert ds.main(["--device", "cpu", "--quick", "--ops", "gla"]) == 1
     assert calls["n"] > 0
+
+
+def test_candidates_option(tmp_path):
+    """--candidates replaces the grid; each pair is timed at its own warps, and a bad pair is a
+    usage error naming it."""
+    ds = _load()
+    out = tmp_path / "sweep.json"
+    argv = ["--device", "cpu", "--quick", "--ops", "gla", "--out", str(out)]
+    assert ds.main([*argv, "--candidates", "16,2"]) == 0
+    cands = [r for r in json.loads(out.read_text())["rows"] if r["tile"] != "default"]
+    assert [(r["BV"], r["warps"], r["status"]) for r in cands] == [(16, 2, "ok")]
+    with pytest.raises(SystemExit):
+        ds.main([*argv, "--candidates", "24,2"])

@@ -77,7 +77,7 @@ def test_quick_run(tmp_path_factory):
         (16, "diag_loop", [1]),  # slower: not adopted (--adopt-below 0)
         (16, "scores", [1]),  # no effect with gv: skipped
         (16, "walk_unroll", [1]),  # the base has no walk: skipped
-        (16, "split_inter", [1]),  # no stored scores with gv: skipped
+        (16, "split_inter", [1 - int(tcv.SPLIT_INTER)]),  # no stored scores with gv: skipped
         (16, "rows", [16, 16, 16, 32, 4, 1]),
         (16, "states", [16, 32, 16, 4, 1]),
         (16, "cols", [16, 16, 16, 32, 4, 1]),
@@ -133,7 +133,8 @@ def test_quick_run_adopts_switches(tmp_path_factory):
     and SCORE_TILES'."""
     rep = quick(tmp_path_factory, "--profile", "--ops", "rwkv6", "--chunks", "16", "--kernels",
                 "diag_loop", "scores", "split_inter", "rows", "score_tiles", "apply_tiles",
-                "--base-diag-loop", "0", "--base-scores", "0")  # fmt: skip
+                "--base-diag-loop", "0", "--base-scores", "0",
+                "--base-split-inter", "0")  # fmt: skip
     profs = [(p["diag_loop"], p["scores"]) for p in rep["profile"]]
     assert profs == [(False, False), (False, True)]
     assert {r["role"] for r in rep["profile"][0]["launches"]} == ROLES

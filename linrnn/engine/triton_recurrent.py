@@ -26,17 +26,22 @@ from linrnn.engine.triton_kernels import _denominator, _start_state
 # Decay kinds (the DECAY switch).
 DECAY_NONE, DECAY_SCALAR, DECAY_VECTOR = 0, 1, 2
 # The tile of one program: the whole key dimension (BK = next power of two ≥ K) by a value
-# tile BV = min(BV_MAX, STATE_ELEMS // BK, next power of two ≥ V) (at least 16), num_warps.
-# A decode step is one launch that reads and writes the fp32 state once, so this tile sets
-# how close it gets to the memory floor (benchmarks/decode_sweep.py measures candidates).
-STEP_TILE = {"BV_MAX": 64, "STATE_ELEMS": 8192, "NUM_WARPS": 4}
+# tile BV = min(BV_MAX, STATE_ELEMS // BK, next power of two ≥ V) (at least 16), on
+# NUM_WARPS warps, or FULL_WARPS when the tile reaches STATE_ELEMS (128 fp32 state entries a
+# thread at 2 warps). A decode step is one launch that reads and writes the fp32 state once,
+# so this tile sets how close it gets to the memory floor. benchmarks/decode_sweep.py on the
+# H200 (session 8, s8/): at K = 256 (BV 32) 2 warps took 0.75-0.92x the step time of 4 for
+# every family; at K = 64 (BV 64, a half-size tile) 4 warps were within 5 % of the best.
+STEP_TILE = {"BV_MAX": 64, "STATE_ELEMS": 8192, "NUM_WARPS": 4, "FULL_WARPS": 2}
 
 
-def _value_tile(K: int, V: int, tile: dict | None = None) -> tuple[int, int]:
-    """(BK, BV) of the recurrent kernel for head dims K, V under ``tile`` (:data:`STEP_TILE`)."""
+def _value_tile(K: int, V: int, tile: dict | None = None) -> tuple[int, int, int]:
+    """(BK, BV, num_warps) of the recurrent kernel for head dims K, V under ``tile``
+    (:data:`STEP_TILE`)."""
     t = STEP_TILE if tile is None else tile
     BK = max(16, next_pow2(K))
-    return BK, max(16, min(t["BV_MAX"], t["STATE_ELEMS"] // BK, next_pow2(V)))
+    BV = max(16, min(t["BV_MAX"], t["STATE_ELEMS"] // BK, next_pow2(V)))
+    return BK, BV, t["FULL_WARPS"] if BK * BV >= t["STATE_ELEMS"] else t["NUM_WARPS"]
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -145,7 +150,7 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
     q, k, v, g, gv, gi, u = map(c, (q, k, v, g, gv, gi, u))
     S_T, n_T, m_T = out_state if out_state is not None else (None, None, None)
     S_T = torch.empty(N, H, K, V, **f32) if S_T is None else S_T
-    BK, BV = _value_tile(K, V)
+    BK, BV, warps = _value_tile(K, V)
     # n and m are read by every V tile of a head: with several tiles one tile's final n/m must
     # not land on the initial n/m another tile has yet to read, so they go to fresh buffers and
     # are copied after; with one tile the kernel writes them in place (two launches fewer per
@@ -175,7 +180,7 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
         DECAY=0 if g is None else (DECAY_VECTOR if g.dim() == 4 else DECAY_SCALAR),
         HAS_GV=gv is not None, HAS_IGATE=gi is not None, STAB=stabilize,
         EXCLUSIVE=u is not None, TRACK_N=track_n, NORM=norm, HAS_S0=has_s0,
-        VARLEN=offsets is not None, SAVE=saved is not None, num_warps=STEP_TILE["NUM_WARPS"],
+        VARLEN=offsets is not None, SAVE=saved is not None, num_warps=warps,
     )  # fmt: skip
     n_out = m_out = None
     if track_n:
