@@ -45,8 +45,13 @@ def parse_args(argv=None):
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="a tiny shape, 3 candidates (and 2 ops)")
-    p.add_argument("--candidates", nargs="+", metavar="BV,W", default=None,
-                   help="(BV_MAX, NUM_WARPS) pairs to time (default: BV 16..128 × 1..8 warps)")
+    p.add_argument(
+        "--candidates",
+        nargs="+",
+        metavar="BV,W",
+        default=None,
+        help="(BV_MAX, NUM_WARPS) pairs to time (default: BV 16..128 × 1..8 warps)",
+    )
     args = p.parse_args(argv)
     try:
         args.candidates = [tuple(int(x) for x in c.split(",")) for c in args.candidates or ()]
