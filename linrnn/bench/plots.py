@@ -61,10 +61,10 @@ def runtime_vs_length(rows: list[dict], out_dir: Path, key: str = "fwdbwd_ms") -
             ax.plot(*zip(*pts), marker="o", label=f"{label} ({heads})")
         ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel=f"{key} (ms)")
         ax.set_title(f"{family}: {'forward+backward' if 'bwd' in key else 'forward'} time")
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
         fig.tight_layout()
         path = Path(out_dir) / f"runtime-vs-T-{family}.png"
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, bbox_inches="tight")  # legend beside the axes
         plt.close(fig)
         paths.append(path)
     return paths
@@ -96,10 +96,10 @@ def memory_vs_chunk(rows: list[dict], out_dir: Path) -> list[Path]:
     ax_t.set_title("time vs chunk size (fwd+bwd where measured)")
     for ax in (ax_m, ax_t):
         if ax.lines:
-            ax.legend(fontsize=6)
+            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     path = Path(out_dir) / "memory-vs-chunk.png"
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # legend beside the axes
     plt.close(fig)
     return [path]
 
@@ -115,8 +115,8 @@ def roofline_chart(rows: list[dict], spec: dict | None, out_dir: Path) -> list[P
     groups = defaultdict(list)
     for r in pts:
         groups[_label(r).rsplit(" L=", 1)[0]].append((r["intensity"], r["fwd_tflops"]))
-    for label, xy in sorted(groups.items()):
-        ax.scatter(*zip(*xy), label=label, s=18)
+    for i, (label, xy) in enumerate(sorted(groups.items())):  # 10 colours × 3 markers
+        ax.scatter(*zip(*xy), label=label, s=18, color=f"C{i % 10}", marker="os^"[i // 10 % 3])
     if spec:
         lo = min(p["intensity"] for p in pts) / 4
         hi = max(
@@ -129,10 +129,10 @@ def roofline_chart(rows: list[dict], spec: dict | None, out_dir: Path) -> list[P
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)",
            ylabel="achieved TFLOP/s (forward)")  # fmt: skip
     ax.set_title("roofline")
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     path = Path(out_dir) / "roofline.png"
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # legend beside the axes
     plt.close(fig)
     return [path]
 
