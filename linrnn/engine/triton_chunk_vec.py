@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from linrnn.engine import triton_chunk as tc
+from linrnn.engine import triton_cumsum as cs
 from linrnn.engine import triton_fused as fused
 from linrnn.engine import triton_gate_grad as gg
 from linrnn.engine import triton_kernels as kern
@@ -103,17 +104,20 @@ def _fit(x: int, n: int) -> int:
 
 
 def _cumsums(g, c: tc.Config, exclusive: bool):
-    """Chunk-local inclusive (and exclusive) cumulative sums of a [B, T, H, D] log decay, fp32,
-    summed in each chunk's zero-padded layout (packed sequences: chunks from the table). The
-    exclusive sum holds exactly the inclusive one's values, shifted by one step. (Packed calls
-    once took differences of fp64 prefix sums over all of T: at T = 65,536, K = 256 that made
-    a GLA forward 2.2x slower than the same tokens padded.)"""
-    y, back = _padded(g.float(), c)
-    x = y.cumsum(2)  # [B, NT, L, H, D]
-    inc = back(x).contiguous()
-    if not exclusive:
-        return inc, inc
-    return inc, back(F.pad(x[:, :, :-1], (0, 0, 0, 0, 1, 0))).contiguous()
+    """Chunk-local inclusive (and, ``exclusive``, exclusive) cumulative sums of a [B, T, H, D]
+    log decay, fp32, in one Triton pass (triton_cumsum; packed sequences: chunks from the
+    table). The exclusive sum holds exactly the inclusive one's values, shifted by one step.
+    Returns (inc, exc), exc = inc when not ``exclusive``."""
+    T, H, D = g.shape[1:]
+    g = g.contiguous()
+    inc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
+    exc = torch.empty_like(inc) if exclusive else inc
+    BT, BD = _fit(64, c.L), _fit(64, D)
+    cs.chunk_cumsum_kernel[(c.NT, cdiv(D, BD), c.rows)](
+        g, inc, exc, c.CHUNKS, T, H, D, c.L, BT=BT, BD=BD, VARLEN=c.varlen, EXCL=exclusive,
+        num_warps=4,
+    )  # fmt: skip
+    return inc, exc
 
 
 def _padded(x, c: tc.Config):

@@ -1,0 +1,64 @@
+"""triton_cumsum.chunk_cumsum_kernel (through triton_chunk_vec._cumsums): the chunk-local
+inclusive and exclusive sums of a log decay against an fp64 loop over each chunk's tokens,
+dense and packed, chunks of one and of several row tiles, a partial last chunk, bf16 input;
+the exclusive sum equal to the inclusive one shifted by one step, bit for bit. The outputs
+are NaN-poisoned allocations (conftest), so a row the kernel skips fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_triton_engine import DEVICE
+
+from linrnn.engine import triton_chunk as tc
+from linrnn.engine import triton_chunk_vec as tcv
+
+pytest.importorskip("triton")
+
+
+def _chunks(T, L, offsets):
+    """[(c0, c1)] of every chunk: L-token pieces of each sequence."""
+    bounds = offsets if offsets is not None else [0, T]
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        out += [(c0, min(c0 + L, b)) for c0 in range(a, b, L)]
+    return out
+
+
+@pytest.mark.parametrize(
+    "B, T, H, D, L, offsets",
+    [
+        (2, 45, 3, 20, 16, None),  # one row tile per chunk, a partial last chunk
+        (1, 200, 2, 80, 160, None),  # three row tiles per chunk (64, 64, 32), two D tiles
+        (1, 200, 2, 24, 64, [0, 1, 10, 10, 75, 200]),  # packed: lengths 1, 9, 0, 65, 125
+    ],
+    ids=["T45-L16", "T200-L160-D80", "packed"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cumsums_match_fp64(B, T, H, D, L, offsets, dtype):
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, device=DEVICE) * 3).to(dtype)
+    q = torch.empty(B, T, H, D, device=DEVICE)
+    c = tc.Config(q, q, q, scale=1.0, has_decay=True, has_igate=False, stabilize=False,
+                  track_n=False, normalizer=None, eps=0.0, chunk_size=L,
+                  offsets=offsets)  # fmt: skip
+    inc, exc = tcv._cumsums(g, c, exclusive=True)
+    inc_only, same = tcv._cumsums(g, c, exclusive=False)
+    assert inc.dtype == exc.dtype == torch.float32 and same is inc_only
+
+    ref_inc = torch.full(g.shape, float("nan"), dtype=torch.float64)
+    ref_exc = ref_inc.clone()
+    g64 = g.double().cpu()
+    for c0, c1 in _chunks(T, L, offsets):
+        run = torch.zeros(B, H, D, dtype=torch.float64)
+        for t in range(c0, c1):
+            ref_exc[:, t] = run
+            run = run + g64[:, t]
+            ref_inc[:, t] = run
+    for got, ref in ((inc, ref_inc), (exc, ref_exc), (inc_only, ref_inc)):
+        assert bool(torch.isfinite(got).all())
+        torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-5, atol=1e-4)
+
+    # exclusive = inclusive shifted by one step, exactly; 0 at each chunk's first step
+    for c0, c1 in _chunks(T, L, offsets):
+        assert bool((exc[:, c0] == 0).all())
+        assert torch.equal(exc[:, c0 + 1 : c1], inc[:, c0 : c1 - 1])
