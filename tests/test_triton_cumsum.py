@@ -6,6 +6,8 @@ are NaN-poisoned allocations (conftest), so a row the kernel skips fails."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from test_triton_engine import DEVICE
@@ -20,7 +22,7 @@ def _chunks(T, L, offsets):
     """[(c0, c1)] of every chunk: L-token pieces of each sequence."""
     bounds = offsets if offsets is not None else [0, T]
     out = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         out += [(c0, min(c0 + L, b)) for c0 in range(a, b, L)]
     return out
 
