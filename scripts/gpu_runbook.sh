@@ -165,8 +165,11 @@ decode)
     ;;
 decode-sweep)
     # The decode step's value tile and warps (benchmarks/decode_sweep.py), in CUDA graphs;
-    # no case starts after 480 s
+    # no case starts after 480 s. The full 16-tile grid took ~70 s per op and shape in
+    # session 8 (14 of them): these five candidates (tiles of ≤ 128 state entries a thread at
+    # K = 256, where more spilled) covered 12 of them in under a minute.
     timeout 560 python3 -u benchmarks/decode_sweep.py --deadline 480 --commit "$C" \
+        --candidates 16,1 32,2 64,2 64,4 128,8 \
         --out "$OUT/decode_sweep.json" 2>&1 | tee "$OUT/decode_sweep.txt"
     ;;
 varlen)
