@@ -564,25 +564,19 @@ def parse_args(argv=None):
         except ValueError as exc:
             p.error(str(exc))
     builtin = dict(QUICK_CANDIDATES if args.quick else CANDIDATES)
-    base_loop = args.base_diag_loop
-    if base_loop is None:
-        base_loop = int(bool(tcv.DIAG_LOOP)) if HAS_DIAG_LOOP else 0
-    elif not HAS_DIAG_LOOP:
-        p.error("--base-diag-loop: this engine has no DIAG_LOOP")
-    builtin["diag_loop"] = [(1 - base_loop,)]
-    if args.base_scores is not None and not HAS_SCORES:
-        p.error("--base-scores: this engine has no SCORES")
-    base_scores = args.base_scores
-    if base_scores is None:
-        base_scores = int(bool(tcv.SCORES)) if HAS_SCORES else 0
-    builtin["scores"] = [(1 - base_scores,)] if HAS_SCORES else []
+
+    def base_form(name: str, has: bool) -> int:
+        """The base's form of switch ``name`` (0/1): --base-<name> if given, else the engine's."""
+        given = getattr(args, f"base_{name}")
+        if given is not None and not has:
+            p.error(f"--base-{name.replace('_', '-')}: this engine has no {name.upper()}")
+        return given if given is not None else int(has and bool(getattr(tcv, name.upper())))
+
+    builtin["diag_loop"] = [(1 - base_form("diag_loop", HAS_DIAG_LOOP),)]
+    builtin["scores"] = [(1 - base_form("scores", HAS_SCORES),)] if HAS_SCORES else []
     builtin["walk_unroll"] = [(1 - int(bool(tcv.WALK_UNROLL)),)] if HAS_WALK_UNROLL else []
-    if args.base_split_inter is not None and not HAS_SPLIT_INTER:
-        p.error("--base-split-inter: this engine has no SPLIT_INTER")
-    base_split = args.base_split_inter
-    if base_split is None:
-        base_split = int(bool(tcv.SPLIT_INTER)) if HAS_SPLIT_INTER else 0
-    builtin["split_inter"] = [(1 - base_split,)] if HAS_SPLIT_INTER else []
+    split = base_form("split_inter", HAS_SPLIT_INTER)
+    builtin["split_inter"] = [(1 - split,)] if HAS_SPLIT_INTER else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:
