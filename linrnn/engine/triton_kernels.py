@@ -113,6 +113,22 @@ def _vec_state_part(p_x, p_st, p_gd, p_go, o_t, m_t, o_o, m_o, c1, D, sD, sO, s_
 
 
 @triton.jit
+def _vec_inter(PART, p_x, p_st, p_gd, p_go, o_t, m_t, o_o, m_o, c1, D, O, H, base, s_sd, s_so,
+               BT: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, TO_END: tl.constexpr,
+               VEC_D: tl.constexpr, VEC_O: tl.constexpr, DOT_PREC: tl.constexpr,
+               STATE_IN: tl.constexpr):  # fmt: skip
+    """The rows' inter-chunk part for the dq/dk programs: loaded from PART (``STATE_IN``: what
+    SPLIT_INTER's apply_kernel stored, [B, T, H, O] fp32 at row offset ``base``), else formed
+    here against the chunk's state (:func:`_vec_state_part`). [BT, BO] fp32."""
+    if STATE_IN:
+        b_int = _tile(PART + base * O, o_t, o_o, H * O, m_t, m_o)
+    else:
+        b_int = _vec_state_part(p_x, p_st, p_gd, p_go, o_t, m_t, o_o, m_o, c1, D, H * D, H * O,
+                                s_sd, s_so, BT, BD, BO, TO_END, VEC_D, VEC_O, DOT_PREC)  # fmt: skip
+    return b_int
+
+
+@triton.jit
 def _start_state(S, N, i_st, o_k, o_v, K, V, m_k, m_v, HAS: tl.constexpr,
                  TRACK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
     """A walk's starting slice of state ``i_st`` (S [.., K, V], N [.., K], fp32): C [BK, BV]
@@ -343,13 +359,11 @@ def rows_kernel(
         p_gdx, p_gdk, p_gox, p_gok, p_u = _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O,
                                                     VEC_D)  # fmt: skip
         # The state entering the chunk: (X_r ⊙ exp(G^X_r)) S, then ⊙ exp(G^X_r) over the output.
-        if STATE_IN:
-            b_acc = _tile(PART + (i_b * T * H + i_h) * O, o_r, o_o, H * O, m_r, m_o)
-        else:
-            b_acc = _vec_state_part(
-                p_x, ST + (i_bh * NT + i_c) * D * O, p_gdx, p_gox, o_r, m_r, o_o, m_o, c1, D,
-                H * D, H * O, s_sd, s_so, BQ, BD, BO, False, VEC_D, VEC_O, DOT_PREC,
-            )  # fmt: skip
+        b_acc = _vec_inter(
+            PART, p_x, ST + (i_bh * NT + i_c) * D * O, p_gdx, p_gox, o_r, m_r, o_o, m_o, c1, D,
+            O, H, i_b * T * H + i_h, s_sd, s_so, BQ, BD, BO, False, VEC_D, VEC_O, DOT_PREC,
+            STATE_IN,
+        )  # fmt: skip
         p_p, s_p = _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM)
         b_acc += _vec_diag(
             p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_r, m_r, o_o, m_o, D, s_p, H * O,
@@ -643,13 +657,11 @@ def cols_kernel(
         p_gdx, p_gdk, p_gox, p_gok, p_u = _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O,
                                                     VEC_D)  # fmt: skip
         # The state leaving the chunk: (X_s ⊙ exp(G_L − G_s)) dS, ⊙ exp(G_L − G_s) over O.
-        if STATE_IN:
-            b_int = _tile(PART + (i_b * T * H + i_h) * O, o_s, o_o, H * O, m_s, m_o)
-        else:
-            b_int = _vec_state_part(
-                p_x, DST + (i_bh * NT + i_c) * D * O, p_gdk, p_gok, o_s, m_s, o_o, m_o, c1, D,
-                H * D, H * O, s_sd, s_so, BS, BD, BO, True, VEC_D, VEC_O, DOT_PREC,
-            )  # fmt: skip
+        b_int = _vec_inter(
+            PART, p_x, DST + (i_bh * NT + i_c) * D * O, p_gdk, p_gok, o_s, m_s, o_o, m_o, c1, D,
+            O, H, i_b * T * H + i_h, s_sd, s_so, BS, BD, BO, True, VEC_D, VEC_O, DOT_PREC,
+            STATE_IN,
+        )  # fmt: skip
         p_p, s_p = _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM)
         b_acc = _vec_diag(
             p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_s, m_s, o_o, m_o, D, s_p, H * O,

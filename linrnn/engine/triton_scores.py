@@ -92,9 +92,7 @@ def apply_kernel(
     base = i_b * T * H + i_h
     p_z, p_a = Z + base * O, A + base * L
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
-    if INTER:
-        pass
-    elif REV:  # keys r, every later query t of the chunk: Σ_t A[t, r] Z_t
+    if REV and not INTER:  # keys r, every later query t of the chunk: Σ_t A[t, r] Z_t
         for t0 in range(r0, c1, BS):
             o_t = t0 + tl.arange(0, BS)
             m_t = o_t < c1
@@ -103,7 +101,7 @@ def apply_kernel(
             b_a = tl.load(p, mask=causal, other=0.0)  # [BQ, BS]
             b_z = _tile(p_z, o_t, o_o, H * O, m_t, m_o)  # [BS, BO]
             b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
-    else:  # queries r, every earlier key s of the chunk: Σ_s A[r, s] Z_s
+    elif not INTER:  # queries r, every earlier key s of the chunk: Σ_s A[r, s] Z_s
         for s0 in range(c0, tl.minimum(r0 + BQ, c1), BS):
             o_s = s0 + tl.arange(0, BS)
             m_s = o_s < c1
