@@ -9,6 +9,7 @@ machine (TRITON_INTERPRET=1 only lets the Triton path be chosen; no kernel runs)
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import os
 import pstats
@@ -55,12 +56,31 @@ def step_fn(op: str, B: int, H: int, K: int, V: int):
     return lambda: fn(0)
 
 
+def aten_ops(fn) -> collections.Counter:
+    """The ATen ops one call of ``fn`` runs: on a GPU each is a launch or an allocation."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count() as c:
+        fn()
+    return c.ops
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", nargs="+", default=list(DECODE_OPS), choices=list(registry.OPS))
     p.add_argument("--shape", default="64,64,64,64", help="B,H,K,V")
     p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--profile", action="store_true", help="cProfile 500 steps per family")
+    p.add_argument("--profile", action="store_true", help="cProfile 500 steps per op")
+    p.add_argument("--count-ops", action="store_true", help="the ATen ops of one step per op")
     args = p.parse_args(argv)
     B, H, K, V = (int(x) for x in args.shape.split(","))
     triton_recurrent.recurrent_fwd_kernel = _NoLaunch()
@@ -74,6 +94,10 @@ def main(argv=None) -> int:
             fn()
         us = (time.perf_counter() - t) / args.steps * 1e6
         print(f"{op:26s} B{B}-H{H}-K{K}-V{V}: host {us:.1f} us per step (kernel launch stubbed)")
+        if args.count_ops:
+            ops = aten_ops(fn)
+            listed = ", ".join(f"{k} ×{n}" for k, n in ops.items())
+            print(f"  {sum(ops.values())} ATen ops: {listed}")
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()
