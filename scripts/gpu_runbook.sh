@@ -96,7 +96,8 @@ vector-check)
     # (the id lists stay out of $OUT: the device tool returns at most 8 files)
     SHARDS=${SHARDS:-4}
     IDS=$(mktemp -d)
-    python3 -m pytest -q -p no:cacheprovider --collect-only tests/test_triton_vector.py |
+    python3 -m pytest -q -p no:cacheprovider --collect-only tests/test_triton_vector.py \
+        tests/test_triton_cumsum.py |
         grep '::' >"$IDS/all.txt"
     for i in $(seq 0 $((SHARDS - 1))); do
         awk -v n="$SHARDS" -v i="$i" 'NR % n == i' "$IDS/all.txt" >"$IDS/ids-$i.txt"
