@@ -125,6 +125,7 @@ from vector_tiles import (  # noqa: E402  (benchmarks/ is the script's own folde
     CANDIDATES,
     DTYPES,
     HAS_DIAG_LOOP,
+    HAS_DIAG_SPAN,
     HAS_SCORES,
     HAS_SPLIT_INTER,
     HAS_WALK_UNROLL,
@@ -134,6 +135,7 @@ from vector_tiles import (  # noqa: E402  (benchmarks/ is the script's own folde
     QUICK_CANDIDATES,
     QUICK_LOOP_ONLY,
     SCORE_KEYS,
+    SPAN_ON,
     SWITCHES,
     TOLERANCE,
     apply,
@@ -465,6 +467,13 @@ def parse_args(argv=None):
         "stored scores, SCORES, in the base)",
     )
     p.add_argument(
+        "--diag-span",
+        nargs="*",
+        metavar="0|1",
+        help="DIAG_SPAN candidates: 1 the diagonal's fast form (at the engine's span, or 60), 0 "
+        "the fp32 log-space form alone (default: the form the base does not use)",
+    )
+    p.add_argument(
         "--diag-loop",
         nargs="*",
         metavar="0|1",
@@ -487,6 +496,12 @@ def parse_args(argv=None):
         type=int,
         choices=(0, 1),
         help="SPLIT_INTER of the default config (profile and sweep; default: the engine's)",
+    )
+    p.add_argument(
+        "--base-diag-span",
+        type=int,
+        choices=(0, 1),
+        help="DIAG_SPAN of the default config: 1 on (the engine's span, or 60), 0 off",
     )
     p.add_argument(
         "--adopt-below",
@@ -577,6 +592,8 @@ def parse_args(argv=None):
     builtin["walk_unroll"] = [(1 - int(bool(tcv.WALK_UNROLL)),)] if HAS_WALK_UNROLL else []
     split = base_form("split_inter", HAS_SPLIT_INTER)
     builtin["split_inter"] = [(1 - split,)] if HAS_SPLIT_INTER else []
+    span = base_form("diag_span", HAS_DIAG_SPAN)
+    builtin["diag_span"] = [(1 - span,)] if HAS_DIAG_SPAN else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:
@@ -730,6 +747,8 @@ def main(argv=None) -> int:
         tcv.SCORES = bool(args.base_scores)
     if args.base_split_inter is not None:
         tcv.SPLIT_INTER = bool(args.base_split_inter)
+    if args.base_diag_span is not None:
+        tcv.DIAG_SPAN = SPAN_ON if args.base_diag_span else 0.0
     machine = report.machine_info(
         report.info_case({"device": args.device}, {}), args.device, args.commit
     )

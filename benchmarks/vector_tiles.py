@@ -1,6 +1,6 @@
 """The tile configurations benchmarks/vector_sweep.py tries on the vector-gate path
 (triton_chunk_vec's VEC_TILES, GATED_BO, DIAG_LOOP, SCORES, WALK_UNROLL, SPLIT_INTER,
-SCORE_TILES): the
+DIAG_SPAN, SCORE_TILES): the
 candidate lists, their legality, applying one to a config, what the kernels get after
 clipping, and setting the engine to a config and back."""
 
@@ -15,7 +15,7 @@ from linrnn.engine import triton_chunk_vec as tcv
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
 # The switches first (in this order, each adopted as the base when faster), then the tiles
-SWITCHES = ("diag_loop", "scores", "walk_unroll", "split_inter")
+SWITCHES = ("diag_loop", "scores", "walk_unroll", "split_inter", "diag_span")
 KERNELS = (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles", "fused")
 MODE_KERNELS = {
     "chunk": (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles"),
@@ -27,6 +27,9 @@ HAS_DIAG_LOOP = hasattr(tcv, "DIAG_LOOP")  # added in 35acbf2
 HAS_SCORES = hasattr(tcv, "SCORES")  # added in 502a28b (with SCORE_TILES, triton_scores)
 HAS_WALK_UNROLL = hasattr(tcv, "WALK_UNROLL")  # added in session 6
 HAS_SPLIT_INTER = hasattr(tcv, "SPLIT_INTER")  # added in session 7
+HAS_DIAG_SPAN = hasattr(tcv, "DIAG_SPAN")  # added in session 9
+# diag_span's 1: the diagonal's fast form at the engine's span (60 where the engine has it off)
+SPAN_ON = float(getattr(tcv, "DIAG_SPAN", 0.0) or 60.0)
 
 # Built-in candidates, most promising first (the sweep is cut by the deadline). The defaults
 # since the session-6 sweep: VEC_TILES = states (64, 64, 64, 4, 2), rows (16, 64, 32, 64, 4,
@@ -151,6 +154,7 @@ def current() -> dict:
         "SCORE_TILES": dict(tcv.SCORE_TILES) if HAS_SCORES else None,
         "WALK_UNROLL": bool(tcv.WALK_UNROLL) if HAS_WALK_UNROLL else None,
         "SPLIT_INTER": bool(tcv.SPLIT_INTER) if HAS_SPLIT_INTER else None,
+        "DIAG_SPAN": float(tcv.DIAG_SPAN) if HAS_DIAG_SPAN else None,
     }
 
 
@@ -192,6 +196,8 @@ def apply(kernel: str | None, t, cfg: dict) -> dict:
         cfg["WALK_UNROLL"] = bool(t[0])
     elif kernel == "split_inter":
         cfg["SPLIT_INTER"] = bool(t[0])
+    elif kernel == "diag_span":
+        cfg["DIAG_SPAN"] = SPAN_ON if t[0] else 0.0
     elif kernel in SCORE_KEYS:
         cfg["SCORE_TILES"][SCORE_KEYS[kernel]] = tuple(t)
     elif kernel == "gated_bo":
@@ -222,6 +228,7 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
     tiles = cfg["VEC_TILES"]
     unroll = bool(cfg.get("WALK_UNROLL")) or (gv and getattr(tcv, "WALK_UNROLL_GV", False))
     loop = (cfg["DIAG_LOOP"], unroll and bool(cfg["DIAG_LOOP"]))
+    loop = (*loop, cfg.get("DIAG_SPAN"))
     D, K, V = max(shape["K"], shape["V"]), shape["K"], shape["V"]
     if mode == "fused_chunk":
         BC, _, BD, _, nw, ns = tiles["fused"]
@@ -259,6 +266,8 @@ def using(cfg: dict):
         tcv.WALK_UNROLL = bool(cfg.get("WALK_UNROLL"))
     if HAS_SPLIT_INTER:
         tcv.SPLIT_INTER = bool(cfg.get("SPLIT_INTER"))
+    if HAS_DIAG_SPAN and cfg.get("DIAG_SPAN") is not None:
+        tcv.DIAG_SPAN = float(cfg["DIAG_SPAN"])
     try:
         yield
     finally:
@@ -275,6 +284,8 @@ def using(cfg: dict):
             tcv.WALK_UNROLL = saved["WALK_UNROLL"]
         if HAS_SPLIT_INTER:
             tcv.SPLIT_INTER = saved["SPLIT_INTER"]
+        if HAS_DIAG_SPAN:
+            tcv.DIAG_SPAN = saved["DIAG_SPAN"]
 
 
 def fmt(t) -> str:

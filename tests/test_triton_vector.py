@@ -58,6 +58,7 @@ def test_diagonal_walk_matches_reference(monkeypatch, family, mode, shape):
     from linrnn.engine import triton_chunk_vec
 
     monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", True)
+    monkeypatch.setattr(triton_chunk_vec, "DIAG_SPAN", 0.0)  # the walk on every tile
     fam = FAMILIES[family]
     B, T, H, K, V, L = shape
     h0 = fam.make_state(B, H, K, V, torch.float32)
@@ -82,6 +83,7 @@ def test_unrolled_walk_matches_reference(monkeypatch, family, mode, scores):
 
     monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", True)
     monkeypatch.setattr(triton_chunk_vec, "WALK_UNROLL", True)
+    monkeypatch.setattr(triton_chunk_vec, "DIAG_SPAN", 0.0)
     monkeypatch.setattr(triton_chunk_vec, "SCORES", scores)
     fam = FAMILIES[family]
     B, T, H, K, V, L = 2, 37, 2, 20, 12, 32
@@ -100,6 +102,7 @@ def test_stored_scores_match_reference(monkeypatch, family, case, diag_loop):
 
     monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
     monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", diag_loop)
+    monkeypatch.setattr(triton_chunk_vec, "DIAG_SPAN", 0.0)  # the log-space diagonal
     _check_stored(family, case)
 
 
@@ -211,6 +214,40 @@ def test_extreme_decays(family, mode):
     with strict:
         _check(fam, fam.build(B, T, H, K, V, True), h0, torch.float32, factor=5.0, mode=mode,
                chunk_size=64)  # fmt: skip
+
+
+def _mixed_spans(d: dict, strong: float) -> dict:
+    """Mild gates, with a decay of ``strong`` per step on the channels past 32 during the first
+    26 steps (the second depth tile of K = 40 and of V = 40)."""
+    for name in ("gk", "gv", "w"):
+        if name in d:
+            g = d[name].clone()
+            g[:, :26, :, 32:] = strong
+            d[name] = g
+    return d
+
+
+@pytest.mark.parametrize("diag_loop", [False, True], ids=["block", "walk"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", VECTOR)
+def test_diagonal_fast_form_mixed_spans(monkeypatch, family, mode, diag_loop):
+    """The diagonal's fast form (``DIAG_SPAN``) beside the log-space one in one call: decays
+    of −5 per step on the second depth/output tile's channels over steps 0–25 give that tile
+    a span of ≈ 80 (> 60: log space) in the first sub-chunk and ≈ 50 (fast, factors up to
+    e^25) in the second, while the first tile and later sub-chunks are mild (fast); every
+    kernel that has a diagonal (forward, dq, dk, dv, gv's output gate, RWKV6's bonus). Any
+    overflowing exp or inf·0, even in a masked lane, raises under the interpreter."""
+    from linrnn.engine import triton_chunk_vec
+
+    monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", diag_loop)
+    assert triton_chunk_vec.DIAG_SPAN == 60.0
+    fam = FAMILIES[family]
+    B, T, H, K, V = 1, 45, 1, 40, 40
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    strict = np.errstate(over="raise", invalid="raise") if DEVICE == "cpu" else nullcontext()
+    with strict:
+        _check(fam, _mixed_spans(fam.build(B, T, H, K, V, False), -5.0), h0, torch.float32,
+               mode=mode, chunk_size=32)  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -78,6 +78,7 @@ def test_quick_run(tmp_path_factory):
         (16, "scores", [1]),  # no effect with gv: skipped
         (16, "walk_unroll", [1]),  # the base has no walk: skipped
         (16, "split_inter", [1 - int(tcv.SPLIT_INTER)]),  # no stored scores with gv: skipped
+        (16, "diag_span", [1 - int(bool(tcv.DIAG_SPAN))]),  # the diagonal's other form
         (16, "rows", [16, 16, 16, 32, 4, 1]),
         (16, "states", [16, 32, 16, 4, 1]),
         (16, "cols", [16, 16, 16, 32, 4, 1]),
@@ -122,8 +123,8 @@ def test_quick_run(tmp_path_factory):
     assert by[(16, "combined", "None")]["launches"]["cols_kernel[dv]"]["BO"] == 16
     assert by[(32, "combined", "None")]["config"] == combined
     (best,) = rep["best"]
-    assert set(best["chunks"]["16"]["kernels"]) == {"diag_loop", "rows", "states", "cols",
-                                                     "gated_bo"}  # fmt: skip
+    assert set(best["chunks"]["16"]["kernels"]) == {"diag_loop", "diag_span", "rows", "states",
+                                                     "cols", "gated_bo"}  # fmt: skip
     assert "base" not in best["chunks"]["16"]
 
 

@@ -65,11 +65,25 @@ WALK_UNROLL = False
 WALK_UNROLL_GV = True
 
 
+# The diagonal sub-chunk's fast form (triton_vector, module doc): a depth or output tile whose
+# gates span less than DIAG_SPAN over the sub-chunk's 16 rows (the widest channel's range of
+# cumulative log decays) takes one tensor-core product around the middle of that range, each
+# factor within exp(±DIAG_SPAN/2); a wider tile (strong decays) the fp32 log-space form above.
+# 0 turns the fast form off. 60: factors ≤ e^30 ≈ 1e13 keep every product finite in bf16 and
+# fp32 while a decay of 3.75 per step (e^-3.75 ≈ 0.02) still takes the fast form.
+DIAG_SPAN = 60.0
+
+
 def _walk_form(has_gv: bool = False) -> int:
     """The kernels' DIAG_LOOP: 0 the block, 1 the walk, 2 the walk unrolled."""
     if not DIAG_LOOP:
         return 0
     return 2 if WALK_UNROLL or (has_gv and WALK_UNROLL_GV) else 1
+
+
+def _diag(has_gv: bool = False) -> dict:
+    """The kernels' diagonal switches: DIAG_LOOP (:func:`_walk_form`) and DIAG_SPAN."""
+    return dict(DIAG_LOOP=_walk_form(has_gv), DIAG_SPAN=float(DIAG_SPAN))
 
 
 # gk-only calls in chunk mode (GLA without gv, RWKV6): store the intra-chunk scores once
@@ -228,7 +242,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
         o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy,
         T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, 0.0,
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
-        VEC_O=has_gv, EXCL=c.excl, DIAG_LOOP=_walk_form(has_gv), num_warps=nw, num_stages=ns,
+        VEC_O=has_gv, EXCL=c.excl, **_diag(has_gv), num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return o, S_T, (states, o32 if has_gv else None)
 
@@ -247,7 +261,7 @@ def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True):
     NQ = cdiv(L, BC)
     sc.scores_kernel[(c.NT * NQ, c.rows)](
         q, k, bkx, bk, u if c.excl and gated else bk, A, c.CHUNKS, T, H, K, L, c.NT, NQ,
-        BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, DIAG_LOOP=_walk_form(),
+        BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, **_diag(),
         DOT_PREC=c.prec, GATED=gated, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return A
@@ -310,7 +324,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
         HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, VEC=True, VEC_V=has_gv,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, DIAG_LOOP=_walk_form(has_gv))
+    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, **_diag(has_gv))
     # gk-only with the forward's stored scores: do vᵀ stored once too, loaded by dq and dk
     dP = _scores(do, v, bkx, bk, None, c, gated=False) if stored else None
     p_do, p_dov = (do, v) if dP is None else (dP, dP)  # the P source of dq (Y) and dk (Y)
@@ -429,7 +443,7 @@ def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> tc.Confi
 
 def _fused_common(c: tc.Config, has_gv: bool):
     BC, _, BD, _, nw, ns = VEC_TILES["fused"]
-    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, DIAG_LOOP=_walk_form(has_gv),
+    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, **_diag(has_gv),
                 BC=BC, BD=BD,
                 HAS_DECAY=False,
                 HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen,

@@ -126,7 +126,7 @@ def fused_fwd_kernel(
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False,
+    DIAG_LOOP: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
     BC: tl.constexpr = 16, BD: tl.constexpr = 32, SPLIT: tl.constexpr = False,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -161,7 +161,7 @@ def fused_fwd_kernel(
                 b_x = _dot_state(b_q, b_C, SPLIT, DOT_PREC)  # the inter-chunk part [BC, BV]
                 b_in = _vec_diag(
                     p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, p_u, o_r, m_r, o_v, m_v, K, H * K,
-                    H * V, BC, BD, False, True, VEC_V, EXCL, DOT_PREC, DIAG_LOOP,
+                    H * V, BC, BD, False, True, VEC_V, EXCL, DOT_PREC, DIAG_LOOP, False, DIAG_SPAN,
                 )  # fmt: skip
                 b_in += _vec_rows_off(
                     p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, o_r, m_r, r0, c0, o_v, m_v, K, H * K,
@@ -244,7 +244,7 @@ def fused_dq_kernel(
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, SPLIT: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False,
+    DIAG_LOOP: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
     BC: tl.constexpr = 16, BD: tl.constexpr = 32,
 ):  # fmt: skip
     """dq_r = scale·[e_r (A_r dh_r Cᵀ + dd_r n) + Σ_{s≤r} D_rs (A_r dh_r·v_s + dd_r) k_s]."""
@@ -278,7 +278,7 @@ def fused_dq_kernel(
                 f = _xp(_tile(p_gkx, o_r, o_k, H * K, m_r, m_k), m_rk)  # exp(G^X_r) [BC, BK]
                 b_dq = _vec_diag(
                     p_dh, p_v, p_k, p_gv, p_gv, p_gkx, p_gk, p_u, o_r, m_r, o_k, m_k, V, H * V,
-                    H * K, BC, BD, False, VEC_V, True, EXCL, DOT_PREC, DIAG_LOOP,
+                    H * K, BC, BD, False, VEC_V, True, EXCL, DOT_PREC, DIAG_LOOP, False, DIAG_SPAN,
                 )  # fmt: skip
                 b_dq += _vec_rows_off(
                     p_dh, p_v, p_k, p_gv, p_gv, p_gkx, p_gk, o_r, m_r, r0, c0, o_k, m_k, V, H * V,
@@ -365,7 +365,7 @@ def fused_dk_kernel(
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, SPLIT: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False,
+    DIAG_LOOP: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
     BC: tl.constexpr = 16, BD: tl.constexpr = 32,
 ):  # fmt: skip
     """dk_s = w_s (v_s dCᵀ + dn) + scale·Σ_{r≥s} D_rs (A_r v_s·dh_r + dd_r) q_r, walking back;
@@ -403,7 +403,7 @@ def fused_dk_kernel(
                 w = _xp(g_last[None, :] - _tile(p_gk, o_s, o_k, H * K, m_s, m_k), m_sk)  # [BC, BK]
                 b_in = _vec_diag(
                     p_v, p_dh, p_q, p_gv, p_gv, p_gkx, p_gk, p_u, o_s, m_s, o_k, m_k, V, H * V,
-                    H * K, BC, BD, True, VEC_V, True, EXCL, DOT_PREC, DIAG_LOOP,
+                    H * K, BC, BD, True, VEC_V, True, EXCL, DOT_PREC, DIAG_LOOP, False, DIAG_SPAN,
                 )  # fmt: skip
                 b_in += _vec_cols_off(
                     p_v, p_dh, p_q, p_gv, p_gv, p_gkx, p_gk, o_s, m_s, tl.minimum(s0 + BC, c1),
@@ -483,7 +483,7 @@ def fused_dv_kernel(
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False,
+    DIAG_LOOP: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
     BC: tl.constexpr = 16, BD: tl.constexpr = 32, SPLIT: tl.constexpr = False,
 ):  # fmt: skip
     """dv_s = w_s k_s dC + scale·Σ_{r≥s} D_rs A_r (k_s·q_r) dh_r, walking back."""
@@ -520,7 +520,7 @@ def fused_dv_kernel(
                     b_dv = b_y
                 b_in = _vec_diag(
                     p_k, p_q, p_dh, p_gkx, p_gk, p_gv, p_gv, p_u, o_s, m_s, o_v, m_v, K, H * K,
-                    H * V, BC, BD, True, True, VEC_V, EXCL, DOT_PREC, DIAG_LOOP,
+                    H * V, BC, BD, True, True, VEC_V, EXCL, DOT_PREC, DIAG_LOOP, False, DIAG_SPAN,
                 )  # fmt: skip
                 b_in += _vec_cols_off(
                     p_k, p_q, p_dh, p_gkx, p_gk, p_gv, p_gv, o_s, m_s, tl.minimum(s0 + BC, c1),

@@ -324,6 +324,7 @@ def rows_kernel(
     VARLEN: tl.constexpr, VEC: tl.constexpr = False, VEC_D: tl.constexpr = False,
     VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
     DIAG_LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
+    DIAG_SPAN: tl.constexpr = 0.0,
     STATE_IN: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, output tiles, B·H). Rows r of one query tile:
@@ -367,7 +368,7 @@ def rows_kernel(
         p_p, s_p = _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM)
         b_acc += _vec_diag(
             p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_r, m_r, o_o, m_o, D, s_p, H * O,
-            BQ, BD, False, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP, P_MEM,
+            BQ, BD, False, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP, P_MEM, DIAG_SPAN,
         )  # fmt: skip
         b_acc += _vec_rows_off(
             p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o_o, m_o, D, s_p,
@@ -628,6 +629,7 @@ def cols_kernel(
     VARLEN: tl.constexpr, VEC: tl.constexpr = False, VEC_D: tl.constexpr = False,
     VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
     DIAG_LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
+    DIAG_SPAN: tl.constexpr = 0.0,
     STATE_IN: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, output tiles, B·H). Columns s of one key tile:
@@ -665,7 +667,7 @@ def cols_kernel(
         p_p, s_p = _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM)
         b_acc = _vec_diag(
             p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_s, m_s, o_o, m_o, D, s_p, H * O,
-            BS, BD, True, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP, P_MEM,
+            BS, BD, True, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP, P_MEM, DIAG_SPAN,
         )  # fmt: skip
         b_acc += _vec_cols_off(
             p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, tl.minimum(s0 + BS, c1), c1,

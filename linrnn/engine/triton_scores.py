@@ -36,7 +36,7 @@ def scores_kernel(
     X, Y, GX, GK, U, A, CHUNKS, T, H, D, L, NT, NQ,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr,
     EXCL: tl.constexpr, DIAG_LOOP: tl.constexpr, DOT_PREC: tl.constexpr,
-    GATED: tl.constexpr = True,
+    GATED: tl.constexpr = True, DIAG_SPAN: tl.constexpr = 0.0,
 ):  # fmt: skip
     """Grid (chunks × sub-chunks, B·H): rows o_r of one sub-chunk of BQ steps against every
     key of their chunk up to the sub-chunk's end. ``GATED`` False: the plain X Yᵀ, diagonal
@@ -59,7 +59,8 @@ def scores_kernel(
         tl.store(p_a + (o_s - c0)[None, :], b_p.to(A.dtype.element_ty),
                  mask=m_r[:, None] & m_s[None, :])  # fmt: skip
     b_p, _, _ = _vec_diag_scores(p_x, p_y, p_gx, p_gk, U + i_h * D, o_r, m_r, D, H * D, BQ, BD,
-                                 False, GATED, EXCL, DOT_PREC, DIAG_LOOP)  # fmt: skip
+                                 False, GATED, EXCL, DOT_PREC, DIAG_LOOP, False,
+                                 DIAG_SPAN)  # fmt: skip
     tl.store(p_a + (o_r - c0)[None, :], b_p.to(A.dtype.element_ty),
              mask=m_r[:, None] & (o_r < c0 + L)[None, :])  # fmt: skip
     for s0 in range(r0 + BQ, c0 + L, BS):  # zeros after the sub-chunk: every entry is written

@@ -11,7 +11,17 @@ secondary chunking (seed 001 §0x2.3):
   ``tl.dot`` s against the reference point z = G^K_{r0−1}: (x_r·exp(G^X_r − z))·(y_s·exp(z −
   G^K_s))ᵀ, both factors ≤ 1 because the cumulative decay is non-increasing;
 * the diagonal sub-chunk (BQ = 16 positions) is computed in fp32 log space as an explicit
-  [16, 16, BD] product, exp taken only of masked differences ≤ 0.
+  [16, 16, BD] product, exp taken only of masked differences ≤ 0;
+* or (``SPAN`` > 0), per depth or output tile, when the tile's gates span less than ``SPAN``
+  (the widest channel's range over every G^X and G^K value of the 16 rows), as one more
+  tensor-core product around the reference point z in the middle of that range: every
+  factor exp(G^X_i − z), exp(z − G^K_j) then lies within exp(±SPAN/2), bounded whatever the
+  rows' order. The operands stay fp32 (tf32 products for 16-bit inputs, as DOT_PREC says):
+  fp16 could neither hold a factor of e^30 nor keep one of e^−30 that a large partner
+  compensates. The causal pairs equal the log-space weights up to tf32's rounding of the
+  operands (finer than the bf16 of the off-diagonal pairs); the non-causal pairs it also forms
+  are finite and masked away. A tile with a wider span (strong decays) takes the log-space
+  form, so extreme gates keep its exactness.
 
 Every kernel's product has the same shape,
 
@@ -166,19 +176,101 @@ def _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, ar,
 
 
 @triton.jit
+def _span_ref(p_gx, p_gk, o_t, m_t, o_c, m_c, s_c):
+    """A diagonal tile's reference point for its channels o_c: z ([BC]), the middle of the range
+    of every G^X and G^K value of the tile's valid rows, and the widest channel's range (a
+    scalar), so that every G^X_i − z and z − G^K_j lies within ±range/2. Also the two gate
+    tiles ([BT, BC] fp32)."""
+    m = m_t[:, None] & m_c[None, :]
+    gx = _tile(p_gx, o_t, o_c, s_c, m_t, m_c)
+    gk = _tile(p_gk, o_t, o_c, s_c, m_t, m_c)
+    top = tl.maximum(tl.max(tl.where(m, gx, float("-inf")), 0),
+                     tl.max(tl.where(m, gk, float("-inf")), 0))  # fmt: skip
+    bot = tl.minimum(tl.min(tl.where(m, gx, float("inf")), 0),
+                     tl.min(tl.where(m, gk, float("inf")), 0))  # fmt: skip
+    top = tl.where(m_c, top, 0.0)
+    bot = tl.where(m_c, bot, 0.0)
+    return 0.5 * (top + bot), tl.max(top - bot, 0), gx, gk
+
+
+@triton.jit
+def _span_factors(gx, gk, z, m, REV: tl.constexpr):
+    """The factors of the diagonal tile's fast form around z ([BT, BC] fp32, 0 off ``m``): the
+    rows' exp(G^X_i − z) and the columns' exp(z − G^K_j) (``REV``, rows are keys:
+    exp(z − G^K_i) and exp(G^X_j − z)). Each within exp(±range/2) of :func:`_span_ref`."""
+    if REV:
+        return _xp(z[None, :] - gk, m), _xp(gx - z[None, :], m)
+    return _xp(gx - z[None, :], m), _xp(z[None, :] - gk, m)
+
+
+@triton.jit
+def _depth_log(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, ar, t0,
+               n_t, BT: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr,
+               LOOP: tl.constexpr):  # fmt: skip
+    """One depth tile of the depth-gated diagonal P in fp32 log space, added to b_p: the
+    [BT, BT, BD] block or (``LOOP``) the walk over the BT columns (2: unrolled)."""
+    if LOOP:
+        b_xf = b_x.to(tl.float32)
+        g_t, b_u = _walk_gates(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, REV, EXCL)
+        if LOOP == 2:  # unrolled: the steps' loads and exponentials can overlap
+            for j in tl.static_range(BT):
+                b_p = _depth_step(b_p, b_xf, p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j, ar,
+                                  o_t, o_d, m_d, sD, REV, EXCL)  # fmt: skip
+        else:
+            for j in range(0, BT):
+                b_p = _depth_step(b_p, b_xf, p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j, ar,
+                                  o_t, o_d, m_d, sD, REV, EXCL)  # fmt: skip
+    else:
+        b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+        e = _pair_gate(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, REV, EXCL)
+        b_p += tl.sum(b_x.to(tl.float32)[:, None, :] * b_y.to(tl.float32)[None, :, :] * e, 2)
+    return b_p
+
+
+@triton.jit
+def _depth_tile(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, ar, t0,
+                n_t, BT: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr,
+                DOT_PREC: tl.constexpr, LOOP: tl.constexpr, SPAN: tl.constexpr):  # fmt: skip
+    """One depth tile of the depth-gated diagonal P, added to b_p: the fast form (module doc)
+    when its gates span less than ``SPAN``, else :func:`_depth_log`."""
+    if SPAN > 0:
+        z, span, gx, gk = _span_ref(p_gdx, p_gdk, o_t, m_t, o_d, m_d, sD)
+        if span < SPAN:
+            b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+            f_r, f_c = _span_factors(gx, gk, z, m_t[:, None] & m_d[None, :], REV)
+            b_f = tl.dot(b_x.to(tl.float32) * f_r, tl.trans(b_y.to(tl.float32) * f_c),
+                         input_precision=DOT_PREC)  # fmt: skip
+            b_f = tl.where(pair, b_f, 0.0)
+            if EXCL:  # u on the diagonal: Σ_d X_i Y_i u
+                b_u = tl.load(p_u + o_d, mask=m_d, other=0.0).to(tl.float32)
+                b_f += tl.where(same, tl.sum(b_x.to(tl.float32) * b_y.to(tl.float32)
+                                             * b_u[None, :], 1)[:, None], 0.0)  # fmt: skip
+            b_p += b_f
+        else:
+            b_p = _depth_log(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair,
+                             same, ar, t0, n_t, BT, REV, EXCL, LOOP)  # fmt: skip
+    else:
+        b_p = _depth_log(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same,
+                         ar, t0, n_t, BT, REV, EXCL, LOOP)  # fmt: skip
+    return b_p
+
+
+@triton.jit
 def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.constexpr,
                      BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
                      EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
-                     LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False):  # fmt: skip
+                     LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
+                     SPAN: tl.constexpr = 0.0):  # fmt: skip
     """The diagonal sub-chunk's P_ij = Σ_d X_i[d] Y_j[d] E^D_ij[d] on the causal pairs j ≤ i
     (``REV``: j ≥ i), strict with u on the diagonal for ``EXCL`` (E^D only with ``VEC_D``),
     0 elsewhere; also the pair masks. ([BT, BT] fp32, pair, same)
 
-    The gated product is a [BT, BT, BD] fp32 block, or with ``LOOP`` a walk over the BT
+    The gated product is, per depth tile, the fast form when the tile's gates span less than
+    ``SPAN`` (module doc), else a [BT, BT, BD] fp32 block, or with ``LOOP`` a walk over the BT
     columns j, each a [BT, BD] product with row j (no 3-D block: BT× fewer registers, the
     same exponentials; ``LOOP`` 2: the walk unrolled). ``P_MEM`` (ungated P only): P is
-    loaded from memory instead, p_y
-    pointing at the stored P with row stride sD (see :func:`_ld_p`)."""
+    loaded from memory instead, p_y pointing at the stored P with row stride sD (see
+    :func:`_ld_p`)."""
     ii = o_t[:, None]
     jj = o_t[None, :]
     valid = m_t[:, None] & m_t[None, :]
@@ -202,23 +294,10 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
             o_d = d0 + tl.arange(0, BD)
             m_d = o_d < D
             b_x = _tile(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
-            if VEC_D and LOOP:
-                b_x = b_x.to(tl.float32)
-                g_t, b_u = _walk_gates(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, REV, EXCL)
-                if LOOP == 2:  # unrolled: the steps' loads and exponentials can overlap
-                    for j in tl.static_range(BT):
-                        b_p = _depth_step(b_p, b_x, p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j,
-                                          ar, o_t, o_d, m_d, sD, REV, EXCL)  # fmt: skip
-                else:
-                    for j in range(0, BT):
-                        b_p = _depth_step(b_p, b_x, p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j,
-                                          ar, o_t, o_d, m_d, sD, REV, EXCL)  # fmt: skip
-            elif VEC_D:
-                b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
-                e = _pair_gate(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, REV, EXCL)
-                b_p += tl.sum(
-                    b_x.to(tl.float32)[:, None, :] * b_y.to(tl.float32)[None, :, :] * e, 2
-                )
+            if VEC_D:
+                b_p = _depth_tile(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair,
+                                  same, ar, t0, n_t, BT, REV, EXCL, DOT_PREC, LOOP,
+                                  SPAN)  # fmt: skip
             else:
                 b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
                 b_p += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PREC)
@@ -228,16 +307,12 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
 
 
 @triton.jit
-def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, D, sD, sO,
-              BT: tl.constexpr, BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
-              VEC_O: tl.constexpr, EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
-              LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False):  # fmt: skip
-    """The diagonal sub-chunk of one tile of BT positions o_t, in fp32 log space:
-    out_i[o] = Σ_j P_ij Z_j[o] E^O_ij[o] with P from :func:`_vec_diag_scores` (the output
-    gate E^O, ``VEC_O``, as a [BT, BT, BO] block or, ``LOOP``, walked). [BT, BO] fp32."""
-    b_p, pair, same = _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT, BD,
-                                       REV, VEC_D, EXCL, DOT_PREC, LOOP, P_MEM)  # fmt: skip
-    if VEC_O and LOOP:
+def _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair, same,
+             BT: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr, LOOP: tl.constexpr,
+             P_MEM: tl.constexpr):  # fmt: skip
+    """The output-gated diagonal Σ_j P_ij Z_j[o] E^O_ij[o] in fp32 log space: the [BT, BT, BO]
+    block or (``LOOP``) the walk over the BT rows of Z (2: unrolled). [BT, BO] fp32."""
+    if LOOP:
         ar = tl.arange(0, BT)
         t0 = tl.min(o_t, 0)
         n_t = tl.sum(m_t.to(tl.int32), 0)
@@ -251,13 +326,60 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
             for j in range(0, BT):
                 b_out = _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j,
                                   ar, o_t, o_o, m_o, sO, sD, REV, EXCL, P_MEM)  # fmt: skip
-        return b_out
-    b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
-    if VEC_O:
-        e = _pair_gate(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, pair, same, REV, EXCL)
-        return tl.sum(b_p[:, :, None] * b_z.to(tl.float32)[None, :, :] * e, 1)
     else:
-        return tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+        b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
+        e = _pair_gate(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, pair, same, REV, EXCL)
+        b_out = tl.sum(b_p[:, :, None] * b_z.to(tl.float32)[None, :, :] * e, 1)
+    return b_out
+
+
+@triton.jit
+def _out_fast(b_p, p_z, p_u, gx, gk, z, o_t, m_t, o_o, m_o, sO, pair, same, REV: tl.constexpr,
+              EXCL: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """The output-gated diagonal in the fast form (module doc): the rows' factor times
+    P (causal pairs) against Z ⊙ the columns' factor, one tensor-core product; u on the
+    diagonal (``EXCL``) as P_ii Z_i ⊙ u. [BT, BO] fp32."""
+    m = m_t[:, None] & m_o[None, :]
+    f_r, f_c = _span_factors(gx, gk, z, m, REV)
+    b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
+    b_pp = tl.where(pair, b_p, 0.0)
+    b_out = f_r * tl.dot(b_pp, b_z.to(tl.float32) * f_c, input_precision=DOT_PREC)
+    if EXCL:
+        b_u = tl.load(p_u + o_o, mask=m_o, other=0.0).to(tl.float32)
+        p_ii = tl.sum(tl.where(same, b_p, 0.0), 1)  # [BT]
+        b_out += p_ii[:, None] * b_z.to(tl.float32) * b_u[None, :]
+    return b_out
+
+
+@triton.jit
+def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, D, sD, sO,
+              BT: tl.constexpr, BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
+              VEC_O: tl.constexpr, EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
+              LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
+              SPAN: tl.constexpr = 0.0):  # fmt: skip
+    """The diagonal sub-chunk of one tile of BT positions o_t: out_i[o] = Σ_j P_ij Z_j[o]
+    E^O_ij[o] with P from :func:`_vec_diag_scores`; the output gate E^O (``VEC_O``) in the
+    fast form when the output tile's gates span less than ``SPAN`` (module doc), else in
+    fp32 log space (:func:`_out_log`). [BT, BO] fp32."""
+    b_p, pair, same = _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT, BD,
+                                       REV, VEC_D, EXCL, DOT_PREC, LOOP, P_MEM,
+                                       SPAN)  # fmt: skip
+    if VEC_O:
+        if SPAN > 0:
+            z, span, gx, gk = _span_ref(p_gox, p_gok, o_t, m_t, o_o, m_o, sO)
+            if span < SPAN:
+                b_out = _out_fast(b_p, p_z, p_u, gx, gk, z, o_t, m_t, o_o, m_o, sO, pair, same,
+                                  REV, EXCL, DOT_PREC)  # fmt: skip
+            else:
+                b_out = _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD,
+                                 pair, same, BT, REV, EXCL, LOOP, P_MEM)  # fmt: skip
+        else:
+            b_out = _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair,
+                             same, BT, REV, EXCL, LOOP, P_MEM)  # fmt: skip
+    else:
+        b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
+        b_out = tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    return b_out
 
 
 @triton.jit
