@@ -126,6 +126,7 @@ from vector_tiles import (  # noqa: E402  (benchmarks/ is the script's own folde
     DTYPES,
     HAS_DIAG_LOOP,
     HAS_DIAG_SPAN,
+    HAS_FAST_CHUNKS,
     HAS_SCORES,
     HAS_SPLIT_INTER,
     HAS_WALK_UNROLL,
@@ -474,6 +475,13 @@ def parse_args(argv=None):
         "the fp32 log-space form alone (default: the form the base does not use)",
     )
     p.add_argument(
+        "--fast-chunks",
+        nargs="*",
+        metavar="0|1",
+        help="FAST_CHUNKS candidates (default: the form the base does not use; gla, rwkv6 in "
+        "chunk mode)",
+    )
+    p.add_argument(
         "--diag-loop",
         nargs="*",
         metavar="0|1",
@@ -502,6 +510,12 @@ def parse_args(argv=None):
         type=int,
         choices=(0, 1),
         help="DIAG_SPAN of the default config: 1 on (the engine's span, or 60), 0 off",
+    )
+    p.add_argument(
+        "--base-fast-chunks",
+        type=int,
+        choices=(0, 1),
+        help="FAST_CHUNKS of the default config (default: the engine's)",
     )
     p.add_argument(
         "--adopt-below",
@@ -594,6 +608,8 @@ def parse_args(argv=None):
     builtin["split_inter"] = [(1 - split,)] if HAS_SPLIT_INTER else []
     span = base_form("diag_span", HAS_DIAG_SPAN)
     builtin["diag_span"] = [(1 - span,)] if HAS_DIAG_SPAN else []
+    fast = base_form("fast_chunks", HAS_FAST_CHUNKS)
+    builtin["fast_chunks"] = [(1 - fast,)] if HAS_FAST_CHUNKS else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:
@@ -749,6 +765,8 @@ def main(argv=None) -> int:
         tcv.SPLIT_INTER = bool(args.base_split_inter)
     if args.base_diag_span is not None:
         tcv.DIAG_SPAN = SPAN_ON if args.base_diag_span else 0.0
+    if args.base_fast_chunks is not None:
+        tcv.FAST_CHUNKS = bool(args.base_fast_chunks)
     machine = report.machine_info(
         report.info_case({"device": args.device}, {}), args.device, args.commit
     )

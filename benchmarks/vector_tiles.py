@@ -1,6 +1,6 @@
 """The tile configurations benchmarks/vector_sweep.py tries on the vector-gate path
 (triton_chunk_vec's VEC_TILES, GATED_BO, DIAG_LOOP, SCORES, WALK_UNROLL, SPLIT_INTER,
-DIAG_SPAN, SCORE_TILES): the
+DIAG_SPAN, FAST_CHUNKS, SCORE_TILES): the
 candidate lists, their legality, applying one to a config, what the kernels get after
 clipping, and setting the engine to a config and back."""
 
@@ -15,7 +15,7 @@ from linrnn.engine import triton_chunk_vec as tcv
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
 # The switches first (in this order, each adopted as the base when faster), then the tiles
-SWITCHES = ("diag_loop", "scores", "walk_unroll", "split_inter", "diag_span")
+SWITCHES = ("diag_loop", "scores", "walk_unroll", "split_inter", "diag_span", "fast_chunks")
 KERNELS = (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles", "fused")
 MODE_KERNELS = {
     "chunk": (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles"),
@@ -28,6 +28,7 @@ HAS_SCORES = hasattr(tcv, "SCORES")  # added in 502a28b (with SCORE_TILES, trito
 HAS_WALK_UNROLL = hasattr(tcv, "WALK_UNROLL")  # added in session 6
 HAS_SPLIT_INTER = hasattr(tcv, "SPLIT_INTER")  # added in session 7
 HAS_DIAG_SPAN = hasattr(tcv, "DIAG_SPAN")  # added in session 9
+HAS_FAST_CHUNKS = hasattr(tcv, "FAST_CHUNKS")  # added in session 9
 # diag_span's 1: the diagonal's fast form at the engine's span (60 where the engine has it off)
 SPAN_ON = float(getattr(tcv, "DIAG_SPAN", 0.0) or 60.0)
 
@@ -155,6 +156,7 @@ def current() -> dict:
         "WALK_UNROLL": bool(tcv.WALK_UNROLL) if HAS_WALK_UNROLL else None,
         "SPLIT_INTER": bool(tcv.SPLIT_INTER) if HAS_SPLIT_INTER else None,
         "DIAG_SPAN": float(tcv.DIAG_SPAN) if HAS_DIAG_SPAN else None,
+        "FAST_CHUNKS": bool(tcv.FAST_CHUNKS) if HAS_FAST_CHUNKS else None,
     }
 
 
@@ -198,6 +200,8 @@ def apply(kernel: str | None, t, cfg: dict) -> dict:
         cfg["SPLIT_INTER"] = bool(t[0])
     elif kernel == "diag_span":
         cfg["DIAG_SPAN"] = SPAN_ON if t[0] else 0.0
+    elif kernel == "fast_chunks":
+        cfg["FAST_CHUNKS"] = bool(t[0])
     elif kernel in SCORE_KEYS:
         cfg["SCORE_TILES"][SCORE_KEYS[kernel]] = tuple(t)
     elif kernel == "gated_bo":
@@ -240,7 +244,8 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
         BC, BT, BD, BO, nw, ns = tiles[k]
         key.append((k, BC, f(BT, chunk), f(BD, D), None if gv or stored else f(BO, V), nw, ns))
     key.append(("gated_bo", f(cfg["GATED_BO"], D), loop))
-    if stored:
+    if stored:  # (fast chunks: gk-only calls in chunk mode, like the stored scores)
+        key.append(("fast_chunks", cfg.get("FAST_CHUNKS")))
         BC, BS, BD, nw, ns = cfg["SCORE_TILES"]["scores"]
         key.append(("scores", BC, f(BS, chunk), f(BD, K), nw, ns))
         BQ, BS, BD, BO, nw, ns = cfg["SCORE_TILES"]["apply"]
@@ -268,6 +273,8 @@ def using(cfg: dict):
         tcv.SPLIT_INTER = bool(cfg.get("SPLIT_INTER"))
     if HAS_DIAG_SPAN and cfg.get("DIAG_SPAN") is not None:
         tcv.DIAG_SPAN = float(cfg["DIAG_SPAN"])
+    if HAS_FAST_CHUNKS and cfg.get("FAST_CHUNKS") is not None:
+        tcv.FAST_CHUNKS = bool(cfg["FAST_CHUNKS"])
     try:
         yield
     finally:
@@ -286,6 +293,8 @@ def using(cfg: dict):
             tcv.SPLIT_INTER = saved["SPLIT_INTER"]
         if HAS_DIAG_SPAN:
             tcv.DIAG_SPAN = saved["DIAG_SPAN"]
+        if HAS_FAST_CHUNKS:
+            tcv.FAST_CHUNKS = saved["FAST_CHUNKS"]
 
 
 def fmt(t) -> str:

@@ -1,8 +1,9 @@
 """triton_cumsum.chunk_cumsum_kernel (through triton_chunk_vec._cumsums): the chunk-local
 inclusive and exclusive sums of a log decay against an fp64 loop over each chunk's tokens,
 dense and packed, chunks of one and of several row tiles, a partial last chunk, bf16 input;
-the exclusive sum equal to the inclusive one shifted by one step, bit for bit. The outputs
-are NaN-poisoned allocations (conftest), so a row the kernel skips fails."""
+the exclusive sum equal to the inclusive one shifted by one step, bit for bit; each chunk's
+span (the fast chunks' test) against the fp64 sums' range. The outputs are NaN-poisoned
+allocations (conftest), so a row the kernel skips fails."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def test_cumsums_match_fp64(B, T, H, D, L, offsets, dtype):
     c = tc.Config(q, q, q, scale=1.0, has_decay=True, has_igate=False, stabilize=False,
                   track_n=False, normalizer=None, eps=0.0, chunk_size=L,
                   offsets=offsets)  # fmt: skip
-    inc, exc = tcv._cumsums(g, c, exclusive=True)
-    inc_only, same = tcv._cumsums(g, c, exclusive=False)
+    inc, exc, spans = tcv._cumsums(g, c, exclusive=True, span=True)
+    inc_only, same, spans_inc = tcv._cumsums(g, c, exclusive=False, span=True)
     assert inc.dtype == exc.dtype == torch.float32 and same is inc_only
 
     ref_inc = torch.full(g.shape, float("nan"), dtype=torch.float64)
@@ -64,3 +65,17 @@ def test_cumsums_match_fp64(B, T, H, D, L, offsets, dtype):
     for c0, c1 in _chunks(T, L, offsets):
         assert bool((exc[:, c0] == 0).all())
         assert torch.equal(exc[:, c0 + 1 : c1], inc[:, c0 : c1 - 1])
+
+    # the chunks' spans: max over channels of (max − min) of every G^X and G^K value of the
+    # chunk (the exclusive form adds its 0 at the chunk start), per (chunk, b·h)
+    B_, H_ = g.shape[0], g.shape[2]
+    for i, (c0, c1) in enumerate(_chunks(T, L, offsets)):
+        for b, h in itertools.product(range(B_), range(H_)):
+            vals = ref_inc[b, c0:c1, h]  # [rows, D]
+            lo = vals.min(0).values
+            want_inc = float((vals.max(0).values - lo).max())
+            want_exc = float((torch.clamp(vals.max(0).values, min=0.0) - lo).max())
+            got_inc = float(spans_inc[i, b * H_ + h])
+            got_exc = float(spans[i, b * H_ + h])
+            assert abs(got_inc - want_inc) <= 1e-4 * max(1.0, want_inc), (i, b, h)
+            assert abs(got_exc - want_exc) <= 1e-4 * max(1.0, want_exc), (i, b, h)

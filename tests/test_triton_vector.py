@@ -59,6 +59,7 @@ def test_diagonal_walk_matches_reference(monkeypatch, family, mode, shape):
 
     monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", True)
     monkeypatch.setattr(triton_chunk_vec, "DIAG_SPAN", 0.0)  # the walk on every tile
+    monkeypatch.setattr(triton_chunk_vec, "FAST_CHUNKS", False)  # in every chunk
     fam = FAMILIES[family]
     B, T, H, K, V, L = shape
     h0 = fam.make_state(B, H, K, V, torch.float32)
@@ -84,6 +85,7 @@ def test_unrolled_walk_matches_reference(monkeypatch, family, mode, scores):
     monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", True)
     monkeypatch.setattr(triton_chunk_vec, "WALK_UNROLL", True)
     monkeypatch.setattr(triton_chunk_vec, "DIAG_SPAN", 0.0)
+    monkeypatch.setattr(triton_chunk_vec, "FAST_CHUNKS", False)
     monkeypatch.setattr(triton_chunk_vec, "SCORES", scores)
     fam = FAMILIES[family]
     B, T, H, K, V, L = 2, 37, 2, 20, 12, 32
@@ -103,6 +105,7 @@ def test_stored_scores_match_reference(monkeypatch, family, case, diag_loop):
     monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
     monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", diag_loop)
     monkeypatch.setattr(triton_chunk_vec, "DIAG_SPAN", 0.0)  # the log-space diagonal
+    monkeypatch.setattr(triton_chunk_vec, "FAST_CHUNKS", False)  # in every chunk
     _check_stored(family, case)
 
 
@@ -138,6 +141,7 @@ def test_split_inter_matches_reference(monkeypatch, family, case, split):
 
     monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
     monkeypatch.setattr(triton_chunk_vec, "SPLIT_INTER", split)
+    monkeypatch.setattr(triton_chunk_vec, "FAST_CHUNKS", False)  # the dq/dk programs in all
     _check_stored(family, case)
 
 
@@ -217,30 +221,40 @@ def test_extreme_decays(family, mode):
 
 
 def _mixed_spans(d: dict, strong: float) -> dict:
-    """Mild gates, with a decay of ``strong`` per step on the channels past 32 during the first
-    26 steps (the second depth tile of K = 40 and of V = 40)."""
+    """Mild gates, with a decay of ``strong`` per step on the channels past 32 (the second
+    depth/output tile of K = V = 40) over steps 0–25 and 32–41."""
     for name in ("gk", "gv", "w"):
         if name in d:
             g = d[name].clone()
             g[:, :26, :, 32:] = strong
+            g[:, 32:42, :, 32:] = strong
             d[name] = g
     return d
 
 
+MIXED_CASES = [(f, m, fc) for f in VECTOR for m in MODES for fc in (True, False)
+               if fc or (m == "chunk" and f != "gla_gv")]  # fmt: skip
+
+
 @pytest.mark.parametrize("diag_loop", [False, True], ids=["block", "walk"])
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("family", VECTOR)
-def test_diagonal_fast_form_mixed_spans(monkeypatch, family, mode, diag_loop):
-    """The diagonal's fast form (``DIAG_SPAN``) beside the log-space one in one call: decays
-    of −5 per step on the second depth/output tile's channels over steps 0–25 give that tile
-    a span of ≈ 80 (> 60: log space) in the first sub-chunk and ≈ 50 (fast, factors up to
-    e^25) in the second, while the first tile and later sub-chunks are mild (fast); every
-    kernel that has a diagonal (forward, dq, dk, dv, gv's output gate, RWKV6's bonus). Any
-    overflowing exp or inf·0, even in a masked lane, raises under the interpreter."""
+@pytest.mark.parametrize(
+    ("family", "mode", "fast_chunks"),
+    MIXED_CASES,
+    ids=[f"{f}-{m}{'' if fc else '-subchunks'}" for f, m, fc in MIXED_CASES],
+)
+def test_fast_forms_mixed_spans(monkeypatch, family, mode, fast_chunks, diag_loop):
+    """The fast forms beside the log-space one in one call, chunks of 32: decays of −5 per
+    step on the second depth/output tile's channels give chunk 0 a span of ≈ 130 (sub-chunks:
+    the first, ≈ 80, in log space, the second, ≈ 50, in the diagonal's fast form, factors up
+    to e^25) and chunk 1 one of ≈ 50 (a fast chunk in chunk mode for gk-only calls, factors
+    up to e^25; with ``FAST_CHUNKS`` off, sub-chunks). Every kernel that has a diagonal
+    (forward, dq, dk, dv, gv's output gate, RWKV6's bonus). Any overflowing exp or inf·0, even
+    in a masked lane, raises under the interpreter."""
     from linrnn.engine import triton_chunk_vec
 
     monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", diag_loop)
-    assert triton_chunk_vec.DIAG_SPAN == 60.0
+    monkeypatch.setattr(triton_chunk_vec, "FAST_CHUNKS", fast_chunks)
+    assert triton_chunk_vec.DIAG_SPAN == 60.0 and triton_chunk_vec.CHUNK_SPAN == 60.0
     fam = FAMILIES[family]
     B, T, H, K, V = 1, 45, 1, 40, 40
     h0 = fam.make_state(B, H, K, V, torch.float32)

@@ -79,6 +79,7 @@ def test_quick_run(tmp_path_factory):
         (16, "walk_unroll", [1]),  # the base has no walk: skipped
         (16, "split_inter", [1 - int(tcv.SPLIT_INTER)]),  # no stored scores with gv: skipped
         (16, "diag_span", [1 - int(bool(tcv.DIAG_SPAN))]),  # the diagonal's other form
+        (16, "fast_chunks", [1 - int(tcv.FAST_CHUNKS)]),  # no fast chunks with gv: same
         (16, "rows", [16, 16, 16, 32, 4, 1]),
         (16, "states", [16, 32, 16, 4, 1]),
         (16, "cols", [16, 16, 16, 32, 4, 1]),
@@ -90,7 +91,7 @@ def test_quick_run(tmp_path_factory):
     ]
     by = {(r["chunk"], r["kernel"], str(r.get("tiles"))): r for r in rep["sweep"]}
     for (_, kernel, tiles), r in by.items():
-        if kernel == "gated_bo" and tiles == f"[{tcv.GATED_BO}]":
+        if (kernel == "gated_bo" and tiles == f"[{tcv.GATED_BO}]") or kernel == "fast_chunks":
             assert r["status"] == "skipped: same as default"
             continue
         if kernel == "scores":
@@ -175,7 +176,8 @@ def test_quick_run_adopts_switches(tmp_path_factory):
     tiles = rest[-1]["config"]["SCORE_TILES"]  # combined
     assert tiles == {"scores": [16, 16, 16, 4, 1], "apply": [16, 16, 16, 32, 4, 1],
                      "dscores": list(tcv.SCORE_TILES["dscores"]),
-                     "inter": list(tcv.SCORE_TILES["inter"])}  # fmt: skip
+                     "inter": list(tcv.SCORE_TILES["inter"]),
+                     "fast": list(tcv.SCORE_TILES["fast"])}  # fmt: skip
     base = rep["best"][0]["chunks"]["16"]["base"]
     assert base["adopted"] == "diag_loop+scores+split_inter"
     assert base["SCORES"] is True and base["SPLIT_INTER"] is True

@@ -194,7 +194,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
     NQ = cdiv(L, BQ)
     kern.rows_kernel[(NT * NQ, cdiv(V, BO), BH)](
         q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy, c.CHUNKS,
-        *[dummy] * 5, T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
+        *[dummy] * 6, T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=False, NORM=c.norm, **c.flags(), **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
@@ -333,7 +333,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     dq = torch.empty_like(q)
     kern.rows_kernel[(NT * nQ, nK, BH)](
         do, v, k, dq, states, ns, mc, b, a, m_row, dummy, R_A, R_D, q, q_part, c.CHUNKS,
-        *[dummy] * 5, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
+        *[dummy] * 6, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dk", V, K)
@@ -342,7 +342,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     dk = torch.empty_like(k)
     kern.cols_kernel[(NT * nS, nK, BH)](
         v, do, q, dk, dstates, dns, mc, b, a, m_row, R_A, R_D, k, k_part, c.CHUNKS,
-        *[dummy] * 5, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
+        *[dummy] * 6, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dv", K, V)
@@ -350,7 +350,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     dv = torch.empty_like(v)
     kern.cols_kernel[(NT * nS, cdiv(V, BO), BH)](
         k, q, do, dv, dstates, dns, mc, b, a, m_row, R_A, R_D, dummy, dummy, c.CHUNKS,
-        *[dummy] * 5, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
+        *[dummy] * 6, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=False, **common, **launch,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None

@@ -105,33 +105,49 @@ SCORES = True
 # default; the unsplit form (each 16-row program against the state, STATE_IN off) stays for
 # the sweep and is tested by its own cases.
 SPLIT_INTER = True
+# Fast chunks (triton_scores): in gk-only calls in chunk mode (the stored scores), a chunk
+# whose gates span less than CHUNK_SPAN over all its rows (the widest channel's range of
+# cumulative log decays: 60 is a decay of ≈ 0.94 per step over 64 steps, or 3.75 per step
+# over 16) is formed without sub-chunks: its scores as one product (fast_scores_kernel), its
+# dq and dk finished by the SPLIT_INTER kernels (apply_kernel's FAST) around the chunk's
+# middle, factors within e^±30 and fp32 operands. The other chunks take the sub-chunk forms.
+FAST_CHUNKS = True
+CHUNK_SPAN = 60.0
 SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998x
     "scores": (16, 32, 32, 2, 2),
     "apply": (64, 64, 32, 64, 4, 2),
     "dscores": (64, 64, 64, 4, 2),
     "inter": (64, 32, 64, 4, 2),
+    "fast": (64, 64, 32, 4, 2),  # fast_scores_kernel: rows, key tile, depth tile, ...
 }
+
+
+def _fast_chunks(has_gv: bool, c: tc.Config) -> bool:
+    """Whether this call has fast chunks (the gates' spans are recorded for them)."""
+    return bool(FAST_CHUNKS) and CHUNK_SPAN > 0 and SCORES and not has_gv and not c.fused
 
 
 def _fit(x: int, n: int) -> int:
     return max(16, min(x, next_pow2(max(n, 1))))
 
 
-def _cumsums(g, c: tc.Config, exclusive: bool):
+def _cumsums(g, c: tc.Config, exclusive: bool, span: bool = False):
     """Chunk-local inclusive (and, ``exclusive``, exclusive) cumulative sums of a [B, T, H, D]
     log decay, fp32, in one Triton pass (triton_cumsum; packed sequences: chunks from the
     table). The exclusive sum holds exactly the inclusive one's values, shifted by one step.
-    Returns (inc, exc), exc = inc when not ``exclusive``."""
+    Returns (inc, exc, spans), exc = inc when not ``exclusive``; spans ([NT, B·H] fp32, the
+    chunks' gate spans: triton_cumsum) with ``span``, else None."""
     T, H, D = g.shape[1:]
     g = g.contiguous()
     inc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
     exc = torch.empty_like(inc) if exclusive else inc
+    spans = torch.zeros(c.NT, c.rows, device=g.device, dtype=torch.float32) if span else None
     BT, BD = _fit(64, c.L), _fit(64, D)
     cs.chunk_cumsum_kernel[(c.NT, cdiv(D, BD), c.rows)](
-        g, inc, exc, c.CHUNKS, T, H, D, c.L, BT=BT, BD=BD, VARLEN=c.varlen, EXCL=exclusive,
-        num_warps=4,
+        g, inc, exc, spans if span else inc, c.CHUNKS, T, H, D, c.L, BT=BT, BD=BD,
+        VARLEN=c.varlen, EXCL=exclusive, HAS_SPAN=span, num_warps=4,
     )  # fmt: skip
-    return inc, exc
+    return inc, exc, spans
 
 
 def _padded(x, c: tc.Config):
@@ -210,7 +226,7 @@ def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
     return dg, du
 
 
-def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
+def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None):
     T, H, K = q.shape[1:]
     V = v.shape[3]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
@@ -229,7 +245,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
     if SCORES and not has_gv:
-        A = _scores(q, k, bkx, bk, u, c)
+        A = _scores(q, k, bkx, bk, u, c, spans=spans)
         _apply(A, v, q, states, bkx, o, c, rev=False)
         return o, S_T, (states, A)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
@@ -239,7 +255,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
     o32 = torch.empty(v.shape, **f32) if has_gv else dummy  # for gv's gradient
     kern.rows_kernel[(NT * NQ, cdiv(V, BO), BH)](
         q, k, v, o, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy,
-        o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy,
+        o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy, dummy,
         T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, 0.0,
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
         VEC_O=has_gv, EXCL=c.excl, **_diag(has_gv), num_warps=nw, num_stages=ns,
@@ -247,9 +263,10 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
     return o, S_T, (states, o32 if has_gv else None)
 
 
-def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True):
+def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True, spans=None):
     """The intra-chunk scores A ([B, T, H, L], q's dtype; triton_scores.scores_kernel), or
-    (``gated`` False; q, k = do, v) the backward's ungated do vᵀ in fp32, diagonal included."""
+    (``gated`` False; q, k = do, v) the backward's ungated do vᵀ in fp32, diagonal included.
+    ``spans`` (the chunks' gate spans): the fast chunks' scores by fast_scores_kernel."""
     B, T, H, K = q.shape
     L = c.L
     dtype = q.dtype if gated else torch.float32
@@ -259,11 +276,22 @@ def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True):
     if not gated:  # one sub-chunk per chunk: no more rows than the chunk has
         BC = _fit(BC, L)
     NQ = cdiv(L, BC)
+    fast = gated and spans is not None
     sc.scores_kernel[(c.NT * NQ, c.rows)](
-        q, k, bkx, bk, u if c.excl and gated else bk, A, c.CHUNKS, T, H, K, L, c.NT, NQ,
-        BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, **_diag(),
-        DOT_PREC=c.prec, GATED=gated, num_warps=nw, num_stages=ns,
+        q, k, bkx, bk, u if c.excl and gated else bk, A, spans if fast else A, c.CHUNKS, T, H,
+        K, L, c.NT, NQ, BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, **_diag(),
+        DOT_PREC=c.prec, GATED=gated, SKIP=CHUNK_SPAN if fast else 0.0, num_warps=nw,
+        num_stages=ns,
     )  # fmt: skip
+    if fast:
+        BQ, BS, BD, nw, ns = SCORE_TILES["fast"]
+        BQ, BS, BD = _fit(BQ, L), _fit(BS, L), _fit(BD, K)
+        NQ = cdiv(L, BQ)
+        sc.fast_scores_kernel[(c.NT * NQ, c.rows)](
+            q, k, bkx, bk, u if c.excl else bk, A, spans, c.CHUNKS, T, H, K, L, c.NT, NQ,
+            BQ=BQ, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, DOT_PREC=c.prec,
+            LIM=CHUNK_SPAN, num_warps=nw, num_stages=ns,
+        )  # fmt: skip
     return A
 
 
@@ -275,11 +303,13 @@ def _diagonal(P, c: tc.Config):
     return P.gather(3, col.view(1, T, 1, 1).expand(B, T, H, 1)).squeeze(3).float()
 
 
-def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False):
+def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fast=None):
     """out = scale·(A z + (x ⊙ e^g) S), or (``rev``, dv) scale·Aᵀ z + (x ⊙ e^{g_L − g}) dS
     (triton_scores.apply_kernel). ``inter`` (A, z None): dq's inter-chunk part (x = do, S the
     states entering the chunks, g = G^X) or, ``rev``, dk's (x = v, S the state gradients
-    leaving them, g = G^K), gated over the output, fp32, unscaled ("inter" tiles)."""
+    leaving them, g = G^K), gated over the output, fp32, unscaled ("inter" tiles); with
+    ``fast`` = (P, z, other gate, u, dq or dk, q or k, spans) the fast chunks' whole dq / dk
+    too (apply_kernel's FAST)."""
     T, H, D = x.shape[1:]
     O = out.shape[3]
     if inter:
@@ -288,16 +318,21 @@ def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False):
     else:
         BQ, BS, BD, BO, nw, ns = SCORE_TILES["apply"]
         strides = (O, 1)
+    extra = (out,) * 5  # GO, U, FOUT, FD, SPAN: unused
+    if fast is not None:
+        A, z, *extra = fast
+        BS = 64  # the fast chunks' key (dk: query) tile
     BQ, BS, BD, BO = _fit(BQ, c.L), _fit(BS, c.L), _fit(BD, D), _fit(BO, O)
     NQ = cdiv(c.L, BQ)
     sc.apply_kernel[(c.NT * NQ, cdiv(O, BO), c.rows)](
-        A, z, x, st, g, out, c.CHUNKS, T, H, D, O, c.L, c.NT, NQ, c.scale, *strides,
+        A, z, x, st, g, out, c.CHUNKS, *extra, T, H, D, O, c.L, c.NT, NQ, c.scale, *strides,
         BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen, DOT_PREC=c.prec, INTER=inter,
-        num_warps=nw, num_stages=ns,
+        FAST=CHUNK_SPAN if fast is not None else 0.0, EXCL=c.excl, num_warps=nw,
+        num_stages=ns,
     )  # fmt: skip
 
 
-def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
+def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans=None):
     states = saved[0]
     T, H, K = q.shape[1:]
     V = v.shape[3]
@@ -334,13 +369,17 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     dq = torch.empty_like(q)
     qdq = torch.empty(q.shape, **f32)  # SPLIT_INTER: dq's inter-chunk part first
     split = SPLIT_INTER and stored
+    fast = split and spans is not None  # the fast chunks' dq and dk in the split kernels
+    skip = dict(SKIP=CHUNK_SPAN if fast else 0.0)
+    span_ = spans if fast else dummy
     if split:
-        _apply(None, None, do, states, bkx, qdq, c, rev=False, inter=True)
+        _apply(None, None, do, states, bkx, qdq, c, rev=False, inter=True,
+               fast=(dP, k, bk, u_, dq, q, spans) if fast else None)  # fmt: skip
     kern.rows_kernel[(NT * nQ, cdiv(K, BO), BH)](
         do, p_dov, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, q,
-        qdq, c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, 0.0,
-        BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=True, VEC_D=has_gv, VEC_O=True, P_MEM=stored,
-        STATE_IN=split, **common, num_warps=nw, num_stages=ns,
+        qdq, c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V,
+        c.scale, 0.0, BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=True, VEC_D=has_gv, VEC_O=True,
+        P_MEM=stored, STATE_IN=split, **skip, **common, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     BC, BQ, BD, BO, nw, ns = VEC_TILES["cols"]
     BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
@@ -348,12 +387,13 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
     if split:
-        _apply(None, None, v, dstates, bk, kdk, c, rev=True, inter=True)
+        _apply(None, None, v, dstates, bk, kdk, c, rev=True, inter=True,
+               fast=(dP, q, bkx, u_, dk, k, spans) if fast else None)  # fmt: skip
     kern.cols_kernel[(NT * nS, cdiv(K, BO), BH)](
         v, p_do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
-        c.CHUNKS, gv_, gv_, bkx, bk, u_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
+        c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
         BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=True, VEC_D=has_gv, VEC_O=True, P_MEM=stored,
-        STATE_IN=split, **common, num_warps=nw, num_stages=ns,
+        STATE_IN=split, **skip, **common, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     BD, BO = _fit(BD, K), _fit(GATED_BO if has_gv else VEC_TILES["cols"][3], V)
     dv = torch.empty_like(v)
@@ -363,7 +403,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
     else:
         kern.cols_kernel[(NT * nS, cdiv(V, BO), BH)](
             k, q, do, dv, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, v, vdv,
-            c.CHUNKS, bkx, bk, gv_, gv_, u_, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
+            c.CHUNKS, bkx, bk, gv_, gv_, u_, dummy, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
             BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=False, VEC_D=True, VEC_O=has_gv, **common,
             num_warps=nw, num_stages=ns,
         )  # fmt: skip
@@ -376,15 +416,15 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config):
 class _VecChunkFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gk, gv, u, S0, c: tc.Config):
-        bk, bkx = _cumsums(gk, c, exclusive=c.excl)
+        bk, bkx, spans = _cumsums(gk, c, exclusive=c.excl, span=_fast_chunks(gv is not None, c))
         bv = _cumsums(gv, c, exclusive=False)[0] if gv is not None else None
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         u = u.float().contiguous() if u is not None else None
         if S0 is not None:
             S0 = S0.float().contiguous()
         fwd = _forward_fused if c.fused else _forward
-        o, S_T, saved = fwd(q, k, v, bk, bkx, bv, u, S0, c)
-        ctx.c = c
+        o, S_T, saved = fwd(q, k, v, bk, bkx, bv, u, S0, c, spans)
+        ctx.c, ctx.spans = c, spans
         ctx.save_for_backward(q, k, v, u, bk, bkx, bv, S0, S_T, *saved)
         return o, S_T
 
@@ -396,7 +436,7 @@ class _VecChunkFn(torch.autograd.Function):
         if c.fused:
             grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c)
         else:
-            grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c)
+            grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c, ctx.spans)
         dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov = grads
         endk = endv = totk = totv = None
         if c.fused:  # tails from the chunks' inter-chunk totals
@@ -450,7 +490,7 @@ def _fused_common(c: tc.Config, has_gv: bool):
                 num_warps=nw, num_stages=ns)  # fmt: skip
 
 
-def _forward_fused(q, k, v, bk, bkx, bv, u, S0, c: tc.Config):
+def _forward_fused(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None):
     T, H, K = q.shape[1:]
     V = v.shape[3]
     f32 = dict(device=q.device, dtype=torch.float32)

@@ -12,6 +12,12 @@ from the pair is above 0. One program per (chunk, channel tile, b·h) walks its 
 tiles, carrying the last row's sum. It replaces the PyTorch chain of a padded fp32 copy, a
 cumsum and two slices (~2 ms of RWKV6's 32 ms fwd+bwd on an H200 at 65,536 tokens ×
 4096 channels, session 7's profile).
+
+``SPAN`` also records each chunk's span, max over channels of (max − min) of every value the
+kernels read as G^X or G^K in that chunk (the inclusive sums, and the exclusive form's 0 at
+the chunk start): ``[NT, B·H]`` fp32, zero-filled by the caller, raised by each channel tile
+with an atomic max. A chunk whose span is small is formed as one product around its middle
+(triton_scores' fast chunks).
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ from linrnn.engine.triton_kernels import _bounds
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def chunk_cumsum_kernel(
-    G, INC, EXC, CHUNKS, T, H, D, L,
+    G, INC, EXC, SPAN, CHUNKS, T, H, D, L,
     BT: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr, EXCL: tl.constexpr,
+    HAS_SPAN: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks, channel tiles, B·H). G ``[B, T, H, D]`` (any float dtype); INC and, with
-    ``EXCL``, EXC ``[B, T, H, D]`` fp32."""
+    ``EXCL``, EXC ``[B, T, H, D]`` fp32; ``HAS_SPAN``: SPAN ``[NT, B·H]`` fp32 (module doc)."""
     i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
@@ -36,6 +43,10 @@ def chunk_cumsum_kernel(
     m_d = o_d < D
     base = (i_b * T * H + i_h) * D
     carry = tl.zeros([BD], dtype=tl.float32)
+    top = carry  # the exclusive form's 0 at the chunk start counts (G^X_{c0} = 0)
+    if not EXCL:
+        top = tl.full([BD], float("-inf"), tl.float32)
+    bot = tl.full([BD], float("inf"), tl.float32)
     for j in range(0, tl.cdiv(c1 - c0, BT)):  # row tiles from the chunk's start
         o_t = c0 + j * BT + tl.arange(0, BT)
         m_t = o_t < c1
@@ -46,7 +57,13 @@ def chunk_cumsum_kernel(
         tl.store(INC + p, inc, mask=m)
         # the tile's last row, as stored (a full tile's; a partial one ends the chunk)
         carry = tl.sum(tl.where((tl.arange(0, BT) == BT - 1)[:, None], inc, 0.0), 0)
+        if HAS_SPAN:
+            top = tl.maximum(top, tl.max(tl.where(m, inc, float("-inf")), 0))
+            bot = tl.minimum(bot, tl.min(tl.where(m, inc, float("inf")), 0))
         if EXCL:
             tl.debug_barrier()  # this tile's inc rows, stored by other threads, are visible
             prev = tl.load(INC + p - H * D, mask=m & (o_t > c0)[:, None], other=0.0)
             tl.store(EXC + p, prev, mask=m)
+    if HAS_SPAN and c1 > c0:
+        span = tl.max(tl.where(m_d, top - bot, 0.0), 0)
+        tl.atomic_max(SPAN + i_c * tl.num_programs(2) + i_bh, span)

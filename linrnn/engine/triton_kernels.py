@@ -212,6 +212,15 @@ def _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ: tl.constexpr, VARLEN: tl.constexpr):
     return i_c, c0, c1, i_n, r0, o_r, o_r < c1
 
 
+@triton.jit
+def _fast_chunk(SPAN, i_c, i_bh, n_bh, LIM: tl.constexpr):
+    """Whether chunk i_c of row b·h is a fast chunk: its span (SPAN [NT, B·H] fp32,
+    triton_cumsum) below LIM (triton_scores' fast chunks; LIM 0: none is)."""
+    if LIM > 0:
+        return tl.load(SPAN + i_c * n_bh + i_bh) < LIM
+    return i_c < 0
+
+
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_fwd_kernel(
     K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A, CMAX, CO, CHUNKS, GK, GV,
@@ -316,7 +325,7 @@ def _log_weights(b_r, b_s, a_s, m_r, causal, HAS_DECAY: tl.constexpr, HAS_IGATE:
 @triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
 def rows_kernel(
     X, Y, Z, OUT, ST, NS, MC, G_B, G_A, M_ROW, DEN, R_A, R_D, QD, PART, CHUNKS,
-    GDX, GDK, GOX, GOK, U,
+    GDX, GDK, GOX, GOK, U, SPAN,
     T, H, D, O, L, NT, NQ, NSEQ, s_sd, s_so, scale, eps,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     IS_DQ: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
@@ -325,7 +334,7 @@ def rows_kernel(
     VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
     DIAG_LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
     DIAG_SPAN: tl.constexpr = 0.0,
-    STATE_IN: tl.constexpr = False,
+    STATE_IN: tl.constexpr = False, SKIP: tl.constexpr = 0.0,
 ):  # fmt: skip
     """Grid (chunks × query tiles, output tiles, B·H). Rows r of one query tile:
 
@@ -342,11 +351,14 @@ def rows_kernel(
     fp32 output. ``P_MEM`` (ungated depth): Y is the stored P = X Yᵀ ([B, T, H, L], fp32,
     triton_scores.scores_kernel), loaded instead of formed. ``STATE_IN`` (dq with ``VEC``): the
     inter-chunk part is loaded from PART, where triton_scores.apply_kernel (``INTER``) put it,
-    unscaled."""
+    unscaled. ``SKIP`` > 0: not the chunks whose span (SPAN) is below it, which that kernel
+    finished (triton_scores' fast chunks)."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
+        return
+    if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), SKIP):  # done in apply_kernel
         return
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O
@@ -621,7 +633,7 @@ def states_bwd_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NS_", "NSEQ"])
 def cols_kernel(
     X, Y, Z, OUT, DST, DNS, MC, G_B, G_A, M_ROW, R_A, R_D, KD, PART, CHUNKS,
-    GDX, GDK, GOX, GOK, U,
+    GDX, GDK, GOX, GOK, U, SPAN,
     T, H, D, O, L, NT, NS_, NSEQ, s_sd, s_so, scale,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     IS_DK: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
@@ -630,7 +642,7 @@ def cols_kernel(
     VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
     DIAG_LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
     DIAG_SPAN: tl.constexpr = 0.0,
-    STATE_IN: tl.constexpr = False,
+    STATE_IN: tl.constexpr = False, SKIP: tl.constexpr = 0.0,
 ):  # fmt: skip
     """Grid (chunks × key tiles, output tiles, B·H). Columns s of one key tile:
 
@@ -642,11 +654,13 @@ def cols_kernel(
     ``VEC``: per-channel decays as in rows_kernel (BS the sub-chunk, BQ the tile of later
     queries); KD ⊙ out goes elementwise to PART ([B, T, H, O] fp32) with ``VEC_O``;
     ``P_MEM``: Y is the stored P[r, s] = Y_r·X_s, and ``STATE_IN`` (dk) the inter-chunk part
-    loaded from PART, as in rows_kernel."""
+    loaded from PART, and ``SKIP``, as in rows_kernel."""
     i_cs, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, i_n, s0, o_s, m_s = _chunk_rows(CHUNKS, i_cs, NS_, L, T, BS, VARLEN)
     if s0 >= c1:
+        return
+    if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), SKIP):  # done in apply_kernel
         return
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O

@@ -238,10 +238,11 @@ def _chunk_vec_bwd(
 ) -> list[Tensor]:  # fmt: skip
     """[dq, dk, dv, dg, dgv, du, dS0] (empty where the input was None)."""
     c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
-    bk, bkx = triton_chunk_vec._cumsums(g, c, exclusive=u is not None)
+    fast = triton_chunk_vec._fast_chunks(gv is not None, c)
+    bk, bkx, spans = triton_chunk_vec._cumsums(g, c, exclusive=u is not None, span=fast)
     bv = triton_chunk_vec._cumsums(gv, c, exclusive=False)[0] if gv is not None else None
     ctx = _Ctx()
-    ctx.c = c
+    ctx.c, ctx.spans = c, spans
     ctx.saved_tensors = (
         q.contiguous(), k.contiguous(), v.contiguous(),
         u.float().contiguous() if u is not None else None, bk, bkx, bv, S0, S_T,

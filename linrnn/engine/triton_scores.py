@@ -19,6 +19,13 @@ scores are formed once and stored, then applied with wide row tiles:
 * the same kernel with ``INTER`` (``SPLIT_INTER``): the inter-chunk parts of dq and dk,
   gated over their output dimension, with wide row tiles, for the 16-row dq/dk programs to
   load (their ``STATE_IN``) instead of each forming its sub-chunk's rows against the state.
+
+Fast chunks (``FAST``, a limit LIM > 0): a chunk whose gates span less than LIM (SPAN,
+triton_cumsum) needs no sub-chunks. ``fast_scores_kernel`` forms its scores with whole row
+tiles as one product around the chunk's middle (factors within exp(±LIM/2)), and
+apply_kernel's ``INTER`` finishes its dq or dk there (triton_vector._chunk_fast_out) instead
+of storing the inter-chunk part alone; scores_kernel and the dq/dk programs skip those chunks
+(their ``SKIP``). The others keep the sub-chunk forms, so strong decays stay exact.
 """
 
 from __future__ import annotations
@@ -26,25 +33,34 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _chunk_rows, _vec_state_part
-from linrnn.engine.triton_tiles import _tile
-from linrnn.engine.triton_vector import _vec_diag_scores, _vec_off_scores
+from linrnn.engine.triton_kernels import _chunk_rows, _fast_chunk, _vec_state_part
+from linrnn.engine.triton_tiles import _tile, _tile_t
+from linrnn.engine.triton_vector import (
+    _chunk_fast_out,
+    _chunk_ref,
+    _vec_diag_scores,
+    _vec_off_scores,
+    _xp,
+)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def scores_kernel(
-    X, Y, GX, GK, U, A, CHUNKS, T, H, D, L, NT, NQ,
+    X, Y, GX, GK, U, A, SPAN, CHUNKS, T, H, D, L, NT, NQ,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr,
     EXCL: tl.constexpr, DIAG_LOOP: tl.constexpr, DOT_PREC: tl.constexpr,
-    GATED: tl.constexpr = True, DIAG_SPAN: tl.constexpr = 0.0,
+    GATED: tl.constexpr = True, DIAG_SPAN: tl.constexpr = 0.0, SKIP: tl.constexpr = 0.0,
 ):  # fmt: skip
     """Grid (chunks × sub-chunks, B·H): rows o_r of one sub-chunk of BQ steps against every
     key of their chunk up to the sub-chunk's end. ``GATED`` False: the plain X Yᵀ, diagonal
-    included (the backward's do vᵀ; GX, GK, U unused)."""
+    included (the backward's do vᵀ; GX, GK, U unused). ``SKIP`` > 0: not the chunks whose
+    span (SPAN) is below it (fast_scores_kernel's)."""
     i_cq, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    _, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
+    i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
+        return
+    if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(1), SKIP):
         return
     base = i_b * T * H + i_h
     p_x, p_y = X + base * D, Y + base * D
@@ -70,11 +86,69 @@ def scores_kernel(
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
+def fast_scores_kernel(
+    X, Y, GX, GK, U, A, SPAN, CHUNKS, T, H, D, L, NT, NQ,
+    BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr,
+    EXCL: tl.constexpr, DOT_PREC: tl.constexpr, LIM: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks × row tiles, B·H): scores_kernel's A for the rows o_r of a fast chunk
+    (span below LIM; the others are left to scores_kernel): every key of the chunk at once,
+    A = (X ⊙ exp(G^X − z)) (Y ⊙ exp(z − G^K))ᵀ on the causal pairs around the chunk's middle
+    z (fp32 operands), u's Σ X_r Y_r u on RWKV6's diagonal, zeros elsewhere."""
+    i_cq, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
+    if r0 >= c1:
+        return
+    if not _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(1), LIM):
+        return
+    base = i_b * T * H + i_h
+    p_x, p_y = X + base * D, Y + base * D
+    p_gx, p_gk = GX + base * D, GK + base * D
+    p_a = A + base * L + o_r.to(tl.int64)[:, None] * H * L  # [BQ, 1] row starts
+    r_end = tl.minimum(r0 + BQ, c1)
+    b_bonus = tl.zeros([BQ], dtype=tl.float32)
+    if EXCL:  # Σ_d X_r Y_r u, RWKV6's diagonal
+        for d0 in range(0, D, BD):
+            o_d = d0 + tl.arange(0, BD)
+            m_d = o_d < D
+            b_u = tl.load(U + i_h * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+            b_xy = (_tile(p_x, o_r, o_d, H * D, m_r, m_d).to(tl.float32)
+                    * _tile(p_y, o_r, o_d, H * D, m_r, m_d).to(tl.float32))  # fmt: skip
+            b_bonus += tl.sum(b_xy * b_u[None, :], 1)
+    for s0 in range(c0, c0 + L, BS):
+        o_s = s0 + tl.arange(0, BS)
+        m_s = o_s < c1
+        b_a = tl.zeros([BQ, BS], dtype=tl.float32)
+        if s0 < r_end:
+            for d0 in range(0, D, BD):
+                o_d = d0 + tl.arange(0, BD)
+                m_d = o_d < D
+                z = _chunk_ref(p_gx, p_gk, c0, c1, o_d, m_d, H * D)
+                g_x = _tile(p_gx, o_r, o_d, H * D, m_r, m_d)
+                b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d).to(tl.float32)
+                b_x *= _xp(g_x - z[None, :], m_r[:, None] & m_d[None, :])
+                g_k = _tile_t(p_gk, o_s, o_d, H * D, m_s, m_d)  # [BD, BS]
+                b_yt = _tile_t(p_y, o_s, o_d, H * D, m_s, m_d).to(tl.float32)
+                b_yt *= _xp(z[:, None] - g_k, m_d[:, None] & m_s[None, :])
+                b_a += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+            if EXCL:
+                b_a = tl.where(o_s[None, :] < o_r[:, None], b_a, 0.0)
+                b_a = tl.where(o_s[None, :] == o_r[:, None], b_bonus[:, None], b_a)
+            else:
+                b_a = tl.where(o_s[None, :] <= o_r[:, None], b_a, 0.0)
+            b_a = tl.where(m_s[None, :], b_a, 0.0)
+        tl.store(p_a + (o_s - c0)[None, :], b_a.to(A.dtype.element_ty),
+                 mask=m_r[:, None] & (o_s < c0 + L)[None, :])  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
 def apply_kernel(
-    A, Z, X, ST, G, OUT, CHUNKS, T, H, D, O, L, NT, NQ, scale, s_sd, s_so,
+    A, Z, X, ST, G, OUT, CHUNKS, GO, U, FOUT, FD, SPAN, T, H, D, O, L, NT, NQ, scale, s_sd,
+    s_so,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     REV: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    INTER: tl.constexpr = False,
+    INTER: tl.constexpr = False, FAST: tl.constexpr = 0.0, EXCL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × row tiles, output tiles, B·H): rows o_r of a chunk — queries (forward),
     or keys (``REV``, dv) — against the stored scores of their chunk, plus the inter-chunk
@@ -82,7 +156,13 @@ def apply_kernel(
 
     ``INTER`` (``SPLIT_INTER``): the inter-chunk part alone, gated over the output dimension
     instead, stored fp32 and unscaled (A, Z unused): dq's (X = do, S = Cᵀ, G = G^X) or,
-    ``REV``, dk's (X = v, S the state gradient dCᵀ, gate exp(G_{c1−1} − G^K))."""
+    ``REV``, dk's (X = v, S the state gradient dCᵀ, gate exp(G_{c1−1} − G^K)).
+
+    ``FAST`` > 0 (with ``INTER``): in a chunk whose span (SPAN) is below it, the whole dq (or
+    dk) instead: the intra-chunk part from the stored ungated P (A = do vᵀ, fp32) against
+    Z = k (dk: q) with the other side's gate GO and RWKV6's u (``EXCL``), stored to FOUT in
+    its dtype, and FD ⊙ it (FD = q, dk: k) to OUT, what the dq/dk programs would store
+    there; they skip such chunks."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
@@ -117,6 +197,19 @@ def apply_kernel(
     )  # fmt: skip
     if INTER:
         b_out = b_int
+        if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), FAST):
+            b_in = _chunk_fast_out(
+                A + base * L - c0, Z + base * O, G + base * O, GO + base * O, U + i_h * O, o_r,
+                m_r, r0, c0, c1, o_o, m_o, H * O, H * L, BQ, BS, BO, REV, EXCL, DOT_PREC,
+            )  # fmt: skip
+            if REV:  # the state gradient carries the scale already
+                b_res = scale * b_in + b_int
+            else:
+                b_res = scale * (b_in + b_int)
+            m_out = m_r[:, None] & m_o[None, :]
+            p_res = base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
+            tl.store(FOUT + p_res, b_res.to(FOUT.dtype.element_ty), mask=m_out)
+            b_out = tl.load(FD + p_res, mask=m_out, other=0.0).to(tl.float32) * b_res
     elif REV:  # the state gradient carries the scale already
         b_out = scale * b_acc + b_int
     else:

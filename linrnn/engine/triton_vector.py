@@ -22,6 +22,9 @@ secondary chunking (seed 001 §0x2.3):
   operands (finer than the bf16 of the off-diagonal pairs); the non-causal pairs it also forms
   are finite and masked away. A tile with a wider span (strong decays) takes the log-space
   form, so extreme gates keep its exactness.
+* a whole chunk (triton_scores' fast chunks) the same way when its gates span less than a
+  limit over all its rows: the chunk's scores, dq and dk as plain products around the
+  chunk's middle (:func:`_chunk_ref`, :func:`_chunk_fast_out`), no sub-chunks at all.
 
 Every kernel's product has the same shape,
 
@@ -538,3 +541,70 @@ def _vec_state_bwd(b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_
             b_dh = _vec_scale_rows(b_dh, p_gv, o_r, m_r, o_v, m_v, H * V)
         b_dC += scale * tl.dot(tl.trans(b_q), b_dh.to(b_q.dtype), input_precision=DOT_PREC)
     return b_dC
+
+
+@triton.jit
+def _chunk_ref(p_gx, p_gk, c0, c1, o_c, m_c, s_c):
+    """The middle z ([BC]) of a chunk's gate range over channels o_c. Chunk-local cumulative
+    log decays never rise (decays ≤ 1, validated), so that range is [min(G^X, G^K) at c1 − 1,
+    max(G^X, G^K) at c0], and every G^X_t − z and z − G^K_s of the chunk lies within ±half the
+    chunk's span (triton_cumsum's SPAN)."""
+    top = tl.maximum(_ld_row(p_gx, c0, o_c, s_c, m_c), _ld_row(p_gk, c0, o_c, s_c, m_c))
+    bot = tl.minimum(_ld_row(p_gx, c1 - 1, o_c, s_c, m_c), _ld_row(p_gk, c1 - 1, o_c, s_c, m_c))
+    return 0.5 * (top + bot)
+
+
+@triton.jit
+def _chunk_fast_out(p_p, p_z, p_gr, p_go, p_u, o_r, m_r, r0, c0, c1, o_o, m_o, sO, sP,
+                    BQ: tl.constexpr, BS: tl.constexpr, BO: tl.constexpr, REV: tl.constexpr,
+                    EXCL: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """The intra-chunk part of dq (or, ``REV``, dk) for the rows o_r of a chunk whose span is
+    small, output-gated as in :func:`_vec_diag` but over the whole chunk at once:
+    out_r[o] = Σ_s P_rs Z_s[o] exp(G^X_r[o] − G^K_s[o]) on the causal pairs (``EXCL``: strict,
+    plus P_rr Z_r ⊙ u), as exp(G^X_r − z) ⊙ (P (Z ⊙ exp(z − G^K)))) around the chunk's middle
+    z; ``REV``: rows are keys s, Σ_{t ≥ s} P_ts Z_t exp(G^X_t − G^K_s). P is the stored
+    ungated P (p_p at the chunk start as :func:`_ld_p`, row stride sP); p_gr is the rows'
+    gate (G^X, ``REV``: G^K), p_go the other side's. fp32 operands (tf32 products for 16-bit
+    inputs). [BQ, BO] fp32."""
+    if REV:
+        z = _chunk_ref(p_go, p_gr, c0, c1, o_o, m_o, sO)
+    else:
+        z = _chunk_ref(p_gr, p_go, c0, c1, o_o, m_o, sO)
+    g_r = _tile(p_gr, o_r, o_o, sO, m_r, m_o)
+    m_ro = m_r[:, None] & m_o[None, :]
+    if REV:
+        f_r = _xp(z[None, :] - g_r, m_ro)
+        lo, hi = r0, c1
+    else:
+        f_r = _xp(g_r - z[None, :], m_ro)
+        lo, hi = c0, tl.minimum(r0 + BQ, c1)
+    b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
+    for s0 in range(lo, hi, BS):
+        o_s = s0 + tl.arange(0, BS)
+        m_s = o_s < hi
+        if REV:  # P[t, r] for the later queries t = o_s
+            causal = o_s[None, :] > o_r[:, None]
+        else:
+            causal = o_s[None, :] < o_r[:, None]
+        if not EXCL:
+            causal = causal | (o_s[None, :] == o_r[:, None])
+        m_p = causal & m_r[:, None] & m_s[None, :]
+        if REV:  # [BQ, BS]: P[o_s, o_r] transposed
+            b_p = _ld_p(p_p, o_s, o_r, sP, m_p, True)
+        else:
+            b_p = _ld_p(p_p, o_r, o_s, sP, m_p, False)
+        g_s = _tile(p_go, o_s, o_o, sO, m_s, m_o)
+        m_so = m_s[:, None] & m_o[None, :]
+        if REV:
+            f_s = _xp(g_s - z[None, :], m_so)
+        else:
+            f_s = _xp(z[None, :] - g_s, m_so)
+        b_z = _tile(p_z, o_s, o_o, sO, m_s, m_o).to(tl.float32) * f_s
+        b_acc += tl.dot(b_p, b_z, input_precision=DOT_PREC)
+    b_acc *= f_r
+    if EXCL:  # the bonus on the diagonal: P_rr Z_r ⊙ u
+        p_rr = tl.load(p_p + o_r.to(tl.int64) * sP + o_r, mask=m_r, other=0.0).to(tl.float32)
+        b_u = tl.load(p_u + o_o, mask=m_o, other=0.0).to(tl.float32)
+        b_zr = _tile(p_z, o_r, o_o, sO, m_r, m_o).to(tl.float32)
+        b_acc += p_rr[:, None] * b_zr * b_u[None, :]
+    return b_acc
