@@ -38,6 +38,7 @@ from linrnn.engine.triton_tiles import _tile, _tile_t
 from linrnn.engine.triton_vector import (
     _chunk_fast_out,
     _chunk_ref,
+    _dot32,
     _vec_diag_scores,
     _vec_off_scores,
     _xp,
@@ -94,7 +95,7 @@ def fast_scores_kernel(
     """Grid (chunks × row tiles, B·H): scores_kernel's A for the rows o_r of a fast chunk
     (span below LIM; the others are left to scores_kernel): every key of the chunk at once,
     A = (X ⊙ exp(G^X − z)) (Y ⊙ exp(z − G^K))ᵀ on the causal pairs around the chunk's middle
-    z (fp32 operands), u's Σ X_r Y_r u on RWKV6's diagonal, zeros elsewhere."""
+    z (fp32 operands and accuracy), u's Σ X_r Y_r u on RWKV6's diagonal, zeros elsewhere."""
     i_cq, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
@@ -131,7 +132,7 @@ def fast_scores_kernel(
                 g_k = _tile_t(p_gk, o_s, o_d, H * D, m_s, m_d)  # [BD, BS]
                 b_yt = _tile_t(p_y, o_s, o_d, H * D, m_s, m_d).to(tl.float32)
                 b_yt *= _xp(z[:, None] - g_k, m_d[:, None] & m_s[None, :])
-                b_a += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+                b_a += _dot32(b_x, b_yt, DOT_PREC)
             if EXCL:
                 b_a = tl.where(o_s[None, :] < o_r[:, None], b_a, 0.0)
                 b_a = tl.where(o_s[None, :] == o_r[:, None], b_bonus[:, None], b_a)
