@@ -179,13 +179,13 @@ def _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, ar,
 
 @triton.jit
 def _dot32(a, b, DOT_PREC: tl.constexpr):
-    """The fast forms' product of fp32 operands at fp32 accuracy: "ieee" for fp32 inputs, else
-    three tf32 passes ("tf32x3"). One tf32 pass (2^−11 per operand) gave GLA's decay gradient
-    over a long fp16 sequence 4.5× the fp16 loop's error on the H200, where q ⊙ dq and k ⊙ dk
-    cancel; the log-space form it stands in for is fp32 throughout."""
-    if DOT_PREC == "ieee":
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b, input_precision="tf32x3")
+    """The fast forms' product of fp32 operands in fp32 ("ieee"), whatever the inputs' dtype
+    (DOT_PREC unused). On the H200 (Triton 3.6) one tf32 pass (2^−11 per operand) gave GLA's
+    decay gradient over a long fp16 sequence 4.5× the fp16 loop's error, where q ⊙ dq and
+    k ⊙ dk cancel, and three ("tf32x3") put RWKV6's output 2.9e-2 (RMS) off the log-space
+    form in the diagonal (GLA's: 4e-5): not understood, so not used. The log-space form these
+    stand in for is fp32 throughout."""
+    return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
