@@ -22,6 +22,16 @@ VECTOR = ["gla", "gla_gv", "rwkv6"]
 MODES = ["chunk", "fused_chunk"]
 
 
+@pytest.fixture(autouse=True)
+def _fast_forms_in_fp32(monkeypatch):
+    """The fast forms (DIAG_SPAN, FAST_CHUNKS) for fp32 inputs too (the engine runs them for
+    bf16 alone, FAST_DTYPES), so that the fp32 tests here check them against the references;
+    fp16 keeps the engine's choice (the long-sequence decay-gradient test)."""
+    from linrnn.engine import triton_chunk_vec
+
+    monkeypatch.setattr(triton_chunk_vec, "FAST_DTYPES", (torch.bfloat16, torch.float32))
+
+
 @pytest.mark.parametrize("init", [False, True], ids=["h0=None", "h0"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", VECTOR)

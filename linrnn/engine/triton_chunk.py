@@ -90,6 +90,7 @@ class Config:
             self.BVf = max(16, min(64, 8192 // self.KP, self.VP))
             self.BKf = max(16, min(64, 8192 // self.VP, self.KP))
         self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
+        self.dtype = q.dtype
 
     def _pack(self, offsets, T, device):
         """Packed sequences: chunk table rows (start, end, sequence), each sequence's first

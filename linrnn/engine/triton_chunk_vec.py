@@ -72,6 +72,13 @@ WALK_UNROLL_GV = True
 # 0 turns the fast form off. 60: factors ≤ e^30 ≈ 1e13 keep every product finite in bf16 and
 # fp32 while a decay of 3.75 per step (e^-3.75 ≈ 0.02) still takes the fast form.
 DIAG_SPAN = 60.0
+# The fast forms (DIAG_SPAN, FAST_CHUNKS) run for these input dtypes only. Their products take
+# tf32 operands (fp32 for fp32 inputs): finer than bf16's own rounding, but on the H200 they
+# gave GLA's decay gradient over a long fp16 sequence 4.5× the fp16 loop's error (q ⊙ dq and
+# k ⊙ dk, rounded differently, no longer cancel), "tf32x3" put RWKV6's output 2.9e-2 off, and
+# fp32 ("ieee") products made the fast chunks slower than the sub-chunk forms (RWKV6 36 ms
+# against 29). So fp16 and fp32 inputs keep the fp32 log-space forms.
+FAST_DTYPES = (torch.bfloat16,)
 
 
 def _walk_form(has_gv: bool = False) -> int:
@@ -81,9 +88,11 @@ def _walk_form(has_gv: bool = False) -> int:
     return 2 if WALK_UNROLL or (has_gv and WALK_UNROLL_GV) else 1
 
 
-def _diag(has_gv: bool = False) -> dict:
-    """The kernels' diagonal switches: DIAG_LOOP (:func:`_walk_form`) and DIAG_SPAN."""
-    return dict(DIAG_LOOP=_walk_form(has_gv), DIAG_SPAN=float(DIAG_SPAN))
+def _diag(c: tc.Config, has_gv: bool = False) -> dict:
+    """The kernels' diagonal switches: DIAG_LOOP (:func:`_walk_form`) and DIAG_SPAN (0 for
+    inputs outside FAST_DTYPES)."""
+    span = float(DIAG_SPAN) if c.dtype in FAST_DTYPES else 0.0
+    return dict(DIAG_LOOP=_walk_form(has_gv), DIAG_SPAN=span)
 
 
 # gk-only calls in chunk mode (GLA without gv, RWKV6): store the intra-chunk scores once
@@ -124,6 +133,8 @@ SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998
 
 def _fast_chunks(has_gv: bool, c: tc.Config) -> bool:
     """Whether this call has fast chunks (the gates' spans are recorded for them)."""
+    if c.dtype not in FAST_DTYPES:
+        return False
     return bool(FAST_CHUNKS) and CHUNK_SPAN > 0 and SCORES and not has_gv and not c.fused
 
 
@@ -258,7 +269,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None):
         o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy, dummy,
         T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, 0.0,
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
-        VEC_O=has_gv, EXCL=c.excl, **_diag(has_gv), num_warps=nw, num_stages=ns,
+        VEC_O=has_gv, EXCL=c.excl, **_diag(c, has_gv), num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return o, S_T, (states, o32 if has_gv else None)
 
@@ -279,7 +290,7 @@ def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True, spans=None):
     fast = gated and spans is not None
     sc.scores_kernel[(c.NT * NQ, c.rows)](
         q, k, bkx, bk, u if c.excl and gated else bk, A, spans if fast else A, c.CHUNKS, T, H,
-        K, L, c.NT, NQ, BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, **_diag(),
+        K, L, c.NT, NQ, BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, **_diag(c),
         DOT_PREC=c.prec, GATED=gated, SKIP=CHUNK_SPAN if fast else 0.0, num_warps=nw,
         num_stages=ns,
     )  # fmt: skip
@@ -359,7 +370,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
         HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, VEC=True, VEC_V=has_gv,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, **_diag(has_gv))
+    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, **_diag(c, has_gv))
     # gk-only with the forward's stored scores: do vᵀ stored once too, loaded by dq and dk
     dP = _scores(do, v, bkx, bk, None, c, gated=False) if stored else None
     p_do, p_dov = (do, v) if dP is None else (dP, dP)  # the P source of dq (Y) and dk (Y)
@@ -483,7 +494,7 @@ def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> tc.Confi
 
 def _fused_common(c: tc.Config, has_gv: bool):
     BC, _, BD, _, nw, ns = VEC_TILES["fused"]
-    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, **_diag(has_gv),
+    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, **_diag(c, has_gv),
                 BC=BC, BD=BD,
                 HAS_DECAY=False,
                 HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen,

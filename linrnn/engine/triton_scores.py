@@ -95,7 +95,7 @@ def fast_scores_kernel(
     """Grid (chunks × row tiles, B·H): scores_kernel's A for the rows o_r of a fast chunk
     (span below LIM; the others are left to scores_kernel): every key of the chunk at once,
     A = (X ⊙ exp(G^X − z)) (Y ⊙ exp(z − G^K))ᵀ on the causal pairs around the chunk's middle
-    z (fp32 operands and accuracy), u's Σ X_r Y_r u on RWKV6's diagonal, zeros elsewhere."""
+    z (fp32 operands, tf32 products), u's Σ X_r Y_r u on RWKV6's diagonal, zeros elsewhere."""
     i_cq, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)

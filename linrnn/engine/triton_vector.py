@@ -16,11 +16,12 @@ secondary chunking (seed 001 §0x2.3):
   (the widest channel's range over every G^X and G^K value of the 16 rows), as one more
   tensor-core product around the reference point z in the middle of that range: every
   factor exp(G^X_i − z), exp(z − G^K_j) then lies within exp(±SPAN/2), bounded whatever the
-  rows' order. The operands stay fp32 and the product keeps fp32 accuracy (:func:`_dot32`):
+  rows' order. The operands stay fp32 (tf32 products for bf16 inputs, :func:`_dot32`):
   fp16 could neither hold a factor of e^30 nor keep one of e^−30 that a large partner
-  compensates. The causal pairs equal the log-space weights up to fp32 rounding; the
-  non-causal pairs it also forms are finite and masked away. A tile with a wider span (strong
-  decays) takes the log-space form, so extreme gates keep its exactness.
+  compensates. The causal pairs equal the log-space weights up to the operands' tf32
+  rounding (finer than the off-diagonal pairs' bf16); the non-causal pairs it also forms are
+  finite and masked away. A tile with a wider span (strong decays) takes the log-space form,
+  so extreme gates keep its exactness.
 * a whole chunk (triton_scores' fast chunks) the same way when its gates span less than a
   limit over all its rows: the chunk's scores, dq and dk as plain products around the
   chunk's middle (:func:`_chunk_ref`, :func:`_chunk_fast_out`), no sub-chunks at all.
@@ -179,13 +180,10 @@ def _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, ar,
 
 @triton.jit
 def _dot32(a, b, DOT_PREC: tl.constexpr):
-    """The fast forms' product of fp32 operands in fp32 ("ieee"), whatever the inputs' dtype
-    (DOT_PREC unused). On the H200 (Triton 3.6) one tf32 pass (2^−11 per operand) gave GLA's
-    decay gradient over a long fp16 sequence 4.5× the fp16 loop's error, where q ⊙ dq and
-    k ⊙ dk cancel, and three ("tf32x3") put RWKV6's output 2.9e-2 (RMS) off the log-space
-    form in the diagonal (GLA's: 4e-5): not understood, so not used. The log-space form these
-    stand in for is fp32 throughout."""
-    return tl.dot(a, b, input_precision="ieee")
+    """The fast forms' product of fp32 operands: tf32 for 16-bit inputs, fp32 for fp32 ones
+    (DOT_PREC). The host runs the fast forms for bf16 inputs only (triton_chunk_vec's
+    FAST_DTYPES says why)."""
+    return tl.dot(a, b, input_precision=DOT_PREC)
 
 
 @triton.jit
@@ -573,8 +571,8 @@ def _chunk_fast_out(p_p, p_z, p_gr, p_go, p_u, o_r, m_r, r0, c0, c1, o_o, m_o, s
     plus P_rr Z_r ⊙ u), as exp(G^X_r − z) ⊙ (P (Z ⊙ exp(z − G^K)))) around the chunk's middle
     z; ``REV``: rows are keys s, Σ_{t ≥ s} P_ts Z_t exp(G^X_t − G^K_s). P is the stored
     ungated P (p_p at the chunk start as :func:`_ld_p`, row stride sP); p_gr is the rows'
-    gate (G^X, ``REV``: G^K), p_go the other side's. fp32 operands and accuracy
-    (:func:`_dot32`). [BQ, BO] fp32."""
+    gate (G^X, ``REV``: G^K), p_go the other side's. fp32 operands (:func:`_dot32`).
+    [BQ, BO] fp32."""
     if REV:
         z = _chunk_ref(p_go, p_gr, c0, c1, o_o, m_o, sO)
     else:
