@@ -446,77 +446,30 @@ def parse_args(argv=None):
         metavar="BO[,W]",
         help="GATED_BO candidates; BO,W also sets rows' and cols' warps to W",
     )
-    p.add_argument(
-        "--scores",
-        nargs="*",
-        metavar="0|1",
-        help="SCORES candidates (default: the form the base does not use; gla, rwkv6 in chunk "
-        "mode)",
-    )
-    p.add_argument(
-        "--walk-unroll",
-        nargs="*",
-        metavar="0|1",
-        help="WALK_UNROLL candidates (default: the form the base does not use; only with the "
-        "walk, DIAG_LOOP, in the base)",
-    )
-    p.add_argument(
-        "--split-inter",
-        nargs="*",
-        metavar="0|1",
-        help="SPLIT_INTER candidates (default: the form the base does not use; only with the "
-        "stored scores, SCORES, in the base)",
-    )
-    p.add_argument(
-        "--diag-span",
-        nargs="*",
-        metavar="0|1",
-        help="DIAG_SPAN candidates: 1 the diagonal's fast form (at the engine's span, or 60), 0 "
-        "the fp32 log-space form alone (default: the form the base does not use)",
-    )
-    p.add_argument(
-        "--fast-chunks",
-        nargs="*",
-        metavar="0|1",
-        help="FAST_CHUNKS candidates (default: the form the base does not use; gla, rwkv6 in "
-        "chunk mode)",
-    )
-    p.add_argument(
-        "--diag-loop",
-        nargs="*",
-        metavar="0|1",
-        help="DIAG_LOOP candidates (default: the form the base does not use)",
-    )
-    p.add_argument(
-        "--base-diag-loop",
-        type=int,
-        choices=(0, 1),
-        help="DIAG_LOOP of the default config (profile and sweep; default: the engine's)",
-    )
-    p.add_argument(
-        "--base-scores",
-        type=int,
-        choices=(0, 1),
-        help="SCORES of the default config (profile and sweep; default: the engine's)",
-    )
-    p.add_argument(
-        "--base-split-inter",
-        type=int,
-        choices=(0, 1),
-        help="SPLIT_INTER of the default config (profile and sweep; default: the engine's)",
-    )
-    p.add_argument(
-        "--base-diag-span",
-        type=int,
-        choices=(0, 1),
-        help="DIAG_SPAN of the default config: 1 on (the engine's span, or 60), 0 off",
-    )
-    p.add_argument(
-        "--base-fast-chunks",
-        type=int,
-        choices=(0, 1),
-        help="FAST_CHUNKS of the default config (default: the engine's)",
-    )
+    switch_help = {  # each switch's candidates: 0|1 (default: the form the base does not use)
+        "scores": "gla, rwkv6 in chunk mode",
+        "walk_unroll": "only with the walk, DIAG_LOOP, in the base",
+        "split_inter": "only with the stored scores, SCORES, in the base",
+        "diag_span": "1 the diagonal's fast form at the engine's span, or 60; 0 log space alone",
+        "fast_chunks": "gla, rwkv6 in chunk mode",
+        "diag_loop": "",
+    }
+    for name, extra in switch_help.items():
+        p.add_argument(
+            f"--{name.replace('_', '-')}",
+            nargs="*",
+            metavar="0|1",
+            help=f"{name.upper()} candidates (default: the form the base does not use)"
+            + (f"; {extra}" if extra else ""),
+        )
+    for name in ("diag_loop", "scores", "split_inter", "diag_span", "fast_chunks"):
+        p.add_argument(
+            f"--base-{name.replace('_', '-')}",
+            type=int,
+            choices=(0, 1),
+            help=f"{name.upper()} of the default config (profile and sweep; default: the "
+            "engine's; DIAG_SPAN 1: the engine's span, or 60)",
+        )
     p.add_argument(
         "--adopt-below",
         type=float,

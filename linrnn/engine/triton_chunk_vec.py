@@ -5,7 +5,8 @@ and RWKV6 (w over K, exclusive form with the bonus u). Same kernels as the scala
 Gates. gk and gv enter as chunk-local cumulative sums ``[B, T, H, D]`` fp32 (G^K, inclusive);
 RWKV6's query side reads the state before its own step, so its row gate is the exclusive sum
 G^X_t = G^K_{t−1} (0 at a chunk's first step). Every kernel exponent is a difference that the
-causal order keeps ≤ 0.
+causal order keeps ≤ 0, except in the fast forms (DIAG_SPAN, FAST_CHUNKS: bf16 inputs), whose
+exponents lie within ±30 by the span that selects them.
 
 Gate gradients, per channel. With F_t[k] the global cumulative log decay,
 
