@@ -36,11 +36,17 @@ try:  # the one-pass log-decay gradient (absent in an older checkout)
 except ImportError:
     triton_gate_grad = None
 
+# fast_scores_kernel: since session 9
+_SCORE_KERNELS = tuple(
+    n
+    for n in ("scores_kernel", "apply_kernel", "fast_scores_kernel")
+    if triton_scores is not None and hasattr(triton_scores, n)
+)
 # Kernels whose launches are timed / recorded, by module; rows and cols run twice per call.
 KERNEL_MODULES = (
     (triton_kernels, ("states_fwd_kernel", "rows_kernel", "states_bwd_kernel", "cols_kernel")),
     (triton_fused, ("fused_fwd_kernel", "fused_dq_kernel", "fused_dk_kernel", "fused_dv_kernel")),
-    *([(triton_scores, ("scores_kernel", "apply_kernel"))] if triton_scores else []),
+    *([(triton_scores, _SCORE_KERNELS)] if triton_scores else []),
     *([(triton_gate_grad, ("decay_grad_kernel",))] if triton_gate_grad else []),
 )
 # Host-side steps of the engine (triton_chunk_vec), timed as phases of a forward+backward.

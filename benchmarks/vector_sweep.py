@@ -73,6 +73,11 @@ clipped by ``_fit`` to [16, next_pow2(extent)], except the sub-chunk BC):
   apply_tiles (BQ, BS, BD, BO, warps,     SCORE_TILES["apply"]: apply_kernel, forward and dv;
                stages)                    BQ rows, BS the other time side, BD over K (the
                                           state part), BO over V
+  inter_tiles (BQ, BD, BO, warps, stages) SCORE_TILES["inter"]: apply_kernel's INTER (dq's and
+                                          dk's inter-chunk parts; in fast chunks the whole
+                                          dq / dk), BD over V, BO over K
+  fast_tiles (BQ, BS, BD, warps, stages)  SCORE_TILES["fast"]: fast_scores_kernel (the fast
+                                          chunks' scores), BS the keys, BD over K
 
 BC is the sub-chunk whose diagonal block is computed in fp32 log space, as [BC, BC, BD] (and,
 gated output, [BC, BC, BO]) products or, with DIAG_LOOP, as BC steps of [BC, tile]: not
@@ -432,7 +437,7 @@ def parse_args(argv=None):
         help="chunk sizes; candidates are swept at the first (64 128)",
     )
     p.add_argument("--full-chunks", action="store_true", help="sweep at every chunk size")
-    for k in ("rows", "states", "cols", "fused", "score_tiles", "apply_tiles"):
+    for k in ("rows", "states", "cols", "fused", *SCORE_KEYS):
         n = ARITY[k]
         p.add_argument(
             f"--{k.replace('_', '-')}",

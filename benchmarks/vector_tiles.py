@@ -16,13 +16,17 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
 # The switches first (in this order, each adopted as the base when faster), then the tiles
 SWITCHES = ("diag_loop", "scores", "walk_unroll", "split_inter", "diag_span", "fast_chunks")
-KERNELS = (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles", "fused")
+SCORE_KERNELS = ("score_tiles", "apply_tiles", "inter_tiles", "fast_tiles")
+KERNELS = (*SWITCHES, "rows", "states", "cols", "gated_bo", *SCORE_KERNELS, "fused")
 MODE_KERNELS = {
-    "chunk": (*SWITCHES, "rows", "states", "cols", "gated_bo", "score_tiles", "apply_tiles"),
+    "chunk": (*SWITCHES, "rows", "states", "cols", "gated_bo", *SCORE_KERNELS),
     "fused_chunk": (*SWITCHES, "fused"),  # scores: a row that says it has no effect
 }
-ARITY = {"states": 5, "rows": 6, "cols": 6, "fused": 6, "score_tiles": 5, "apply_tiles": 6}
-SCORE_KEYS = {"score_tiles": "scores", "apply_tiles": "apply"}  # their SCORE_TILES entries
+ARITY = {"states": 5, "rows": 6, "cols": 6, "fused": 6, "score_tiles": 5, "apply_tiles": 6,
+         "inter_tiles": 5, "fast_tiles": 5}  # fmt: skip
+# their SCORE_TILES entries
+SCORE_KEYS = {"score_tiles": "scores", "apply_tiles": "apply", "inter_tiles": "inter",
+              "fast_tiles": "fast"}  # fmt: skip
 HAS_DIAG_LOOP = hasattr(tcv, "DIAG_LOOP")  # added in 35acbf2
 HAS_SCORES = hasattr(tcv, "SCORES")  # added in 502a28b (with SCORE_TILES, triton_scores)
 HAS_WALK_UNROLL = hasattr(tcv, "WALK_UNROLL")  # added in session 6
@@ -117,6 +121,25 @@ CANDIDATES = {
         (64, 64, 32, 128, 8, 1),
         (64, 64, 64, 128, 8, 2),  # BD 64: the state part's depth steps
     ],
+    # With SPLIT_INTER (and, for what they finish, FAST_CHUNKS) in the base: apply_kernel's
+    # INTER, dq's and dk's inter-chunk parts, and in fast chunks the whole dq / dk
+    "inter_tiles": [  # (BQ, BD, BO, warps, stages)
+        (64, 32, 64, 8, 2),  # 8 warps: the fast chunks' [64, 64] fp32 P, Z and gate tiles
+        (64, 64, 64, 8, 2),  # BD 64: the state part's depth steps
+        (32, 32, 64, 4, 2),  # BQ 32: half the rows per program, fewer registers
+        (64, 32, 128, 8, 2),  # BO 128 (GLA): the chunk's P read for half as many K tiles
+        (64, 32, 32, 4, 2),  # BO 32
+        (64, 32, 64, 4, 3),
+        (64, 32, 64, 4, 1),
+    ],
+    "fast_tiles": [  # fast_scores_kernel (BQ, BS, BD, warps, stages), FAST_CHUNKS in the base
+        (64, 64, 64, 4, 2),  # BD 64: RWKV6's K in one step
+        (64, 64, 32, 8, 2),
+        (64, 64, 64, 8, 2),
+        (32, 64, 32, 4, 2),  # BQ 32
+        (64, 32, 32, 4, 2),  # BS 32: the keys past the row tile skipped sooner
+        (64, 64, 32, 4, 3),
+    ],
 }
 # Only with DIAG_LOOP on (the block form's [BC, BC, tile] fp32 product would be 4–16× larger):
 # query / key tiles of 32 and 64 rows, i.e. fewer re-reads of each chunk's state and M = 32/64
@@ -135,6 +158,8 @@ QUICK_CANDIDATES = {  # distinct from the defaults after clipping at K = V = 32,
     "fused": [(16, 0, 16, 0, 4, 1)],
     "score_tiles": [(16, 16, 16, 4, 1)],
     "apply_tiles": [(16, 16, 16, 32, 4, 1)],
+    "inter_tiles": [(16, 16, 16, 4, 1)],
+    "fast_tiles": [(16, 16, 16, 4, 1)],
 }
 QUICK_LOOP_ONLY = {"rows": [(32, 16, 16, 32, 4, 1)]}
 
@@ -174,7 +199,8 @@ def candidate_problem(kernel: str, t: tuple) -> str | None:
     if len(t) != ARITY[kernel]:
         return f"{kernel} takes {ARITY[kernel]} numbers, got {len(t)}"
     tiles = {"states": (0, 1, 2), "rows": (0, 1, 2, 3), "cols": (0, 1, 2, 3), "fused": (0, 2),
-             "score_tiles": (0, 1, 2), "apply_tiles": (0, 1, 2, 3)}  # fmt: skip
+             "score_tiles": (0, 1, 2), "apply_tiles": (0, 1, 2, 3), "inter_tiles": (0, 1, 2),
+             "fast_tiles": (0, 1, 2)}  # fmt: skip
     if not all(pow2(t[i]) for i in tiles[kernel]):
         return "tiles must be powers of two ≥ 16 (tl.arange, tl.dot)"
     if kernel == "fused" and (t[1] or t[3]):
@@ -252,6 +278,8 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
         key.append(("apply", f(BQ, chunk), f(BS, chunk), f(BD, K), f(BO, V), nw, ns))
         if cfg.get("SPLIT_INTER"):  # (gk-only calls in chunk mode, like the stored scores)
             key.append(("split_inter", *cfg["SCORE_TILES"]["inter"]))
+        if cfg.get("FAST_CHUNKS") and "fast" in cfg["SCORE_TILES"]:
+            key.append(("fast", *cfg["SCORE_TILES"]["fast"]))
     return tuple(key)
 
 

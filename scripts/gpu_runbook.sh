@@ -18,6 +18,8 @@
 #                 by launch role and engine step, DIAG_LOOP off and on × SCORES off and on),
 #                 then the DIAG_LOOP / SCORES / VEC_TILES / GATED_BO / SCORE_TILES sweep
 #                 (benchmarks/vector_sweep.py), ≤ 530 s
+#   vector-sweep-fast  issue 4: the tiles of the fast chunks' kernels (SCORE_TILES inter and
+#                 fast), GLA and RWKV6, ≤ 560 s
 #   vector-bench  issue 4: RWKV6 against fla's chunk and fused-recurrent kernels at the
 #                 issue's three shapes, chunk mode at L = 64, ≤ 560 s
 #   vector-bench-gla  issue 4: GLA (H16-K256) against fla's fused-recurrent and chunk kernels
@@ -53,7 +55,7 @@ MLSTM_OPS=(
     mlstm_kernels:triton_xl_chunk mlstm_kernels:triton_limit_chunk torch:sdpa_causal
 )
 
-stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, vector-sweep, vector-bench, vector-bench-gla, compile, decode, decode-sweep, varlen, train, cp}
+stage=${1:?stage: scalar-check, big-offsets, mlstm-target, mlstm-shapes, vector-check, vector-sweep, vector-sweep-fast, vector-bench, vector-bench-gla, compile, decode, decode-sweep, varlen, train, cp}
 case "$stage" in
 scalar-check)
     # Test files in parallel first (compilation is CPU-bound), then the correctness matrix.
@@ -123,6 +125,13 @@ vector-sweep)
     left=$((530 - SECONDS))
     timeout "$left" python3 benchmarks/vector_sweep.py --deadline $((left - 45)) \
         --commit "$C" --out "$OUT/vector_sweep.json" 2>&1 | tee "$OUT/vector_sweep.txt"
+    ;;
+vector-sweep-fast)
+    # The fast chunks' kernels (session 9): apply_kernel's INTER, which finishes dq and dk in
+    # fast chunks (inter_tiles), and fast_scores_kernel (fast_tiles), GLA and RWKV6, bf16
+    timeout 560 python3 benchmarks/vector_sweep.py --ops gla rwkv6 --chunks 64 \
+        --kernels inter_tiles fast_tiles --deadline 520 --commit "$C" \
+        --out "$OUT/vector_sweep_fast.json" | tee "$OUT/vector_sweep_fast.txt"
     ;;
 vector-bench)
     # RWKV6 at the issue's three shapes against fla's chunk and fused-recurrent kernels (one

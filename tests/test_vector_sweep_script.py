@@ -212,6 +212,9 @@ def test_builtin_candidates_are_legal(sweep):
     args = sweep.parse_args(["--apply-tiles", "128,64,32,128,8,2", "--score-tiles"])
     assert args.candidates["apply_tiles"] == [(128, 64, 32, 128, 8, 2)]
     assert args.candidates["score_tiles"] == [] and args.profile_scores == "both"
+    args = sweep.parse_args(["--inter-tiles", "64,32,64,8,2", "--fast-tiles", "64,64,64,4,2"])
+    assert args.candidates["inter_tiles"] == [(64, 32, 64, 8, 2)]
+    assert args.candidates["fast_tiles"] == [(64, 64, 64, 4, 2)]
 
 
 def test_clipping_finds_duplicates(sweep):
@@ -248,6 +251,17 @@ def test_clipping_finds_duplicates(sweep):
     tiles = sweep.apply("apply_tiles", (128, 64, 32, 64, 4, 2), stored)
     assert key(tiles, gla, L=64) == key(stored, gla, L=64)  # BQ clips to L = 64
     assert key(tiles, gla, L=128) != key(stored, gla, L=128)
+    # the fast chunks' tiles: only with SPLIT_INTER (inter) / FAST_CHUNKS (fast) in the base
+    split = dict(stored, SPLIT_INTER=True, FAST_CHUNKS=True)
+    inter = sweep.apply("inter_tiles", (64, 32, 64, 8, 2), split)
+    assert inter["SCORE_TILES"]["inter"] == (64, 32, 64, 8, 2)
+    assert key(inter, gla) != key(split, gla)
+    no_split = dict(split, SPLIT_INTER=False)
+    assert key(sweep.apply("inter_tiles", (64, 32, 64, 8, 2), no_split), gla) == key(no_split, gla)
+    fast = sweep.apply("fast_tiles", (64, 64, 64, 4, 2), split)
+    assert fast["SCORE_TILES"]["fast"] == (64, 64, 64, 4, 2) and key(fast, gla) != key(split, gla)
+    no_fast = dict(split, FAST_CHUNKS=False)
+    assert key(sweep.apply("fast_tiles", (64, 64, 64, 4, 2), no_fast), gla) == key(no_fast, gla)
     assert cfg == dict(sweep.current(), SCORES=False)  # apply copies
 
 
