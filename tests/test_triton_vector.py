@@ -137,6 +137,25 @@ def _check_stored(family, case):
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode="chunk", chunk_size=L)
 
 
+@pytest.mark.parametrize("family", ["gla", "rwkv6"])
+def test_fast_chunks_over_several_row_tiles(family):
+    """Fast chunks (the default for these gates) at L = 160: fast_scores_kernel and the fast
+    dq/dk of apply_kernel over three row tiles of a chunk (64, 64 and a partial 32), two depth
+    and output tiles (K = 80), a partial last chunk; every gradient against the fp64
+    reference. The gates are checked to give chunks below the span limit."""
+    from linrnn.engine import triton_chunk_vec
+
+    fam = FAMILIES[family]
+    B, T, H, K, V, L = STORED_CASES["T200-L160-K80"]
+    inputs = fam.build(B, T, H, K, V, False)
+    g = inputs["gk" if family == "gla" else "w"]
+    first = 0 if family == "rwkv6" else 1  # the span: −Σ g after the first G^X value
+    spans = [float(-g[:, c0 + first : c0 + L].sum(1).amin()) for c0 in range(0, T, L)]
+    assert min(spans) < triton_chunk_vec.CHUNK_SPAN, spans
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    _check(fam, inputs, h0, torch.float32, mode="chunk", chunk_size=L)
+
+
 @pytest.mark.parametrize("case", ["T37-L32", "T200-L160-K80", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 @pytest.mark.parametrize("split", [True, False], ids=["split", "unsplit"])
