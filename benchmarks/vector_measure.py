@@ -35,10 +35,6 @@ try:  # the one-pass log-decay gradient (absent in an older checkout)
     from linrnn.engine import triton_gate_grad
 except ImportError:
     triton_gate_grad = None
-try:  # dq and dk (in fast chunks with their gate gradient) in one kernel, since session 10
-    from linrnn.engine import triton_fast_grad
-except ImportError:
-    triton_fast_grad = None
 
 # fast_scores_kernel: since session 9
 _SCORE_KERNELS = tuple(
@@ -52,7 +48,6 @@ KERNEL_MODULES = (
     (triton_fused, ("fused_fwd_kernel", "fused_dq_kernel", "fused_dk_kernel", "fused_dv_kernel")),
     *([(triton_scores, _SCORE_KERNELS)] if triton_scores else []),
     *([(triton_gate_grad, ("decay_grad_kernel",))] if triton_gate_grad else []),
-    *([(triton_fast_grad, ("fast_grad_kernel",))] if triton_fast_grad else []),
 )
 # Host-side steps of the engine (triton_chunk_vec), timed as phases of a forward+backward.
 PHASES = (
@@ -202,7 +197,7 @@ def role(name: str, kw: dict) -> str:
         return "rows_kernel[dq]" if kw.get("IS_DQ") else "rows_kernel[fwd]"
     if name == "cols_kernel":
         return "cols_kernel[dk]" if kw.get("IS_DK") else "cols_kernel[dv]"
-    if name == "apply_kernel" and kw.get("INTER"):  # SPLIT_INTER before session 10
+    if name == "apply_kernel" and kw.get("INTER"):  # SPLIT_INTER: dq's / dk's inter part
         return "apply_kernel[inter dk]" if kw.get("REV") else "apply_kernel[inter dq]"
     if name == "apply_kernel":
         return "apply_kernel[dv]" if kw.get("REV") else "apply_kernel[fwd]"

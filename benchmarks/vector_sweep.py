@@ -73,9 +73,9 @@ clipped by ``_fit`` to [16, next_pow2(extent)], except the sub-chunk BC):
   apply_tiles (BQ, BS, BD, BO, warps,     SCORE_TILES["apply"]: apply_kernel, forward and dv;
                stages)                    BQ rows, BS the other time side, BD over K (the
                                           state part), BO over V
-  inter_tiles (BQ, BD, BO, warps, stages) SCORE_TILES["inter"]: triton_fast_grad (dq's and
+  inter_tiles (BQ, BD, BO, warps, stages) SCORE_TILES["inter"]: apply_kernel's INTER (dq's and
                                           dk's inter-chunk parts; in fast chunks the whole
-                                          dq, dk and dg), BD over V, BO over K
+                                          dq / dk), BD over V, BO over K
   fast_tiles (BQ, BS, BD, warps, stages)  SCORE_TILES["fast"]: fast_scores_kernel (the fast
                                           chunks' scores), BS the keys, BD over K
 

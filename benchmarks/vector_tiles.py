@@ -121,10 +121,10 @@ CANDIDATES = {
         (64, 64, 32, 128, 8, 1),
         (64, 64, 64, 128, 8, 2),  # BD 64: the state part's depth steps
     ],
-    # With SPLIT_INTER (and, for what it finishes, FAST_CHUNKS) in the base: triton_fast_grad,
-    # dq's and dk's inter-chunk parts, and in fast chunks the whole dq, dk and dg
+    # With SPLIT_INTER (and, for what they finish, FAST_CHUNKS) in the base: apply_kernel's
+    # INTER, dq's and dk's inter-chunk parts, and in fast chunks the whole dq / dk
     "inter_tiles": [  # (BQ, BD, BO, warps, stages)
-        (64, 32, 64, 8, 2),  # 8 warps: two accumulators, [64, 64] fp32 P, Z and gate tiles
+        (64, 32, 64, 8, 2),  # 8 warps: the fast chunks' [64, 64] fp32 P, Z and gate tiles
         (64, 64, 64, 8, 2),  # BD 64: the state part's depth steps
         (32, 32, 64, 4, 2),  # BQ 32: half the rows per program, fewer registers
         (64, 32, 128, 8, 2),  # BO 128 (GLA): the chunk's P read for half as many K tiles

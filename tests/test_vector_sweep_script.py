@@ -161,9 +161,9 @@ def test_quick_run_adopts_switches(tmp_path_factory):
     assert loop["config"]["SCORES"] is False and "scores_kernel" not in loop["launches"]
     assert scores["config"]["SCORES"] is True and scores["fwdbwd_vs_base"] > 0
     assert "rows_kernel[fwd]" not in scores["launches"] and "scores_kernel" in scores["launches"]
-    assert split["config"]["SPLIT_INTER"] is True and "fast_grad_kernel" in split["launches"]
-    assert split["launches"]["fast_grad_kernel"]["BQ"] == 16  # 64 clipped to L
-    assert "fast_grad_kernel" not in scores["launches"]
+    assert split["config"]["SPLIT_INTER"] is True and "apply_kernel[inter dk]" in split["launches"]
+    assert split["launches"]["apply_kernel[inter dq]"]["BQ"] == 16  # 64 clipped to L
+    assert "apply_kernel[inter dq]" not in scores["launches"]
     for r in rest:
         assert r["config"]["DIAG_LOOP"] is True and r["config"]["SCORES"] is True
         assert r["config"]["SPLIT_INTER"] is True and r["fwdbwd_vs_base"] > 0

@@ -30,7 +30,6 @@ import torch.nn.functional as F
 
 from linrnn.engine import triton_chunk as tc
 from linrnn.engine import triton_cumsum as cs
-from linrnn.engine import triton_fast_grad as fg
 from linrnn.engine import triton_fused as fused
 from linrnn.engine import triton_gate_grad as gg
 from linrnn.engine import triton_kernels as kern
@@ -108,7 +107,7 @@ SCORES = True
 # [64, 64] product per chunk, fp32) for dq and dk to load, instead of forming it again for
 # every K tile of both (at K = 256 that product was ~80 % of their matmul work).
 # SPLIT_INTER: dq's and dk's inter-chunk parts (do Cᵀ and v dCᵀ, gated over K) formed once per
-# chunk with 64-row tiles (triton_fast_grad, both in one program; "inter" tiles: rows, depth
+# chunk with 64-row tiles (triton_scores.apply_kernel's INTER, "inter" tiles: rows, depth
 # tile, output tile, warps, stages) and loaded by their 16-row programs, which otherwise each
 # read the chunk's state slice and take M = 16 products (dq and dk were 17 of RWKV6's 32.5 ms
 # and 20 of GLA's 41 on the H200, session 7). The H200 sweep of session 8 (d5c17e8,
@@ -120,11 +119,8 @@ SPLIT_INTER = True
 # whose gates span less than CHUNK_SPAN over all its rows (the widest channel's range of
 # cumulative log decays: 60 is a decay of ≈ 0.94 per step over 64 steps, or 3.75 per step
 # over 16) is formed without sub-chunks: its scores as one product (fast_scores_kernel), its
-# dq, dk and log-decay gradient by triton_fast_grad (with the SPLIT_INTER parts) around the
-# chunk's middle, factors within e^±30 and fp32 operands. The other chunks take the sub-chunk
-# forms. Session 10: one kernel for dq, dk and dg of a fast chunk instead of two launches
-# (apply_kernel's INTER + FAST, each loading the chunk's rows, gates and P) and a third pass
-# reading back q ⊙ dq and k ⊙ dk in fp32.
+# dq and dk finished by the SPLIT_INTER kernels (apply_kernel's FAST) around the chunk's
+# middle, factors within e^±30 and fp32 operands. The other chunks take the sub-chunk forms.
 FAST_CHUNKS = True
 CHUNK_SPAN = 60.0
 SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998x
@@ -220,29 +216,23 @@ def _bonus(q, k, v, do, scale):
     return w, w.sum((0, 1))
 
 
-def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config, done=None):
+def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
     """Chunk mode's gk gradient and RWKV6's du in one pass (triton_gate_grad): q ⊙ dq − k ⊙ dk
     reverse-summed in each chunk from the exact tail W ([B·H, NT, K]), with the bonus terms
     for the exclusive form. ``dov``: do·v per token when the backward stored it, else formed
-    here. ``done`` = (dg, du rows, spans): the fast chunks' part, already written by
-    triton_fast_grad; the other chunks are added to those buffers. Returns (dg [B, T, H, K]
-    fp32, du [H, K] fp32 or None)."""
+    here. Returns (dg [B, T, H, K] fp32, du [H, K] fp32 or None)."""
     T, H, K = q.shape[1:]
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
-    if done is None:
-        dg = torch.empty(q.shape, **f32)
-        du_rows = torch.empty(c.rows, c.NT, K, **f32) if c.excl else dummy
-        spans = None
-    else:
-        dg, du_rows, spans = done
+    dg = torch.empty(q.shape, **f32)
+    du_rows = torch.empty(c.rows, c.NT, K, **f32) if c.excl else dummy
     if c.excl and dov is None:
         dov = _dov(do, v)
     BT, BD = _fit(64, c.L), _fit(64, K)
     gg.decay_grad_kernel[(c.NT, cdiv(K, BD), c.rows)](
         qdq, kdk, W, q, k, dov if c.excl else dummy, u if c.excl else dummy, dg, du_rows,
-        dummy if spans is None else spans, c.CHUNKS, T, H, K, c.L, c.NT, c.scale, BT=BT, BD=BD,
-        VARLEN=c.varlen, EXCL=c.excl, SKIP=0.0 if spans is None else CHUNK_SPAN, num_warps=4,
+        c.CHUNKS, T, H, K, c.L, c.NT, c.scale, BT=BT, BD=BD, VARLEN=c.varlen, EXCL=c.excl,
+        num_warps=4,
     )  # fmt: skip
     du = du_rows.view(-1, H, c.NT, K).sum((0, 2)) if c.excl else None
     return dg, du
@@ -325,44 +315,33 @@ def _diagonal(P, c: tc.Config):
     return P.gather(3, col.view(1, T, 1, 1).expand(B, T, H, 1)).squeeze(3).float()
 
 
-def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool):
+def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fast=None):
     """out = scale·(A z + (x ⊙ e^g) S), or (``rev``, dv) scale·Aᵀ z + (x ⊙ e^{g_L − g}) dS
-    (triton_scores.apply_kernel)."""
+    (triton_scores.apply_kernel). ``inter`` (A, z None): dq's inter-chunk part (x = do, S the
+    states entering the chunks, g = G^X) or, ``rev``, dk's (x = v, S the state gradients
+    leaving them, g = G^K), gated over the output, fp32, unscaled ("inter" tiles); with
+    ``fast`` = (P, z, other gate, u, dq or dk, q or k, spans) the fast chunks' whole dq / dk
+    too (apply_kernel's FAST)."""
     T, H, D = x.shape[1:]
     O = out.shape[3]
-    BQ, BS, BD, BO, nw, ns = SCORE_TILES["apply"]
+    if inter:
+        BQ, BD, BO, nw, ns = SCORE_TILES["inter"]
+        BS, A, z, strides = 16, out, out, (1, D)  # A, z unused; S = Cᵀ / dCᵀ
+    else:
+        BQ, BS, BD, BO, nw, ns = SCORE_TILES["apply"]
+        strides = (O, 1)
+    extra = (out,) * 5  # GO, U, FOUT, FD, SPAN: unused
+    if fast is not None:
+        A, z, *extra = fast
+        BS = 64  # the fast chunks' key (dk: query) tile
     BQ, BS, BD, BO = _fit(BQ, c.L), _fit(BS, c.L), _fit(BD, D), _fit(BO, O)
     NQ = cdiv(c.L, BQ)
     sc.apply_kernel[(c.NT * NQ, cdiv(O, BO), c.rows)](
-        A, z, x, st, g, out, c.CHUNKS, T, H, D, O, c.L, c.NT, NQ, c.scale, O, 1,
-        BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen, DOT_PREC=c.prec, num_warps=nw,
+        A, z, x, st, g, out, c.CHUNKS, *extra, T, H, D, O, c.L, c.NT, NQ, c.scale, *strides,
+        BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen, DOT_PREC=c.prec, INTER=inter,
+        FAST=CHUNK_SPAN if fast is not None else 0.0, EXCL=c.excl, num_warps=nw,
         num_stages=ns,
     )  # fmt: skip
-
-
-def _fast_grad(q, k, v, do, dP, states, dstates, bkx, bk, u, W, spans, c: tc.Config):
-    """dq's and dk's inter-chunk parts (qdq, kdk: fp32, unscaled, for the 16-row dq/dk
-    programs) in every chunk, and in the fast chunks (``spans`` given) dq, dk and the gate
-    gradient's part instead (triton_fast_grad). Returns (dq, dk, qdq, kdk, done): ``done`` =
-    (dg, du rows, spans) for :func:`_decay_grad`, None without fast chunks."""
-    T, H, K = q.shape[1:]
-    V = v.shape[3]
-    f32 = dict(device=q.device, dtype=torch.float32)
-    dummy = torch.empty(1, **f32)
-    dq, dk = torch.empty_like(q), torch.empty_like(k)
-    qdq, kdk = torch.empty(q.shape, **f32), torch.empty(k.shape, **f32)
-    fast = spans is not None
-    dg = torch.empty(q.shape, **f32) if fast else dummy
-    du_rows = torch.empty(c.rows, c.NT, K, **f32) if fast and c.excl else dummy
-    BQ, BD, BO, nw, ns = SCORE_TILES["inter"]
-    BQ, BD, BO = _fit(BQ, c.L), _fit(BD, V), _fit(BO, K)
-    fg.fast_grad_kernel[(c.NT, cdiv(K, BO), c.rows)](
-        q, k, v, do, dP, states, dstates, bkx, bk, u, W, spans if fast else dummy, dq, dk, qdq,
-        kdk, dg, du_rows, c.CHUNKS, T, H, K, V, c.L, c.NT, c.scale,
-        BQ=BQ, BS=_fit(64, c.L), BD=BD, BO=BO, VARLEN=c.varlen, EXCL=c.excl, DOT_PREC=c.prec,
-        LIM=CHUNK_SPAN if fast else 0.0, num_warps=nw, num_stages=ns,
-    )  # fmt: skip
-    return dq, dk, qdq, kdk, ((dg, du_rows, spans) if fast else None)
 
 
 def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans=None):
@@ -396,21 +375,18 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     # gk-only with the forward's stored scores: do vᵀ stored once too, loaded by dq and dk
     dP = _scores(do, v, bkx, bk, None, c, gated=False) if stored else None
     p_do, p_dov = (do, v) if dP is None else (dP, dP)  # the P source of dq (Y) and dk (Y)
-    Wk = bndk.sum(2)  # [B·H, NT, K]: the exact tails of the gate gradient's reverse sums
-    split = SPLIT_INTER and stored
-    fast = split and spans is not None  # the fast chunks' dq, dk and dg in one kernel
-    skip = dict(SKIP=CHUNK_SPAN if fast else 0.0)
-    span_ = spans if fast else dummy
-    done = None
-    if split:
-        dq, dk, qdq, kdk, done = _fast_grad(q, k, v, do, dP, states, dstates, bkx, bk, u_, Wk,
-                                            spans if fast else None, c)  # fmt: skip
-    else:
-        dq, dk = torch.empty_like(q), torch.empty_like(k)
-        qdq, kdk = torch.empty(q.shape, **f32), torch.empty(k.shape, **f32)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
     BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
     nQ = cdiv(L, BC)
+    dq = torch.empty_like(q)
+    qdq = torch.empty(q.shape, **f32)  # SPLIT_INTER: dq's inter-chunk part first
+    split = SPLIT_INTER and stored
+    fast = split and spans is not None  # the fast chunks' dq and dk in the split kernels
+    skip = dict(SKIP=CHUNK_SPAN if fast else 0.0)
+    span_ = spans if fast else dummy
+    if split:
+        _apply(None, None, do, states, bkx, qdq, c, rev=False, inter=True,
+               fast=(dP, k, bk, u_, dq, q, spans) if fast else None)  # fmt: skip
     kern.rows_kernel[(NT * nQ, cdiv(K, BO), BH)](
         do, p_dov, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, q,
         qdq, c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V,
@@ -420,6 +396,11 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     BC, BQ, BD, BO, nw, ns = VEC_TILES["cols"]
     BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
     nS = cdiv(L, BC)
+    dk = torch.empty_like(k)
+    kdk = torch.empty(k.shape, **f32)
+    if split:
+        _apply(None, None, v, dstates, bk, kdk, c, rev=True, inter=True,
+               fast=(dP, q, bkx, u_, dk, k, spans) if fast else None)  # fmt: skip
     kern.cols_kernel[(NT * nS, cdiv(K, BO), BH)](
         v, p_do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
         c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
@@ -438,9 +419,10 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
             BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=False, VEC_D=True, VEC_O=has_gv, **common,
             num_warps=nw, num_stages=ns,
         )  # fmt: skip
+    Wk = bndk.sum(2)  # [B·H, NT, K]: the rows triton_gate_grad reads
     Wv = bndv.sum(2).view(-1, H, NT, V).transpose(1, 2) if has_gv else None  # as _revsum
     dov = _diagonal(dP, c) if dP is not None else None  # do_t·v_t, for RWKV6's bonus
-    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, Wk, Wv, dov, done
+    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, Wk, Wv, dov
 
 
 class _VecChunkFn(torch.autograd.Function):
@@ -467,7 +449,7 @@ class _VecChunkFn(torch.autograd.Function):
             grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c)
         else:
             grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c, ctx.spans)
-        dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov, done = grads
+        dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov = grads
         endk = endv = totk = totv = None
         if c.fused:  # tails from the chunks' inter-chunk totals
             Wk, Wv, totk, totv = None, None, Wk, Wv
@@ -480,7 +462,7 @@ class _VecChunkFn(torch.autograd.Function):
                 w, du = _bonus(q, k, v, do, c.scale)
                 dgk = dgk.sub_(qdq).addcmul_(w, u)
         else:  # one pass from the exact chunk-end tails (Wk: [B·H, NT, K])
-            dgk, du = _decay_grad(q, k, v, do, u, qdq, kdk, Wk, dov, c, done)
+            dgk, du = _decay_grad(q, k, v, do, u, qdq, kdk, Wk, dov, c)
         dgv = None
         if bv is not None:
             # fused: the kernel's o ⊙ do − v ⊙ dv (rounding-matched); chunk: from the fp32 output
@@ -597,5 +579,4 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
         q_tot - k_tot,
         (v_tot if has_gv else None),
         None,  # do·v: _bonus forms it
-        None,  # no chunk's gate gradient done yet
     )

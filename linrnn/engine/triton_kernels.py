@@ -118,7 +118,7 @@ def _vec_inter(PART, p_x, p_st, p_gd, p_go, o_t, m_t, o_o, m_o, c1, D, O, H, bas
                VEC_D: tl.constexpr, VEC_O: tl.constexpr, DOT_PREC: tl.constexpr,
                STATE_IN: tl.constexpr):  # fmt: skip
     """The rows' inter-chunk part for the dq/dk programs: loaded from PART (``STATE_IN``: what
-    SPLIT_INTER's triton_fast_grad stored, [B, T, H, O] fp32 at row offset ``base``), else formed
+    SPLIT_INTER's apply_kernel stored, [B, T, H, O] fp32 at row offset ``base``), else formed
     here against the chunk's state (:func:`_vec_state_part`). [BT, BO] fp32."""
     if STATE_IN:
         b_int = _tile(PART + base * O, o_t, o_o, H * O, m_t, m_o)
@@ -350,15 +350,15 @@ def rows_kernel(
     stores QD ⊙ dq elementwise in PART ([B, T, H, O] fp32), the forward with ``VEC_O`` its
     fp32 output. ``P_MEM`` (ungated depth): Y is the stored P = X Yᵀ ([B, T, H, L], fp32,
     triton_scores.scores_kernel), loaded instead of formed. ``STATE_IN`` (dq with ``VEC``): the
-    inter-chunk part is loaded from PART, where triton_fast_grad put it, unscaled. ``SKIP``
-    > 0: not the chunks whose span (SPAN) is below it, which that kernel
+    inter-chunk part is loaded from PART, where triton_scores.apply_kernel (``INTER``) put it,
+    unscaled. ``SKIP`` > 0: not the chunks whose span (SPAN) is below it, which that kernel
     finished (triton_scores' fast chunks)."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
-    if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), SKIP):  # done in triton_fast_grad
+    if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), SKIP):  # done in apply_kernel
         return
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O
@@ -660,7 +660,7 @@ def cols_kernel(
     i_c, c0, c1, i_n, s0, o_s, m_s = _chunk_rows(CHUNKS, i_cs, NS_, L, T, BS, VARLEN)
     if s0 >= c1:
         return
-    if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), SKIP):  # done in triton_fast_grad
+    if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), SKIP):  # done in apply_kernel
         return
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O

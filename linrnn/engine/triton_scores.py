@@ -16,15 +16,16 @@ scores are formed once and stored, then applied with wide row tiles:
 * ``apply_kernel``: out = scale·(A Z + (X ⊙ e^{G^X}) S) for the forward (Z = v, S the state
   entering the chunk) and, ``REV``, scale·Aᵀ Z + (X ⊙ e^{G_L − G^K}) dS for dv (Z = do, dS the
   state gradient leaving the chunk);
-* dq's and dk's inter-chunk parts (``SPLIT_INTER``) come from triton_fast_grad, with wide row
-  tiles, for the 16-row dq/dk programs to load (their ``STATE_IN``) instead of each forming
-  its sub-chunk's rows against the state.
+* the same kernel with ``INTER`` (``SPLIT_INTER``): the inter-chunk parts of dq and dk,
+  gated over their output dimension, with wide row tiles, for the 16-row dq/dk programs to
+  load (their ``STATE_IN``) instead of each forming its sub-chunk's rows against the state.
 
-Fast chunks (a limit LIM > 0): a chunk whose gates span less than LIM (SPAN, triton_cumsum)
-needs no sub-chunks. ``fast_scores_kernel`` forms its scores with whole row tiles as one
-product around the chunk's middle (factors within exp(±LIM/2)), and triton_fast_grad its dq,
-dk and gate gradient; scores_kernel and the dq/dk programs skip those chunks (their
-``SKIP``). The others keep the sub-chunk forms, so strong decays stay exact.
+Fast chunks (``FAST``, a limit LIM > 0): a chunk whose gates span less than LIM (SPAN,
+triton_cumsum) needs no sub-chunks. ``fast_scores_kernel`` forms its scores with whole row
+tiles as one product around the chunk's middle (factors within exp(±LIM/2)), and
+apply_kernel's ``INTER`` finishes its dq or dk there (triton_vector._chunk_fast_out) instead
+of storing the inter-chunk part alone; scores_kernel and the dq/dk programs skip those chunks
+(their ``SKIP``). The others keep the sub-chunk forms, so strong decays stay exact.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import triton.language as tl
 from linrnn.engine.triton_kernels import _chunk_rows, _fast_chunk, _vec_state_part
 from linrnn.engine.triton_tiles import _tile, _tile_t
 from linrnn.engine.triton_vector import (
+    _chunk_fast_out,
     _chunk_ref,
     _dot32,
     _vec_diag_scores,
@@ -143,13 +145,25 @@ def fast_scores_kernel(
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def apply_kernel(
-    A, Z, X, ST, G, OUT, CHUNKS, T, H, D, O, L, NT, NQ, scale, s_sd, s_so,
+    A, Z, X, ST, G, OUT, CHUNKS, GO, U, FOUT, FD, SPAN, T, H, D, O, L, NT, NQ, scale, s_sd,
+    s_so,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     REV: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    INTER: tl.constexpr = False, FAST: tl.constexpr = 0.0, EXCL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × row tiles, output tiles, B·H): rows o_r of a chunk — queries (forward),
     or keys (``REV``, dv) — against the stored scores of their chunk, plus the inter-chunk
-    part against the chunk's state (gate G: G^X; ``REV``: G^K)."""
+    part against the chunk's state (gate G: G^X; ``REV``: G^K).
+
+    ``INTER`` (``SPLIT_INTER``): the inter-chunk part alone, gated over the output dimension
+    instead, stored fp32 and unscaled (A, Z unused): dq's (X = do, S = Cᵀ, G = G^X) or,
+    ``REV``, dk's (X = v, S the state gradient dCᵀ, gate exp(G_{c1−1} − G^K)).
+
+    ``FAST`` > 0 (with ``INTER``): in a chunk whose span (SPAN) is below it, the whole dq (or
+    dk) instead: the intra-chunk part from the stored ungated P (A = do vᵀ, fp32) against
+    Z = k (dk: q) with the other side's gate GO and RWKV6's u (``EXCL``), stored to FOUT in
+    its dtype, and FD ⊙ it (FD = q, dk: k) to OUT, what the dq/dk programs would store
+    there; they skip such chunks."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
@@ -160,7 +174,7 @@ def apply_kernel(
     base = i_b * T * H + i_h
     p_z, p_a = Z + base * O, A + base * L
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
-    if REV:  # keys r, every later query t of the chunk: Σ_t A[t, r] Z_t
+    if REV and not INTER:  # keys r, every later query t of the chunk: Σ_t A[t, r] Z_t
         for t0 in range(r0, c1, BS):
             o_t = t0 + tl.arange(0, BS)
             m_t = o_t < c1
@@ -169,7 +183,7 @@ def apply_kernel(
             b_a = tl.load(p, mask=causal, other=0.0)  # [BQ, BS]
             b_z = _tile(p_z, o_t, o_o, H * O, m_t, m_o)  # [BS, BO]
             b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
-    else:  # queries r, every earlier key s of the chunk: Σ_s A[r, s] Z_s
+    elif not INTER:  # queries r, every earlier key s of the chunk: Σ_s A[r, s] Z_s
         for s0 in range(c0, tl.minimum(r0 + BQ, c1), BS):
             o_s = s0 + tl.arange(0, BS)
             m_s = o_s < c1
@@ -180,9 +194,24 @@ def apply_kernel(
             b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
     b_int = _vec_state_part(
         X + base * D, ST + (i_bh * NT + i_c) * D * O, G + base * D, G + base * O, o_r, m_r, o_o,
-        m_o, c1, D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, True, False, DOT_PREC,
+        m_o, c1, D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, not INTER, INTER, DOT_PREC,
     )  # fmt: skip
-    if REV:  # the state gradient carries the scale already
+    if INTER:
+        b_out = b_int
+        if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), FAST):
+            b_in = _chunk_fast_out(
+                A + base * L - c0, Z + base * O, G + base * O, GO + base * O, U + i_h * O, o_r,
+                m_r, r0, c0, c1, o_o, m_o, H * O, H * L, BQ, BS, BO, REV, EXCL, DOT_PREC,
+            )  # fmt: skip
+            if REV:  # the state gradient carries the scale already
+                b_res = scale * b_in + b_int
+            else:
+                b_res = scale * (b_in + b_int)
+            m_out = m_r[:, None] & m_o[None, :]
+            p_res = base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
+            tl.store(FOUT + p_res, b_res.to(FOUT.dtype.element_ty), mask=m_out)
+            b_out = tl.load(FD + p_res, mask=m_out, other=0.0).to(tl.float32) * b_res
+    elif REV:  # the state gradient carries the scale already
         b_out = scale * b_acc + b_int
     else:
         b_out = scale * (b_acc + b_int)
