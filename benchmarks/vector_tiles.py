@@ -60,7 +60,9 @@ CANDIDATES = {
     ],
     "states": [  # (BS, BK, BV, warps, stages)
         (64, 64, 256, 4, 2),  # the scalar engine's tuned states_fwd tile
-        (64, 64, 128, 4, 2),
+        (64, 64, 128, 4, 2),  # session 7-9's default
+        (64, 32, 256, 4, 2),
+        (64, 16, 128, 4, 2),  # four times the walks of BK 64
         (64, 64, 64, 8, 2),
         (64, 64, 256, 8, 2),
         (64, 128, 128, 8, 2),
@@ -130,7 +132,10 @@ CANDIDATES = {
         (64, 32, 128, 8, 2),  # BO 128 (GLA): the chunk's P read for half as many K tiles
         (64, 32, 32, 4, 2),  # BO 32
         (64, 32, 64, 4, 3),
-        (64, 32, 64, 4, 1),
+        (64, 32, 64, 4, 2),  # session 7-9's default
+        (64, 128, 64, 4, 1),  # BD 128: half the state part's depth steps of BD 64
+        (64, 64, 32, 4, 1),
+        (64, 64, 64, 4, 2),
     ],
     "fast_tiles": [  # fast_scores_kernel (BQ, BS, BD, warps, stages), FAST_CHUNKS in the base
         (64, 64, 64, 4, 2),  # BD 64: RWKV6's K in one step

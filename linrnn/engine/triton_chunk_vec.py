@@ -42,9 +42,10 @@ from linrnn.engine.host_math import cdiv, next_pow2
 # session 6 (benchmarks/vector_sweep.py, results in benchmarks/results/s6/): the combined best
 # of GLA, GLA+gv and RWKV6 at L = 64, where they agreed; cols at one stage won for all three.
 # Session 7's sweep (s7/): states' V tile 64 -> 128, GLA fwd+bwd 0.97x, GLA+gv 0.99x (RWKV6,
-# V = 64, the same kernel).
+# V = 64, the same kernel). Session 10's (s10/call6-5f9e4cf/): K tile 64 -> 32 (twice the
+# walks), GLA fwd+bwd 0.982x at K = 256, 0.985x at K = 128, RWKV6 0.986x.
 VEC_TILES = {
-    "states": (64, 64, 128, 4, 2),  # (time tile, K tile, V tile, ...)
+    "states": (64, 32, 128, 4, 2),  # (time tile, K tile, V tile, ...)
     "rows": (16, 64, 32, 64, 4, 2),
     "cols": (16, 64, 32, 64, 4, 1),
     "fused": (16, 0, 32, 0, 4, 1),
@@ -127,7 +128,9 @@ SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998
     "scores": (16, 32, 32, 2, 2),
     "apply": (64, 64, 32, 64, 4, 2),
     "dscores": (64, 64, 64, 4, 2),
-    "inter": (64, 32, 64, 4, 2),
+    # depth tile 32 -> 64 and one stage (session 10, s10/call6-5f9e4cf/): GLA fwd+bwd 0.905x
+    # at K = 256, 0.918x at K = 128; RWKV6 0.998x
+    "inter": (64, 64, 64, 4, 1),
     "fast": (64, 64, 32, 4, 2),  # fast_scores_kernel: rows, key tile, depth tile, ...
 }
 
