@@ -61,8 +61,8 @@ CANDIDATES = {
     "states": [  # (BS, BK, BV, warps, stages)
         (64, 64, 256, 4, 2),  # the scalar engine's tuned states_fwd tile
         (64, 64, 128, 4, 2),  # session 7-9's default
-        (64, 32, 256, 4, 2),
-        (64, 16, 128, 4, 2),  # four times the walks of BK 64
+        (64, 32, 128, 4, 2),
+        (64, 16, 256, 4, 2),  # four times the walks of BK 64
         (64, 64, 64, 8, 2),
         (64, 64, 256, 8, 2),
         (64, 128, 128, 8, 2),
@@ -122,6 +122,7 @@ CANDIDATES = {
         (64, 64, 32, 128, 8, 3),
         (64, 64, 32, 128, 8, 1),
         (64, 64, 64, 128, 8, 2),  # BD 64: the state part's depth steps
+        (64, 64, 32, 64, 4, 2),  # session 7-9's default
     ],
     # With SPLIT_INTER (and, for what they finish, FAST_CHUNKS) in the base: apply_kernel's
     # INTER, dq's and dk's inter-chunk parts, and in fast chunks the whole dq / dk

@@ -389,3 +389,16 @@ def test_long_sequence_decay_gradient_float16(family, mode):
     for n in names:
         err, base = rel_err(got[n], ref[n]), rel_err(low[n], ref[n])
         assert err <= 2.0 * base, f"d{n}: {err:.2e} vs the fp16 loop's {base:.2e}"
+
+
+@pytest.mark.parametrize("K, L", [(64, 64), (128, 64), (256, 128)])
+def test_default_chunk_size_of_vector_gates(K, L):
+    """Without a chunk size, per-channel decays take 128 only from head dims of 256 (the
+    H200's optimum for GLA, triton_chunk.default_chunk_size), the scalar engine from 128."""
+    from linrnn.engine import triton_chunk, triton_chunk_vec
+
+    q = torch.randn(1, 4, 1, K, device=DEVICE)
+    c = triton_chunk_vec.config(q, q, q, scale=1.0, exclusive=False, chunk_size=None,
+                                fused=False, offsets=None)  # fmt: skip
+    assert c.L == L
+    assert triton_chunk.default_chunk_size(K, K, False) == (128 if K >= 128 else 64)

@@ -42,10 +42,11 @@ from linrnn.engine.host_math import cdiv, next_pow2
 # session 6 (benchmarks/vector_sweep.py, results in benchmarks/results/s6/): the combined best
 # of GLA, GLA+gv and RWKV6 at L = 64, where they agreed; cols at one stage won for all three.
 # Session 7's sweep (s7/): states' V tile 64 -> 128, GLA fwd+bwd 0.97x, GLA+gv 0.99x (RWKV6,
-# V = 64, the same kernel). Session 10's (s10/call6-5f9e4cf/): K tile 64 -> 32 (twice the
-# walks), GLA fwd+bwd 0.982x at K = 256, 0.985x at K = 128, RWKV6 0.986x.
+# V = 64, the same kernel). Session 10's (s10/call6-5f9e4cf/, call7-c5da8fd/): K tile 64 -> 32
+# (twice the walks), GLA fwd+bwd 0.982x at K = 256, 0.985x at K = 128, RWKV6 0.986x; then V
+# tile 128 -> 256, GLA 0.979x at K = 256 (the same at V ≤ 128). GLA+gv not re-swept.
 VEC_TILES = {
-    "states": (64, 32, 128, 4, 2),  # (time tile, K tile, V tile, ...)
+    "states": (64, 32, 256, 4, 2),  # (time tile, K tile, V tile, ...)
     "rows": (16, 64, 32, 64, 4, 2),
     "cols": (16, 64, 32, 64, 4, 1),
     "fused": (16, 0, 32, 0, 4, 1),
@@ -126,7 +127,7 @@ FAST_CHUNKS = True
 CHUNK_SPAN = 60.0
 SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998x
     "scores": (16, 32, 32, 2, 2),
-    "apply": (64, 64, 32, 64, 4, 2),
+    "apply": (64, 64, 32, 64, 4, 1),  # one stage: GLA 0.980x at K = 256 (s10/call7-c5da8fd/)
     "dscores": (64, 64, 64, 4, 2),
     # depth tile 32 -> 64 and one stage (session 10, s10/call6-5f9e4cf/): GLA fwd+bwd 0.905x
     # at K = 256, 0.918x at K = 128; RWKV6 0.998x
@@ -488,6 +489,8 @@ def chunk(q, k, v, *, scale, g, gv=None, u=None, S0=None, chunk_size=None, fused
 
 def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> tc.Config:
     """The call's Config (shared with the custom ops of triton_ops)."""
+    if not chunk_size:
+        chunk_size = tc.default_chunk_size(k.shape[3], v.shape[3], fused, vector=True)
     c = tc.Config(
         q, k, v, scale=scale, has_decay=False, has_igate=False, stabilize=False, track_n=False,
         normalizer=None, eps=0.0, chunk_size=chunk_size, fused=fused, offsets=offsets,

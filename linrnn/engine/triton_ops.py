@@ -292,14 +292,15 @@ def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, no
     """:func:`linrnn.engine.triton_chunk.chunk` through the custom ops (same arguments and
     result)."""
     K, V = q.shape[3], v.shape[3]
-    L = int(chunk_size or triton_chunk.default_chunk_size(K, V, fused))
+    vector = (g is not None and g.dim() == 4) or gv is not None or u is not None
+    L = int(chunk_size or triton_chunk.default_chunk_size(K, V, fused, vector))
     if fused and L > triton_chunk.FUSED_MAX_CHUNK:
         raise ValueError(
             f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
             f"{triton_chunk.FUSED_MAX_CHUNK}, got {L} (mode='chunk' takes any chunk size)"
         )
     offs = None if offsets is None else [int(x) for x in offsets]
-    if (g is not None and g.dim() == 4) or gv is not None or u is not None:
+    if vector:
         if gi is not None or stabilize or track_n or normalizer is not None:
             raise NotImplementedError("vector gates with input gate / normalizer: no kernel")
         if u is not None and gv is not None:
