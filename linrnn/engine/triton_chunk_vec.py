@@ -125,8 +125,6 @@ SPLIT_INTER = True
 # middle, factors within e^±30 and fp32 operands. The other chunks take the sub-chunk forms.
 FAST_CHUNKS = True
 CHUNK_SPAN = 60.0
-# The fast chunks' log-decay gradient from dk's launch (apply_kernel's HAS_DG, _fused_dg).
-FUSED_DG = True
 SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998x
     "scores": (16, 32, 32, 2, 2),
     "apply": (64, 64, 32, 64, 4, 1),  # one stage: GLA 0.980x at K = 256 (s10/call7-c5da8fd/)
@@ -222,25 +220,23 @@ def _bonus(q, k, v, do, scale):
     return w, w.sum((0, 1))
 
 
-def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config, done=None):
+def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
     """Chunk mode's gk gradient and RWKV6's du in one pass (triton_gate_grad): q ⊙ dq − k ⊙ dk
     reverse-summed in each chunk from the exact tail W ([B·H, NT, K]), with the bonus terms
     for the exclusive form. ``dov``: do·v per token when the backward stored it, else formed
-    here. ``done`` = (dg, spans): the fast chunks' rows of dg, already written
-    (:func:`_fused_dg`); the other chunks are added. Returns (dg [B, T, H, K] fp32, du [H, K]
-    fp32 or None)."""
+    here. Returns (dg [B, T, H, K] fp32, du [H, K] fp32 or None)."""
     T, H, K = q.shape[1:]
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
-    dg, spans = done if done is not None else (torch.empty(q.shape, **f32), None)
+    dg = torch.empty(q.shape, **f32)
     du_rows = torch.empty(c.rows, c.NT, K, **f32) if c.excl else dummy
     if c.excl and dov is None:
         dov = _dov(do, v)
     BT, BD = _fit(64, c.L), _fit(64, K)
     gg.decay_grad_kernel[(c.NT, cdiv(K, BD), c.rows)](
         qdq, kdk, W, q, k, dov if c.excl else dummy, u if c.excl else dummy, dg, du_rows,
-        dummy if spans is None else spans, c.CHUNKS, T, H, K, c.L, c.NT, c.scale, BT=BT, BD=BD,
-        VARLEN=c.varlen, EXCL=c.excl, SKIP=0.0 if spans is None else CHUNK_SPAN, num_warps=4,
+        c.CHUNKS, T, H, K, c.L, c.NT, c.scale, BT=BT, BD=BD, VARLEN=c.varlen, EXCL=c.excl,
+        num_warps=4,
     )  # fmt: skip
     du = du_rows.view(-1, H, c.NT, K).sum((0, 2)) if c.excl else None
     return dg, du
@@ -323,15 +319,13 @@ def _diagonal(P, c: tc.Config):
     return P.gather(3, col.view(1, T, 1, 1).expand(B, T, H, 1)).squeeze(3).float()
 
 
-def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fast=None,
-           dg=None):  # fmt: skip
+def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fast=None):
     """out = scale·(A z + (x ⊙ e^g) S), or (``rev``, dv) scale·Aᵀ z + (x ⊙ e^{g_L − g}) dS
     (triton_scores.apply_kernel). ``inter`` (A, z None): dq's inter-chunk part (x = do, S the
     states entering the chunks, g = G^X) or, ``rev``, dk's (x = v, S the state gradients
     leaving them, g = G^K), gated over the output, fp32, unscaled ("inter" tiles); with
     ``fast`` = (P, z, other gate, u, dq or dk, q or k, spans) the fast chunks' whole dq / dk
-    too (apply_kernel's FAST); with ``dg`` = (q ⊙ dq, tails, dg) (dk, :func:`_fused_dg`)
-    their log-decay gradient instead of k ⊙ dk."""
+    too (apply_kernel's FAST)."""
     T, H, D = x.shape[1:]
     O = out.shape[3]
     if inter:
@@ -347,20 +341,11 @@ def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fa
     BQ, BS, BD, BO = _fit(BQ, c.L), _fit(BS, c.L), _fit(BD, D), _fit(BO, O)
     NQ = cdiv(c.L, BQ)
     sc.apply_kernel[(c.NT * NQ, cdiv(O, BO), c.rows)](
-        A, z, x, st, g, out, c.CHUNKS, *extra, *(dg if dg is not None else (out,) * 3), T, H,
-        D, O, c.L, c.NT, NQ, c.scale, *strides,
+        A, z, x, st, g, out, c.CHUNKS, *extra, T, H, D, O, c.L, c.NT, NQ, c.scale, *strides,
         BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen, DOT_PREC=c.prec, INTER=inter,
-        FAST=CHUNK_SPAN if fast is not None else 0.0, EXCL=c.excl, HAS_DG=dg is not None,
-        num_warps=nw, num_stages=ns,
+        FAST=CHUNK_SPAN if fast is not None else 0.0, EXCL=c.excl, num_warps=nw,
+        num_stages=ns,
     )  # fmt: skip
-
-
-def _fused_dg(c: tc.Config) -> bool:
-    """Whether the fast chunks' log-decay gradient comes from dk's apply_kernel launch
-    (``HAS_DG``): one row tile per chunk (its reverse sum in registers), GLA's inclusive form
-    (RWKV6's bonus terms stay in triton_gate_grad). Session 10 (H200): decay_grad_kernel was
-    0.8 ms of GLA's 21.5 at B8-T8192-H16-K256, reading q ⊙ dq and k ⊙ dk back from memory."""
-    return FUSED_DG and not c.excl and cdiv(c.L, SCORE_TILES["inter"][0]) == 1
 
 
 def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans=None):
@@ -417,14 +402,9 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     nS = cdiv(L, BC)
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
-    Wk = bndk.sum(2)  # [B·H, NT, K]: the exact tails, the rows triton_gate_grad reads
-    done = None
-    if fast and _fused_dg(c):  # the fast chunks' dg from dk's launch
-        done = (torch.empty(q.shape, **f32), spans)
     if split:
         _apply(None, None, v, dstates, bk, kdk, c, rev=True, inter=True,
-               fast=(dP, q, bkx, u_, dk, k, spans) if fast else None,
-               dg=(qdq, Wk, done[0]) if done is not None else None)  # fmt: skip
+               fast=(dP, q, bkx, u_, dk, k, spans) if fast else None)  # fmt: skip
     kern.cols_kernel[(NT * nS, cdiv(K, BO), BH)](
         v, p_do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
         c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
@@ -443,9 +423,10 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
             BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=False, VEC_D=True, VEC_O=has_gv, **common,
             num_warps=nw, num_stages=ns,
         )  # fmt: skip
+    Wk = bndk.sum(2)  # [B·H, NT, K]: the rows triton_gate_grad reads
     Wv = bndv.sum(2).view(-1, H, NT, V).transpose(1, 2) if has_gv else None  # as _revsum
     dov = _diagonal(dP, c) if dP is not None else None  # do_t·v_t, for RWKV6's bonus
-    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, Wk, Wv, dov, done
+    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, Wk, Wv, dov
 
 
 class _VecChunkFn(torch.autograd.Function):
@@ -472,7 +453,7 @@ class _VecChunkFn(torch.autograd.Function):
             grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c)
         else:
             grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c, ctx.spans)
-        dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov, done = grads
+        dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov = grads
         endk = endv = totk = totv = None
         if c.fused:  # tails from the chunks' inter-chunk totals
             Wk, Wv, totk, totv = None, None, Wk, Wv
@@ -485,7 +466,7 @@ class _VecChunkFn(torch.autograd.Function):
                 w, du = _bonus(q, k, v, do, c.scale)
                 dgk = dgk.sub_(qdq).addcmul_(w, u)
         else:  # one pass from the exact chunk-end tails (Wk: [B·H, NT, K])
-            dgk, du = _decay_grad(q, k, v, do, u, qdq, kdk, Wk, dov, c, done)
+            dgk, du = _decay_grad(q, k, v, do, u, qdq, kdk, Wk, dov, c)
         dgv = None
         if bv is not None:
             # fused: the kernel's o ⊙ do − v ⊙ dv (rounding-matched); chunk: from the fp32 output
@@ -604,5 +585,4 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
         q_tot - k_tot,
         (v_tot if has_gv else None),
         None,  # do·v: _bonus forms it
-        None,  # no chunk's gate gradient yet
     )

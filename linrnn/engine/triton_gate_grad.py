@@ -22,23 +22,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _bounds, _fast_chunk
+from linrnn.engine.triton_kernels import _bounds
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def decay_grad_kernel(
-    QD, KD, W, Q, K, DOV, U, DG, DU, SPAN, CHUNKS, T, H, D, L, NT, scale,
+    QD, KD, W, Q, K, DOV, U, DG, DU, CHUNKS, T, H, D, L, NT, scale,
     BT: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr, EXCL: tl.constexpr,
-    SKIP: tl.constexpr = 0.0,
 ):  # fmt: skip
     """Grid (chunks, channel tiles, B·H). QD, KD, DG ``[B, T, H, D]`` fp32; W ``[B·H, NT, D]``
     fp32; ``EXCL``: Q, K ``[B, T, H, D]`` (any float dtype), DOV ``[B, T, H]`` fp32 (do·v), U
-    ``[H, D]`` fp32 and DU ``[B·H, NT, D]`` fp32 (the chunk's Σ w). ``SKIP`` > 0: not the
-    chunks whose span (SPAN ``[NT, B·H]``) is below it (triton_scores.apply_kernel's HAS_DG
-    did those)."""
+    ``[H, D]`` fp32 and DU ``[B·H, NT, D]`` fp32 (the chunk's Σ w)."""
     i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), SKIP):
-        return
     i_b, i_h = i_bh // H, i_bh % H
     c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
     o_d = i_d * BD + tl.arange(0, BD)

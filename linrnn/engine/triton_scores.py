@@ -145,12 +145,11 @@ def fast_scores_kernel(
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def apply_kernel(
-    A, Z, X, ST, G, OUT, CHUNKS, GO, U, FOUT, FD, SPAN, QD, WT, DG, T, H, D, O, L, NT, NQ,
-    scale, s_sd, s_so,
+    A, Z, X, ST, G, OUT, CHUNKS, GO, U, FOUT, FD, SPAN, T, H, D, O, L, NT, NQ, scale, s_sd,
+    s_so,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     REV: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     INTER: tl.constexpr = False, FAST: tl.constexpr = 0.0, EXCL: tl.constexpr = False,
-    HAS_DG: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × row tiles, output tiles, B·H): rows o_r of a chunk — queries (forward),
     or keys (``REV``, dv) — against the stored scores of their chunk, plus the inter-chunk
@@ -164,12 +163,7 @@ def apply_kernel(
     dk) instead: the intra-chunk part from the stored ungated P (A = do vᵀ, fp32) against
     Z = k (dk: q) with the other side's gate GO and RWKV6's u (``EXCL``), stored to FOUT in
     its dtype, and FD ⊙ it (FD = q, dk: k) to OUT, what the dq/dk programs would store
-    there; they skip such chunks.
-
-    ``HAS_DG`` (dk, one row tile per chunk, not ``EXCL``): in those chunks the log-decay
-    gradient instead of k ⊙ dk, dg = Σ_{u ≥ t in the chunk} (QD − k ⊙ dk)_u + WT_c into DG
-    (QD the q ⊙ dq the dq launch stored, WT ``[B·H, NT, O]`` the exact tails:
-    triton_gate_grad's formula, which then skips these chunks)."""
+    there; they skip such chunks."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
@@ -202,7 +196,6 @@ def apply_kernel(
         X + base * D, ST + (i_bh * NT + i_c) * D * O, G + base * D, G + base * O, o_r, m_r, o_o,
         m_o, c1, D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, not INTER, INTER, DOT_PREC,
     )  # fmt: skip
-    m_keep = m_r
     if INTER:
         b_out = b_int
         if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), FAST):
@@ -218,15 +211,9 @@ def apply_kernel(
             p_res = base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
             tl.store(FOUT + p_res, b_res.to(FOUT.dtype.element_ty), mask=m_out)
             b_out = tl.load(FD + p_res, mask=m_out, other=0.0).to(tl.float32) * b_res
-            if HAS_DG:  # the whole chunk is this tile: its reverse sum in registers
-                x = tl.load(QD + p_res, mask=m_out, other=0.0) - b_out  # 0 past the chunk
-                w_c = tl.load(WT + (i_bh * NT + i_c) * O + o_o, mask=m_o, other=0.0)
-                b_dg = tl.cumsum(x, 0, reverse=True) + w_c[None, :]
-                tl.store(DG + p_res, b_dg, mask=m_out)
-                m_keep = o_r < 0  # nothing for OUT: decay_grad_kernel skips this chunk
     elif REV:  # the state gradient carries the scale already
         b_out = scale * b_acc + b_int
     else:
         b_out = scale * (b_acc + b_int)
     p_out = OUT + base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
-    tl.store(p_out, b_out.to(OUT.dtype.element_ty), mask=m_keep[:, None] & m_o[None, :])
+    tl.store(p_out, b_out.to(OUT.dtype.element_ty), mask=m_r[:, None] & m_o[None, :])
