@@ -31,13 +31,14 @@ FUSED_MAX_CHUNK = 128
 def default_chunk_size(K: int, V: int, fused: bool, vector: bool = False) -> int:
     """L when the caller gives none. chunk: 128 for head dims ≥ 128 (the H200 optimum at
     K = V = 256, where fewer chunk states save more memory traffic than the longer intra-chunk
-    products cost), else 64; per-channel decays (``vector``: GLA, RWKV6) 128 only from head
-    dims of 256 (H200, session 10, benchmarks/results/s10/call7-c5da8fd/: GLA fwd+bwd at
-    B8-T8192-H32-K128 16.6 ms at L = 64 against 17.2 at 128; at H16-K256 21.6 against 22.5
-    at 64). fused_chunk: 64 (one chunk is one register tile)."""
-    if fused:
+    products cost), else 64; per-channel decays (``vector``: GLA, RWKV6) 64 (H200, session
+    10, one run each, benchmarks/results/s10/call8-9f5ef19/ and call10-9f5ef19/: GLA fwd+bwd
+    at B8-T8192-H16-K256 21.5 ms at L = 64 against 21.9 at 128, at H32-K128 16.4 against
+    17.7; L = 128 takes 22 % less peak memory at K = 256). fused_chunk: 64 (one chunk is one
+    register tile)."""
+    if fused or vector:
         return 64
-    return 128 if max(K, V) >= (256 if vector else 128) else 64
+    return 128 if max(K, V) >= 128 else 64
 
 
 # Per kernel: (time tile, depth tile, output tile, num_warps, num_stages), each clipped to the
