@@ -241,6 +241,8 @@ def apply(kernel: str | None, t, cfg: dict) -> dict:
         if len(t) > 1:  # its warps for rows and cols
             for k in ("rows", "cols"):
                 tiles[k] = (*tiles[k][:4], t[1], tiles[k][5])
+    elif kernel == "states" and "states_gv" in tiles:  # the gk-only and the gv calls' tile
+        tiles["states"] = tiles["states_gv"] = tuple(t)
     elif kernel is not None:
         tiles[kernel] = tuple(t)
     return cfg
@@ -270,7 +272,7 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
         BC, _, BD, _, nw, ns = tiles["fused"]
         return ("fused", BC, BD, nw, ns, loop)
     stored = bool(cfg.get("SCORES")) and not gv  # then rows: dq only, cols: dk only
-    BS, BK, BV, nw, ns = tiles["states"]
+    BS, BK, BV, nw, ns = tiles["states_gv" if gv and "states_gv" in tiles else "states"]
     key = [("states", f(BS, chunk), f(BK, K), f(BV, V), nw, ns)]
     for k in ("rows", "cols"):
         BC, BT, BD, BO, nw, ns = tiles[k]

@@ -237,6 +237,9 @@ def test_clipping_finds_duplicates(sweep):
         warps["VEC_TILES"]["cols"][4] == 8
         and warps["VEC_TILES"]["states"] == cfg["VEC_TILES"]["states"]
     )
+    states = sweep.apply("states", (64, 64, 64, 4, 2), cfg)  # the gk-only and the gv tile
+    assert states["VEC_TILES"]["states"] == states["VEC_TILES"]["states_gv"] == (64, 64, 64, 4, 2)
+    assert key(states, gla, gv=True) != key(cfg, gla, gv=True)
     loop = sweep.apply("diag_loop", (1,), cfg)
     assert loop["DIAG_LOOP"] is True and key(loop, gla) != key(cfg, gla)
     unrolled = sweep.apply("walk_unroll", (1,), loop)
@@ -247,9 +250,10 @@ def test_clipping_finds_duplicates(sweep):
     stored = sweep.apply("scores", (1,), cfg)
     assert key(stored, gla) != key(cfg, gla) and key(stored, gla, gv=True) == key(cfg, gla, True)
     assert key(sweep.apply("rows", (16, 64, 32, 256, 4, 2), stored), gla) == key(stored, gla)
-    tiles = sweep.apply("apply_tiles", (128, 64, 32, 64, 4, 2), cfg)
+    bq128 = (128, *tcv.SCORE_TILES["apply"][1:])  # the default's tile but for BQ
+    tiles = sweep.apply("apply_tiles", bq128, cfg)
     assert key(tiles, gla) == key(cfg, gla)  # SCORES off: SCORE_TILES unused
-    tiles = sweep.apply("apply_tiles", (128, 64, 32, 64, 4, 2), stored)
+    tiles = sweep.apply("apply_tiles", bq128, stored)
     assert key(tiles, gla, L=64) == key(stored, gla, L=64)  # BQ clips to L = 64
     assert key(tiles, gla, L=128) != key(stored, gla, L=128)
     # the fast chunks' tiles: only with SPLIT_INTER (inter) / FAST_CHUNKS (fast) in the base

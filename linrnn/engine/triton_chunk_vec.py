@@ -44,9 +44,11 @@ from linrnn.engine.host_math import cdiv, next_pow2
 # Session 7's sweep (s7/): states' V tile 64 -> 128, GLA fwd+bwd 0.97x, GLA+gv 0.99x (RWKV6,
 # V = 64, the same kernel). Session 10's (s10/call6-5f9e4cf/, call7-c5da8fd/): K tile 64 -> 32
 # (twice the walks), GLA fwd+bwd 0.982x at K = 256, 0.985x at K = 128, RWKV6 0.986x; then V
-# tile 128 -> 256, GLA 0.979x at K = 256 (the same at V ≤ 128). GLA+gv not re-swept.
+# tile 128 -> 256, GLA 0.979x at K = 256 (the same at V ≤ 128). GLA+gv keeps the old tile:
+# with the new one its fwd+bwd took 1.064x (172.9 against 162.6 ms, s10/call12-3ee396b/).
 VEC_TILES = {
-    "states": (64, 32, 256, 4, 2),  # (time tile, K tile, V tile, ...)
+    "states": (64, 32, 256, 4, 2),  # (time tile, K tile, V tile, ...): gk-only calls
+    "states_gv": (64, 64, 128, 4, 2),  # with gv
     "rows": (16, 64, 32, 64, 4, 2),
     "cols": (16, 64, 32, 64, 4, 1),
     "fused": (16, 0, 32, 0, 4, 1),
@@ -251,7 +253,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None):
     has_gv, has_s0 = bv is not None, S0 is not None
     states = torch.empty(BH, NT, K, V, **f32)
     S_T = torch.empty(N, H, K, V, **f32)
-    BS, BK, BV, nw, ns = VEC_TILES["states"]
+    BS, BK, BV, nw, ns = VEC_TILES["states_gv" if has_gv else "states"]
     BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
     kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
         k, v, states, dummy, dummy, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy,
@@ -362,7 +364,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
     dstates = torch.empty(BH, NT, K, V, **f32)
     dS0 = torch.empty(N, H, K, V, **f32)
-    BS, BK, BV, nw, ns = VEC_TILES["states"]
+    BS, BK, BV, nw, ns = VEC_TILES["states_gv" if has_gv else "states"]
     BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
     grid = (cdiv(K, BK), cdiv(V, BV), c.walkers)
     bndk = torch.zeros(BH, NT, grid[1], K, **f32)
