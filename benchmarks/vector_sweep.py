@@ -134,6 +134,7 @@ from vector_tiles import (  # noqa: E402  (benchmarks/ is the script's own folde
     HAS_FAST_CHUNKS,
     HAS_SCORES,
     HAS_SPLIT_INTER,
+    HAS_SPLIT_STATES,
     HAS_WALK_UNROLL,
     KERNELS,
     LOOP_ONLY,
@@ -457,6 +458,7 @@ def parse_args(argv=None):
         "split_inter": "only with the stored scores, SCORES, in the base",
         "diag_span": "1 the diagonal's fast form at the engine's span, or 60; 0 log space alone",
         "fast_chunks": "gla, rwkv6 in chunk mode",
+        "split_states": "bf16 in chunk mode: the states as two planes",
         "diag_loop": "",
     }
     for name, extra in switch_help.items():
@@ -467,7 +469,8 @@ def parse_args(argv=None):
             help=f"{name.upper()} candidates (default: the form the base does not use)"
             + (f"; {extra}" if extra else ""),
         )
-    for name in ("diag_loop", "scores", "split_inter", "diag_span", "fast_chunks"):
+    for name in ("diag_loop", "scores", "split_inter", "diag_span", "fast_chunks",
+                 "split_states"):  # fmt: skip
         p.add_argument(
             f"--base-{name.replace('_', '-')}",
             type=int,
@@ -568,6 +571,8 @@ def parse_args(argv=None):
     builtin["diag_span"] = [(1 - span,)] if HAS_DIAG_SPAN else []
     fast = base_form("fast_chunks", HAS_FAST_CHUNKS)
     builtin["fast_chunks"] = [(1 - fast,)] if HAS_FAST_CHUNKS else []
+    planes = base_form("split_states", HAS_SPLIT_STATES)
+    builtin["split_states"] = [(1 - planes,)] if HAS_SPLIT_STATES else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:
@@ -725,6 +730,8 @@ def main(argv=None) -> int:
         tcv.DIAG_SPAN = SPAN_ON if args.base_diag_span else 0.0
     if args.base_fast_chunks is not None:
         tcv.FAST_CHUNKS = bool(args.base_fast_chunks)
+    if args.base_split_states is not None:
+        tcv.SPLIT_STATES = bool(args.base_split_states)
     machine = report.machine_info(
         report.info_case({"device": args.device}, {}), args.device, args.commit
     )

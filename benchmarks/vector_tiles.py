@@ -1,6 +1,6 @@
 """The tile configurations benchmarks/vector_sweep.py tries on the vector-gate path
 (triton_chunk_vec's VEC_TILES, GATED_BO, DIAG_LOOP, SCORES, WALK_UNROLL, SPLIT_INTER,
-DIAG_SPAN, FAST_CHUNKS, SCORE_TILES): the
+DIAG_SPAN, FAST_CHUNKS, SPLIT_STATES, SCORE_TILES): the
 candidate lists, their legality, applying one to a config, what the kernels get after
 clipping, and setting the engine to a config and back."""
 
@@ -15,7 +15,8 @@ from linrnn.engine import triton_chunk_vec as tcv
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
 # The switches first (in this order, each adopted as the base when faster), then the tiles
-SWITCHES = ("diag_loop", "scores", "walk_unroll", "split_inter", "diag_span", "fast_chunks")
+SWITCHES = ("diag_loop", "scores", "walk_unroll", "split_inter", "diag_span", "fast_chunks",
+            "split_states")  # fmt: skip
 SCORE_KERNELS = ("score_tiles", "apply_tiles", "inter_tiles", "fast_tiles")
 KERNELS = (*SWITCHES, "rows", "states", "cols", "gated_bo", *SCORE_KERNELS, "fused")
 MODE_KERNELS = {
@@ -33,6 +34,7 @@ HAS_WALK_UNROLL = hasattr(tcv, "WALK_UNROLL")  # added in session 6
 HAS_SPLIT_INTER = hasattr(tcv, "SPLIT_INTER")  # added in session 7
 HAS_DIAG_SPAN = hasattr(tcv, "DIAG_SPAN")  # added in session 9
 HAS_FAST_CHUNKS = hasattr(tcv, "FAST_CHUNKS")  # added in session 9
+HAS_SPLIT_STATES = hasattr(tcv, "SPLIT_STATES")  # added in session 11
 # diag_span's 1: the diagonal's fast form at the engine's span (60 where the engine has it off)
 SPAN_ON = float(getattr(tcv, "DIAG_SPAN", 0.0) or 60.0)
 
@@ -188,6 +190,7 @@ def current() -> dict:
         "SPLIT_INTER": bool(tcv.SPLIT_INTER) if HAS_SPLIT_INTER else None,
         "DIAG_SPAN": float(tcv.DIAG_SPAN) if HAS_DIAG_SPAN else None,
         "FAST_CHUNKS": bool(tcv.FAST_CHUNKS) if HAS_FAST_CHUNKS else None,
+        "SPLIT_STATES": bool(tcv.SPLIT_STATES) if HAS_SPLIT_STATES else None,
     }
 
 
@@ -234,6 +237,8 @@ def apply(kernel: str | None, t, cfg: dict) -> dict:
         cfg["DIAG_SPAN"] = SPAN_ON if t[0] else 0.0
     elif kernel == "fast_chunks":
         cfg["FAST_CHUNKS"] = bool(t[0])
+    elif kernel == "split_states":
+        cfg["SPLIT_STATES"] = bool(t[0])
     elif kernel in SCORE_KEYS:
         cfg["SCORE_TILES"][SCORE_KEYS[kernel]] = tuple(t)
     elif kernel == "gated_bo":
@@ -273,7 +278,7 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
         return ("fused", BC, BD, nw, ns, loop)
     stored = bool(cfg.get("SCORES")) and not gv  # then rows: dq only, cols: dk only
     BS, BK, BV, nw, ns = tiles["states_gv" if gv and "states_gv" in tiles else "states"]
-    key = [("states", f(BS, chunk), f(BK, K), f(BV, V), nw, ns)]
+    key = [("states", f(BS, chunk), f(BK, K), f(BV, V), nw, ns, cfg.get("SPLIT_STATES"))]
     for k in ("rows", "cols"):
         BC, BT, BD, BO, nw, ns = tiles[k]
         key.append((k, BC, f(BT, chunk), f(BD, D), None if gv or stored else f(BO, V), nw, ns))
@@ -311,6 +316,8 @@ def using(cfg: dict):
         tcv.DIAG_SPAN = float(cfg["DIAG_SPAN"])
     if HAS_FAST_CHUNKS and cfg.get("FAST_CHUNKS") is not None:
         tcv.FAST_CHUNKS = bool(cfg["FAST_CHUNKS"])
+    if HAS_SPLIT_STATES and cfg.get("SPLIT_STATES") is not None:
+        tcv.SPLIT_STATES = bool(cfg["SPLIT_STATES"])
     try:
         yield
     finally:
@@ -331,6 +338,8 @@ def using(cfg: dict):
             tcv.DIAG_SPAN = saved["DIAG_SPAN"]
         if HAS_FAST_CHUNKS:
             tcv.FAST_CHUNKS = saved["FAST_CHUNKS"]
+        if HAS_SPLIT_STATES:
+            tcv.SPLIT_STATES = saved["SPLIT_STATES"]
 
 
 def fmt(t) -> str:

@@ -138,6 +138,19 @@ SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998
 }
 
 
+# The materialized chunk states of bf16 calls (chunk mode) as two 16-bit planes holding their
+# exact fp32 bits (triton_kernels, "split states"): the products that take a state as a bf16
+# operand (the forward's apply, dq's inter-chunk part) read the high plane alone, half the
+# bytes of fp32; the decay gradient's ⟨dC, C⟩ in states_bwd reads both, exactly.
+# (fp16's high half would not be a bf16 of the state: fp16 and fp32 inputs keep fp32 states.)
+SPLIT_STATES = True
+PLANE_DTYPES = (torch.bfloat16,)
+
+
+def _split_states(c: tc.Config) -> bool:
+    return bool(SPLIT_STATES) and c.dtype in PLANE_DTYPES and not c.fused
+
+
 def _fast_chunks(has_gv: bool, c: tc.Config) -> bool:
     """Whether this call has fast chunks (the gates' spans are recorded for them)."""
     if c.dtype not in FAST_DTYPES:
@@ -251,21 +264,26 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None):
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
     has_gv, has_s0 = bv is not None, S0 is not None
-    states = torch.empty(BH, NT, K, V, **f32)
+    split = _split_states(c)
+    if split:  # the states' exact fp32 bits as two planes: high (bf16) and low (int16)
+        planes = torch.empty(2, BH, NT, K, V, device=q.device, dtype=torch.int16)
+        states, st_lo = planes[0].view(torch.bfloat16), planes[1]
+    else:
+        states, st_lo = torch.empty(BH, NT, K, V, **f32), None
     S_T = torch.empty(N, H, K, V, **f32)
     BS, BK, BV, nw, ns = VEC_TILES["states_gv" if has_gv else "states"]
     BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
     kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
-        k, v, states, dummy, dummy, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy,
-        dummy, dummy, dummy, c.CO, c.CHUNKS, bk, bv if has_gv else dummy,
+        k, v, states, st_lo if split else dummy, dummy, dummy, S0 if has_s0 else dummy, dummy,
+        dummy, S_T, dummy, dummy, dummy, dummy, c.CO, c.CHUNKS, bk, bv if has_gv else dummy,
         T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(),
-        VEC=True, VEC_V=has_gv, num_warps=nw, num_stages=ns,
+        VEC=True, VEC_V=has_gv, ST_PLANES=split, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
     if SCORES and not has_gv:
         A = _scores(q, k, bkx, bk, u, c, spans=spans)
         _apply(A, v, q, states, bkx, o, c, rev=False)
-        return o, S_T, (states, A)
+        return o, S_T, (states, A, st_lo)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
     BS, BD, BO = _fit(BS, L), _fit(BD, K), _fit(GATED_BO if has_gv else BO, V)
     NQ = cdiv(L, BC)
@@ -278,7 +296,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None):
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
         VEC_O=has_gv, EXCL=c.excl, **_diag(c, has_gv), num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    return o, S_T, (states, o32 if has_gv else None)
+    return o, S_T, (states, o32 if has_gv else None, st_lo)
 
 
 def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True, spans=None):
@@ -351,7 +369,7 @@ def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fa
 
 
 def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans=None):
-    states = saved[0]
+    states, st_lo = saved[0], saved[2]
     T, H, K = q.shape[1:]
     V = v.shape[3]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
@@ -362,7 +380,9 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     gv_ = bv if has_gv else dummy
     u_ = u if c.excl else dummy
     has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
-    dstates = torch.empty(BH, NT, K, V, **f32)
+    # Every reader of the state gradients takes them into products in the inputs' dtype
+    # (cast on load), so they are stored in it: the same operands, half the bytes for bf16.
+    dstates = torch.empty(BH, NT, K, V, device=q.device, dtype=q.dtype)
     dS0 = torch.empty(N, H, K, V, **f32)
     BS, BK, BV, nw, ns = VEC_TILES["states_gv" if has_gv else "states"]
     BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
@@ -371,11 +391,11 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     bndv = torch.zeros(BH, NT, grid[0], V, **f32) if has_gv else dummy
     kern.states_bwd_kernel[grid](
         q, do, dstates, dummy, dS0, dummy, dS_T if has_dst else dummy, dummy, dummy, dummy,
-        dummy, dummy, dummy, c.CO, c.CHUNKS, states, dummy, S_T, dummy, bndk, bkx, bk, gv_,
-        bndv, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        dummy, dummy, dummy, c.CO, c.CHUNKS, states, dummy if st_lo is None else st_lo, dummy,
+        S_T, dummy, bndk, bkx, bk, gv_, bndv, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BK=BK, BV=BV, BQ=BS, HAS_DECAY=False, STAB=False, TRACK_N=False, NORM=0,
         HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, VEC=True, VEC_V=has_gv,
-        num_warps=nw, num_stages=ns,
+        ST_PLANES=st_lo is not None, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, **_diag(c, has_gv))
     # gk-only with the forward's stored scores: do vᵀ stored once too, loaded by dq and dk
