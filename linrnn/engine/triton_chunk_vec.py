@@ -143,7 +143,11 @@ SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998
 # operand (the forward's apply, dq's inter-chunk part) read the high plane alone, half the
 # bytes of fp32; the decay gradient's ⟨dC, C⟩ in states_bwd reads both, exactly.
 # (fp16's high half would not be a bf16 of the state: fp16 and fp32 inputs keep fp32 states.)
-SPLIT_STATES = True
+# Off: on the H200 (session 11, benchmarks/results/s11/) the split's integer work in the
+# walking states_fwd_kernel (2.43 -> 3.09 ms at GLA K = 256) outweighed what the readers
+# saved (dq's inter part 0.22 ms): GLA fwd+bwd 1.020x at K = 256 and 1.019x at K = 128 of the
+# fp32 states, but RWKV6 (K = V = 64) 0.980x and GLA+gv 0.987x. Kept as the sweep's switch.
+SPLIT_STATES = False
 PLANE_DTYPES = (torch.bfloat16,)
 
 
