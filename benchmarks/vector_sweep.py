@@ -234,7 +234,8 @@ class Unit:
         return self.no_scores is None and bool(self.cfg["SCORES"])
 
     def key(self, cfg) -> tuple:
-        return effective(cfg, self.u["mode"], self.shape, self.u["chunk"], self.gv)
+        return effective(cfg, self.u["mode"], self.shape, self.u["chunk"], self.gv,
+                         self.args.dtype)  # fmt: skip
 
     def emit(self, r: dict) -> dict:
         base = self.base if self.base is not self.default else None

@@ -264,10 +264,12 @@ def scores_apply(op: str, mode: str) -> str | None:
     return None
 
 
-def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
+def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool,
+              dtype: str = "bf16") -> tuple:  # fmt: skip
     """What the kernels of ``mode`` get from ``cfg`` after clipping (depth and output tiles to
-    max(K, V): conservative when K ≠ V). Equal keys: the same kernels."""
+    max(K, V): conservative when K ≠ V) for inputs of ``dtype``. Equal keys: the same kernels."""
     f = tcv._fit
+    planes = bool(cfg.get("SPLIT_STATES")) and DTYPES[dtype] in getattr(tcv, "PLANE_DTYPES", ())
     tiles = cfg["VEC_TILES"]
     unroll = bool(cfg.get("WALK_UNROLL")) or (gv and getattr(tcv, "WALK_UNROLL_GV", False))
     loop = (cfg["DIAG_LOOP"], unroll and bool(cfg["DIAG_LOOP"]))
@@ -278,7 +280,7 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
         return ("fused", BC, BD, nw, ns, loop)
     stored = bool(cfg.get("SCORES")) and not gv  # then rows: dq only, cols: dk only
     BS, BK, BV, nw, ns = tiles["states_gv" if gv and "states_gv" in tiles else "states"]
-    key = [("states", f(BS, chunk), f(BK, K), f(BV, V), nw, ns, cfg.get("SPLIT_STATES"))]
+    key = [("states", f(BS, chunk), f(BK, K), f(BV, V), nw, ns, planes)]
     for k in ("rows", "cols"):
         BC, BT, BD, BO, nw, ns = tiles[k]
         key.append((k, BC, f(BT, chunk), f(BD, D), None if gv or stored else f(BO, V), nw, ns))

@@ -80,6 +80,7 @@ def test_quick_run(tmp_path_factory):
         (16, "split_inter", [1 - int(tcv.SPLIT_INTER)]),  # no stored scores with gv: skipped
         (16, "diag_span", [1 - int(bool(tcv.DIAG_SPAN))]),  # the diagonal's other form
         (16, "fast_chunks", [1 - int(tcv.FAST_CHUNKS)]),  # no fast chunks with gv: same
+        (16, "split_states", [1 - int(tcv.SPLIT_STATES)]),  # fp32 keeps fp32 states: same
         (16, "rows", [16, 16, 16, 32, 4, 1]),
         (16, "states", [16, 32, 16, 4, 1]),
         (16, "cols", [16, 16, 16, 32, 4, 1]),
@@ -91,8 +92,10 @@ def test_quick_run(tmp_path_factory):
     ]
     by = {(r["chunk"], r["kernel"], str(r.get("tiles"))): r for r in rep["sweep"]}
     for (_, kernel, tiles), r in by.items():
-        # the default GATED_BO, and FAST_CHUNKS with gv (no fast chunks there): the same kernels
-        if (kernel == "gated_bo" and tiles == f"[{tcv.GATED_BO}]") or kernel == "fast_chunks":
+        # the default GATED_BO, FAST_CHUNKS with gv (no fast chunks there) and SPLIT_STATES in
+        # fp32 (no planes): the same kernels
+        same = ("fast_chunks", "split_states")
+        if (kernel == "gated_bo" and tiles == f"[{tcv.GATED_BO}]") or kernel in same:
             assert r["status"] == "skipped: same as default", r
             continue
         if kernel == "scores":
