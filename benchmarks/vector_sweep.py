@@ -133,6 +133,7 @@ from vector_tiles import (  # noqa: E402  (benchmarks/ is the script's own folde
     HAS_DIAG_SPAN,
     HAS_FAST_CHUNKS,
     HAS_SCORES,
+    HAS_SKIP_SUB_CHUNKS,
     HAS_SPLIT_INTER,
     HAS_SPLIT_STATES,
     HAS_WALK_UNROLL,
@@ -460,6 +461,7 @@ def parse_args(argv=None):
         "diag_span": "1 the diagonal's fast form at the engine's span, or 60; 0 log space alone",
         "fast_chunks": "gla, rwkv6 in chunk mode",
         "split_states": "bf16 in chunk mode: the states as two planes",
+        "skip_sub_chunks": "gla, rwkv6 in chunk mode: dq/dk's 16-row launches left out",
         "diag_loop": "",
     }
     for name, extra in switch_help.items():
@@ -471,7 +473,7 @@ def parse_args(argv=None):
             + (f"; {extra}" if extra else ""),
         )
     for name in ("diag_loop", "scores", "split_inter", "diag_span", "fast_chunks",
-                 "split_states"):  # fmt: skip
+                 "split_states", "skip_sub_chunks"):  # fmt: skip
         p.add_argument(
             f"--base-{name.replace('_', '-')}",
             type=int,
@@ -574,6 +576,8 @@ def parse_args(argv=None):
     builtin["fast_chunks"] = [(1 - fast,)] if HAS_FAST_CHUNKS else []
     planes = base_form("split_states", HAS_SPLIT_STATES)
     builtin["split_states"] = [(1 - planes,)] if HAS_SPLIT_STATES else []
+    skip_sub = base_form("skip_sub_chunks", HAS_SKIP_SUB_CHUNKS)
+    builtin["skip_sub_chunks"] = [(1 - skip_sub,)] if HAS_SKIP_SUB_CHUNKS else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:
@@ -733,6 +737,8 @@ def main(argv=None) -> int:
         tcv.FAST_CHUNKS = bool(args.base_fast_chunks)
     if args.base_split_states is not None:
         tcv.SPLIT_STATES = bool(args.base_split_states)
+    if args.base_skip_sub_chunks is not None:
+        tcv.SKIP_SUB_CHUNKS = bool(args.base_skip_sub_chunks)
     machine = report.machine_info(
         report.info_case({"device": args.device}, {}), args.device, args.commit
     )

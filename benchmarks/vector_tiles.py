@@ -1,6 +1,6 @@
 """The tile configurations benchmarks/vector_sweep.py tries on the vector-gate path
 (triton_chunk_vec's VEC_TILES, GATED_BO, DIAG_LOOP, SCORES, WALK_UNROLL, SPLIT_INTER,
-DIAG_SPAN, FAST_CHUNKS, SPLIT_STATES, SCORE_TILES): the
+DIAG_SPAN, FAST_CHUNKS, SPLIT_STATES, SKIP_SUB_CHUNKS, SCORE_TILES): the
 candidate lists, their legality, applying one to a config, what the kernels get after
 clipping, and setting the engine to a config and back."""
 
@@ -16,7 +16,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
 # The switches first (in this order, each adopted as the base when faster), then the tiles
 SWITCHES = ("diag_loop", "scores", "walk_unroll", "split_inter", "diag_span", "fast_chunks",
-            "split_states")  # fmt: skip
+            "split_states", "skip_sub_chunks")  # fmt: skip
 SCORE_KERNELS = ("score_tiles", "apply_tiles", "inter_tiles", "fast_tiles")
 KERNELS = (*SWITCHES, "rows", "states", "cols", "gated_bo", *SCORE_KERNELS, "fused")
 MODE_KERNELS = {
@@ -35,6 +35,7 @@ HAS_SPLIT_INTER = hasattr(tcv, "SPLIT_INTER")  # added in session 7
 HAS_DIAG_SPAN = hasattr(tcv, "DIAG_SPAN")  # added in session 9
 HAS_FAST_CHUNKS = hasattr(tcv, "FAST_CHUNKS")  # added in session 9
 HAS_SPLIT_STATES = hasattr(tcv, "SPLIT_STATES")  # added in session 11
+HAS_SKIP_SUB_CHUNKS = hasattr(tcv, "SKIP_SUB_CHUNKS")  # added in session 11
 # diag_span's 1: the diagonal's fast form at the engine's span (60 where the engine has it off)
 SPAN_ON = float(getattr(tcv, "DIAG_SPAN", 0.0) or 60.0)
 
@@ -191,6 +192,7 @@ def current() -> dict:
         "DIAG_SPAN": float(tcv.DIAG_SPAN) if HAS_DIAG_SPAN else None,
         "FAST_CHUNKS": bool(tcv.FAST_CHUNKS) if HAS_FAST_CHUNKS else None,
         "SPLIT_STATES": bool(tcv.SPLIT_STATES) if HAS_SPLIT_STATES else None,
+        "SKIP_SUB_CHUNKS": bool(tcv.SKIP_SUB_CHUNKS) if HAS_SKIP_SUB_CHUNKS else None,
     }
 
 
@@ -239,6 +241,8 @@ def apply(kernel: str | None, t, cfg: dict) -> dict:
         cfg["FAST_CHUNKS"] = bool(t[0])
     elif kernel == "split_states":
         cfg["SPLIT_STATES"] = bool(t[0])
+    elif kernel == "skip_sub_chunks":
+        cfg["SKIP_SUB_CHUNKS"] = bool(t[0])
     elif kernel in SCORE_KEYS:
         cfg["SCORE_TILES"][SCORE_KEYS[kernel]] = tuple(t)
     elif kernel == "gated_bo":
@@ -286,7 +290,7 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool,
         key.append((k, BC, f(BT, chunk), f(BD, D), None if gv or stored else f(BO, V), nw, ns))
     key.append(("gated_bo", f(cfg["GATED_BO"], D), loop))
     if stored:  # (fast chunks: gk-only calls in chunk mode, like the stored scores)
-        key.append(("fast_chunks", cfg.get("FAST_CHUNKS")))
+        key.append(("fast_chunks", cfg.get("FAST_CHUNKS"), cfg.get("SKIP_SUB_CHUNKS")))
         BC, BS, BD, nw, ns = cfg["SCORE_TILES"]["scores"]
         key.append(("scores", BC, f(BS, chunk), f(BD, K), nw, ns))
         BQ, BS, BD, BO, nw, ns = cfg["SCORE_TILES"]["apply"]
@@ -320,6 +324,8 @@ def using(cfg: dict):
         tcv.FAST_CHUNKS = bool(cfg["FAST_CHUNKS"])
     if HAS_SPLIT_STATES and cfg.get("SPLIT_STATES") is not None:
         tcv.SPLIT_STATES = bool(cfg["SPLIT_STATES"])
+    if HAS_SKIP_SUB_CHUNKS and cfg.get("SKIP_SUB_CHUNKS") is not None:
+        tcv.SKIP_SUB_CHUNKS = bool(cfg["SKIP_SUB_CHUNKS"])
     try:
         yield
     finally:
@@ -342,6 +348,8 @@ def using(cfg: dict):
             tcv.FAST_CHUNKS = saved["FAST_CHUNKS"]
         if HAS_SPLIT_STATES:
             tcv.SPLIT_STATES = saved["SPLIT_STATES"]
+        if HAS_SKIP_SUB_CHUNKS:
+            tcv.SKIP_SUB_CHUNKS = saved["SKIP_SUB_CHUNKS"]
 
 
 def fmt(t) -> str:

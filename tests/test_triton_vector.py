@@ -440,3 +440,37 @@ def test_state_planes_match_reference(monkeypatch, family, case):
     for name in ref[2]:
         assert_close(f"d{name}", got[2][name], ref[2][name], torch.bfloat16)
     assert rel_err(got[0], full[0]) > RTOL[torch.float32] / 100, "the planes were not used"
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["all-fast", "one-slow-chunk"])
+@pytest.mark.parametrize("family", ["gla", "rwkv6"])
+def test_sub_chunk_launches_only_with_slow_chunks(monkeypatch, family, slow):
+    """Chunk mode's backward leaves out dq's and dk's 16-row launches (rows_kernel, cols_kernel)
+    when every chunk is fast (triton_chunk_vec._SlowChunks), and makes them when one is slow
+    (decays of −5 per step on half the channels: chunk 0's span ≈ 130). Either way every
+    gradient matches the fp64 reference; allocations are NaN-poisoned (conftest), so a row
+    that only those launches would write fails."""
+    from linrnn.engine import triton_kernels
+
+    launched = []
+    for name in ("rows_kernel", "cols_kernel"):
+        real = getattr(triton_kernels, name)
+
+        class Spy:
+            def __getitem__(self, grid, real=real, name=name):
+                def run(*args, **kw):
+                    if kw.get("IS_DQ") or kw.get("IS_DK"):
+                        launched.append(name)
+                    return real[grid](*args, **kw)
+
+                return run
+
+        monkeypatch.setattr(triton_kernels, name, Spy())
+    fam = FAMILIES[family]
+    B, T, H, K, V = 1, 45, 1, 40, 40
+    inputs = fam.build(B, T, H, K, V, False)
+    if slow:
+        inputs = _mixed_spans(inputs, -5.0)
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    _check(fam, inputs, h0, torch.float32, mode="chunk", chunk_size=32)
+    assert sorted(set(launched)) == (["cols_kernel", "rows_kernel"] if slow else [])

@@ -162,6 +162,48 @@ def _fast_chunks(has_gv: bool, c: tc.Config) -> bool:
     return bool(FAST_CHUNKS) and CHUNK_SPAN > 0 and SCORES and not has_gv and not c.fused
 
 
+# Leave dq's and dk's sub-chunk launches out when every chunk is fast (_SlowChunks).
+SKIP_SUB_CHUNKS = True
+
+
+class _SlowChunks:
+    """Whether a call has chunks that are not fast, for the host. The sub-chunk programs of dq
+    and dk (rows_kernel, cols_kernel) exit at once in fast chunks, so when every chunk is fast
+    their launches are all overhead (0.2 ms each at GLA B8-T8192-H16-K256 on the H200: 262,144
+    programs). The forward reduces the spans on the device and copies the answer to pinned host
+    memory behind an event; the backward waits for that event, which lies before everything
+    the forward and the backward queued since (the GPU keeps working meanwhile, so nothing
+    idles), and leaves the two launches out if no chunk is slow. While a CUDA graph is
+    captured there is no flag (the launches stay). The criterion is the kernels' own: a chunk
+    is fast iff span < CHUNK_SPAN, so a NaN span counts as slow."""
+
+    def __init__(self, spans):
+        any_slow = (~(spans < CHUNK_SPAN)).any()
+        self.event = None
+        if spans.device.type == "cuda":
+            self.host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self.host.copy_(any_slow, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = any_slow
+
+    @staticmethod
+    def make(spans):
+        """For the spans of a call with fast chunks; None while a CUDA graph is captured."""
+        if spans is None or (spans.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return None
+        return _SlowChunks(spans)
+
+    def none(self) -> bool:
+        """Whether every chunk is fast (False while a CUDA graph is captured)."""
+        if self.event is not None:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+            self.event.synchronize()
+        return not bool(self.host)
+
+
 def _fit(x: int, n: int) -> int:
     return max(16, min(x, next_pow2(max(n, 1))))
 
@@ -372,7 +414,8 @@ def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fa
     )  # fmt: skip
 
 
-def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans=None):
+def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans=None,
+              slow=None):  # fmt: skip
     states, st_lo = saved[0], saved[2]
     T, H, K = q.shape[1:]
     V = v.shape[3]
@@ -413,16 +456,20 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     split = SPLIT_INTER and stored
     fast = split and spans is not None  # the fast chunks' dq and dk in the split kernels
     skip = dict(SKIP=CHUNK_SPAN if fast else 0.0)
+    # every chunk fast (_SlowChunks): the 16-row programs would all exit
+    sub_chunks = not (fast and slow is not None and slow.none())
     span_ = spans if fast else dummy
     if split:
         _apply(None, None, do, states, bkx, qdq, c, rev=False, inter=True,
                fast=(dP, k, bk, u_, dq, q, spans) if fast else None)  # fmt: skip
-    kern.rows_kernel[(NT * nQ, cdiv(K, BO), BH)](
-        do, p_dov, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, q,
-        qdq, c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V,
-        c.scale, 0.0, BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=True, VEC_D=has_gv, VEC_O=True,
-        P_MEM=stored, STATE_IN=split, **skip, **common, num_warps=nw, num_stages=ns,
-    )  # fmt: skip
+    if sub_chunks:
+        kern.rows_kernel[(NT * nQ, cdiv(K, BO), BH)](
+            do, p_dov, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy,
+            q, qdq, c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nQ, c.NSEQ, 1,
+            V, c.scale, 0.0, BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=True, VEC_D=has_gv,
+            VEC_O=True, P_MEM=stored, STATE_IN=split, **skip, **common, num_warps=nw,
+            num_stages=ns,
+        )  # fmt: skip
     BC, BQ, BD, BO, nw, ns = VEC_TILES["cols"]
     BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
     nS = cdiv(L, BC)
@@ -431,12 +478,13 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     if split:
         _apply(None, None, v, dstates, bk, kdk, c, rev=True, inter=True,
                fast=(dP, q, bkx, u_, dk, k, spans) if fast else None)  # fmt: skip
-    kern.cols_kernel[(NT * nS, cdiv(K, BO), BH)](
-        v, p_do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
-        c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
-        BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=True, VEC_D=has_gv, VEC_O=True, P_MEM=stored,
-        STATE_IN=split, **skip, **common, num_warps=nw, num_stages=ns,
-    )  # fmt: skip
+    if sub_chunks:
+        kern.cols_kernel[(NT * nS, cdiv(K, BO), BH)](
+            v, p_do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
+            c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V,
+            c.scale, BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=True, VEC_D=has_gv, VEC_O=True,
+            P_MEM=stored, STATE_IN=split, **skip, **common, num_warps=nw, num_stages=ns,
+        )  # fmt: skip
     BD, BO = _fit(BD, K), _fit(GATED_BO if has_gv else VEC_TILES["cols"][3], V)
     dv = torch.empty_like(v)
     vdv = torch.empty(v.shape, **f32) if has_gv else dummy
@@ -467,6 +515,7 @@ class _VecChunkFn(torch.autograd.Function):
         fwd = _forward_fused if c.fused else _forward
         o, S_T, saved = fwd(q, k, v, bk, bkx, bv, u, S0, c, spans)
         ctx.c, ctx.spans = c, spans
+        ctx.slow = _SlowChunks.make(spans) if SKIP_SUB_CHUNKS else None
         ctx.save_for_backward(q, k, v, u, bk, bkx, bv, S0, S_T, *saved)
         return o, S_T
 
@@ -478,7 +527,8 @@ class _VecChunkFn(torch.autograd.Function):
         if c.fused:
             grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c)
         else:
-            grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c, ctx.spans)
+            grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c, ctx.spans,
+                              getattr(ctx, "slow", None))  # fmt: skip
         dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov = grads
         endk = endv = totk = totv = None
         if c.fused:  # tails from the chunks' inter-chunk totals
