@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ("gla", "gla_gv", "rwkv6")
 TORCH_TO_TRITON = {"float32": "fp32", "float16": "bf16", "bfloat16": "bf16", "int32": "i32",
-                   "int64": "i64", "float64": "fp64", "int16": "i16"}  # fmt: skip
+                   "int64": "i64", "float64": "fp64"}  # fmt: skip
 
 
 def record(op: str, T: int, H: int, K: int, V: int, chunk: int) -> list[dict]:
@@ -53,8 +53,6 @@ def record(op: str, T: int, H: int, K: int, V: int, chunk: int) -> list[dict]:
     from linrnn.engine import triton_chunk_vec as tcv
 
     tcv.FAST_DTYPES = (torch.float16,)  # the bf16 path, recorded in fp16
-    if hasattr(tcv, "PLANE_DTYPES"):  # (the split states, session 11)
-        tcv.PLANE_DTYPES = (torch.float16,)
     tcv.DIAG_LOOP = True  # the GPU's default (the interpreter keeps the block form)
     seen: dict = {}
     original = interpreter.InterpretedFunction.run

@@ -132,10 +132,10 @@ from vector_tiles import (  # noqa: E402  (benchmarks/ is the script's own folde
     HAS_DIAG_LOOP,
     HAS_DIAG_SPAN,
     HAS_FAST_CHUNKS,
+    HAS_PRE_GATE,
     HAS_SCORES,
     HAS_SKIP_SUB_CHUNKS,
     HAS_SPLIT_INTER,
-    HAS_SPLIT_STATES,
     HAS_WALK_UNROLL,
     KERNELS,
     LOOP_ONLY,
@@ -235,8 +235,7 @@ class Unit:
         return self.no_scores is None and bool(self.cfg["SCORES"])
 
     def key(self, cfg) -> tuple:
-        return effective(cfg, self.u["mode"], self.shape, self.u["chunk"], self.gv,
-                         self.args.dtype)  # fmt: skip
+        return effective(cfg, self.u["mode"], self.shape, self.u["chunk"], self.gv)
 
     def emit(self, r: dict) -> dict:
         base = self.base if self.base is not self.default else None
@@ -460,8 +459,8 @@ def parse_args(argv=None):
         "split_inter": "only with the stored scores, SCORES, in the base",
         "diag_span": "1 the diagonal's fast form at the engine's span, or 60; 0 log space alone",
         "fast_chunks": "gla, rwkv6 in chunk mode",
-        "split_states": "bf16 in chunk mode: the states as two planes",
         "skip_sub_chunks": "gla, rwkv6 in chunk mode: dq/dk's 16-row launches left out",
+        "pre_gate": "gla, rwkv6 in chunk mode: gated q and k from the cumulative-sum pass",
         "diag_loop": "",
     }
     for name, extra in switch_help.items():
@@ -473,7 +472,7 @@ def parse_args(argv=None):
             + (f"; {extra}" if extra else ""),
         )
     for name in ("diag_loop", "scores", "split_inter", "diag_span", "fast_chunks",
-                 "split_states", "skip_sub_chunks"):  # fmt: skip
+                 "skip_sub_chunks", "pre_gate"):  # fmt: skip
         p.add_argument(
             f"--base-{name.replace('_', '-')}",
             type=int,
@@ -574,10 +573,10 @@ def parse_args(argv=None):
     builtin["diag_span"] = [(1 - span,)] if HAS_DIAG_SPAN else []
     fast = base_form("fast_chunks", HAS_FAST_CHUNKS)
     builtin["fast_chunks"] = [(1 - fast,)] if HAS_FAST_CHUNKS else []
-    planes = base_form("split_states", HAS_SPLIT_STATES)
-    builtin["split_states"] = [(1 - planes,)] if HAS_SPLIT_STATES else []
     skip_sub = base_form("skip_sub_chunks", HAS_SKIP_SUB_CHUNKS)
     builtin["skip_sub_chunks"] = [(1 - skip_sub,)] if HAS_SKIP_SUB_CHUNKS else []
+    pre = base_form("pre_gate", HAS_PRE_GATE)
+    builtin["pre_gate"] = [(1 - pre,)] if HAS_PRE_GATE else []
     loop_only = QUICK_LOOP_ONLY if args.quick else LOOP_ONLY
     args.candidates, args.loop_candidates = {}, {}
     for k in KERNELS:
@@ -735,10 +734,10 @@ def main(argv=None) -> int:
         tcv.DIAG_SPAN = SPAN_ON if args.base_diag_span else 0.0
     if args.base_fast_chunks is not None:
         tcv.FAST_CHUNKS = bool(args.base_fast_chunks)
-    if args.base_split_states is not None:
-        tcv.SPLIT_STATES = bool(args.base_split_states)
     if args.base_skip_sub_chunks is not None:
         tcv.SKIP_SUB_CHUNKS = bool(args.base_skip_sub_chunks)
+    if args.base_pre_gate is not None:
+        tcv.PRE_GATE = bool(args.base_pre_gate)
     machine = report.machine_info(
         report.info_case({"device": args.device}, {}), args.device, args.commit
     )

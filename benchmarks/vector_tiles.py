@@ -1,6 +1,6 @@
 """The tile configurations benchmarks/vector_sweep.py tries on the vector-gate path
 (triton_chunk_vec's VEC_TILES, GATED_BO, DIAG_LOOP, SCORES, WALK_UNROLL, SPLIT_INTER,
-DIAG_SPAN, FAST_CHUNKS, SPLIT_STATES, SKIP_SUB_CHUNKS, SCORE_TILES): the
+DIAG_SPAN, FAST_CHUNKS, SKIP_SUB_CHUNKS, PRE_GATE, SCORE_TILES): the
 candidate lists, their legality, applying one to a config, what the kernels get after
 clipping, and setting the engine to a config and back."""
 
@@ -16,7 +16,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # RMS-relative, vs the default tiles
 # The switches first (in this order, each adopted as the base when faster), then the tiles
 SWITCHES = ("diag_loop", "scores", "walk_unroll", "split_inter", "diag_span", "fast_chunks",
-            "split_states", "skip_sub_chunks")  # fmt: skip
+            "skip_sub_chunks", "pre_gate")  # fmt: skip
 SCORE_KERNELS = ("score_tiles", "apply_tiles", "inter_tiles", "fast_tiles")
 KERNELS = (*SWITCHES, "rows", "states", "cols", "gated_bo", *SCORE_KERNELS, "fused")
 MODE_KERNELS = {
@@ -34,8 +34,8 @@ HAS_WALK_UNROLL = hasattr(tcv, "WALK_UNROLL")  # added in session 6
 HAS_SPLIT_INTER = hasattr(tcv, "SPLIT_INTER")  # added in session 7
 HAS_DIAG_SPAN = hasattr(tcv, "DIAG_SPAN")  # added in session 9
 HAS_FAST_CHUNKS = hasattr(tcv, "FAST_CHUNKS")  # added in session 9
-HAS_SPLIT_STATES = hasattr(tcv, "SPLIT_STATES")  # added in session 11
 HAS_SKIP_SUB_CHUNKS = hasattr(tcv, "SKIP_SUB_CHUNKS")  # added in session 11
+HAS_PRE_GATE = hasattr(tcv, "PRE_GATE")  # added in session 11
 # diag_span's 1: the diagonal's fast form at the engine's span (60 where the engine has it off)
 SPAN_ON = float(getattr(tcv, "DIAG_SPAN", 0.0) or 60.0)
 
@@ -191,8 +191,8 @@ def current() -> dict:
         "SPLIT_INTER": bool(tcv.SPLIT_INTER) if HAS_SPLIT_INTER else None,
         "DIAG_SPAN": float(tcv.DIAG_SPAN) if HAS_DIAG_SPAN else None,
         "FAST_CHUNKS": bool(tcv.FAST_CHUNKS) if HAS_FAST_CHUNKS else None,
-        "SPLIT_STATES": bool(tcv.SPLIT_STATES) if HAS_SPLIT_STATES else None,
         "SKIP_SUB_CHUNKS": bool(tcv.SKIP_SUB_CHUNKS) if HAS_SKIP_SUB_CHUNKS else None,
+        "PRE_GATE": bool(tcv.PRE_GATE) if HAS_PRE_GATE else None,
     }
 
 
@@ -239,10 +239,10 @@ def apply(kernel: str | None, t, cfg: dict) -> dict:
         cfg["DIAG_SPAN"] = SPAN_ON if t[0] else 0.0
     elif kernel == "fast_chunks":
         cfg["FAST_CHUNKS"] = bool(t[0])
-    elif kernel == "split_states":
-        cfg["SPLIT_STATES"] = bool(t[0])
     elif kernel == "skip_sub_chunks":
         cfg["SKIP_SUB_CHUNKS"] = bool(t[0])
+    elif kernel == "pre_gate":
+        cfg["PRE_GATE"] = bool(t[0])
     elif kernel in SCORE_KEYS:
         cfg["SCORE_TILES"][SCORE_KEYS[kernel]] = tuple(t)
     elif kernel == "gated_bo":
@@ -268,12 +268,10 @@ def scores_apply(op: str, mode: str) -> str | None:
     return None
 
 
-def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool,
-              dtype: str = "bf16") -> tuple:  # fmt: skip
+def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool) -> tuple:
     """What the kernels of ``mode`` get from ``cfg`` after clipping (depth and output tiles to
-    max(K, V): conservative when K ≠ V) for inputs of ``dtype``. Equal keys: the same kernels."""
+    max(K, V): conservative when K ≠ V). Equal keys: the same kernels."""
     f = tcv._fit
-    planes = bool(cfg.get("SPLIT_STATES")) and DTYPES[dtype] in getattr(tcv, "PLANE_DTYPES", ())
     tiles = cfg["VEC_TILES"]
     unroll = bool(cfg.get("WALK_UNROLL")) or (gv and getattr(tcv, "WALK_UNROLL_GV", False))
     loop = (cfg["DIAG_LOOP"], unroll and bool(cfg["DIAG_LOOP"]))
@@ -284,13 +282,14 @@ def effective(cfg: dict, mode: str, shape: dict, chunk: int, gv: bool,
         return ("fused", BC, BD, nw, ns, loop)
     stored = bool(cfg.get("SCORES")) and not gv  # then rows: dq only, cols: dk only
     BS, BK, BV, nw, ns = tiles["states_gv" if gv and "states_gv" in tiles else "states"]
-    key = [("states", f(BS, chunk), f(BK, K), f(BV, V), nw, ns, planes)]
+    key = [("states", f(BS, chunk), f(BK, K), f(BV, V), nw, ns)]
     for k in ("rows", "cols"):
         BC, BT, BD, BO, nw, ns = tiles[k]
         key.append((k, BC, f(BT, chunk), f(BD, D), None if gv or stored else f(BO, V), nw, ns))
     key.append(("gated_bo", f(cfg["GATED_BO"], D), loop))
     if stored:  # (fast chunks: gk-only calls in chunk mode, like the stored scores)
         key.append(("fast_chunks", cfg.get("FAST_CHUNKS"), cfg.get("SKIP_SUB_CHUNKS")))
+        key.append(("pre_gate", cfg.get("PRE_GATE")))
         BC, BS, BD, nw, ns = cfg["SCORE_TILES"]["scores"]
         key.append(("scores", BC, f(BS, chunk), f(BD, K), nw, ns))
         BQ, BS, BD, BO, nw, ns = cfg["SCORE_TILES"]["apply"]
@@ -322,10 +321,10 @@ def using(cfg: dict):
         tcv.DIAG_SPAN = float(cfg["DIAG_SPAN"])
     if HAS_FAST_CHUNKS and cfg.get("FAST_CHUNKS") is not None:
         tcv.FAST_CHUNKS = bool(cfg["FAST_CHUNKS"])
-    if HAS_SPLIT_STATES and cfg.get("SPLIT_STATES") is not None:
-        tcv.SPLIT_STATES = bool(cfg["SPLIT_STATES"])
     if HAS_SKIP_SUB_CHUNKS and cfg.get("SKIP_SUB_CHUNKS") is not None:
         tcv.SKIP_SUB_CHUNKS = bool(cfg["SKIP_SUB_CHUNKS"])
+    if HAS_PRE_GATE and cfg.get("PRE_GATE") is not None:
+        tcv.PRE_GATE = bool(cfg["PRE_GATE"])
     try:
         yield
     finally:
@@ -346,10 +345,10 @@ def using(cfg: dict):
             tcv.DIAG_SPAN = saved["DIAG_SPAN"]
         if HAS_FAST_CHUNKS:
             tcv.FAST_CHUNKS = saved["FAST_CHUNKS"]
-        if HAS_SPLIT_STATES:
-            tcv.SPLIT_STATES = saved["SPLIT_STATES"]
         if HAS_SKIP_SUB_CHUNKS:
             tcv.SKIP_SUB_CHUNKS = saved["SKIP_SUB_CHUNKS"]
+        if HAS_PRE_GATE:
+            tcv.PRE_GATE = saved["PRE_GATE"]
 
 
 def fmt(t) -> str:

@@ -404,44 +404,6 @@ def test_default_chunk_size_of_vector_gates(K, L):
     assert triton_chunk.default_chunk_size(K, K, False) == (128 if K >= 128 else 64)
 
 
-@pytest.mark.parametrize("case", ["T70-L32-K60-V100", "varlen"])
-@pytest.mark.parametrize("family", ["gla", "gla_gv", "rwkv6"])
-def test_state_planes_match_reference(monkeypatch, family, case):
-    """Chunk mode with the states stored as two planes (SPLIT_STATES; the engine does this
-    for bf16, whose products the interpreter cannot run) forced for fp32 inputs: the forward
-    and the inter-chunk gradients then take the high plane (the state rounded to bf16), so
-    every output and gradient is held to bf16's tolerance against the fp64 reference; the
-    decay gradients' chunk-end terms read both planes. It must also differ from the fp32
-    states (the planes were used). Several chunks, an initial state, packed sequences (each
-    sequence's last chunk reads the final state instead of a plane)."""
-    from helpers import RTOL, assert_close, rel_err, run_with_grads
-
-    from linrnn.engine import triton_chunk_vec
-
-    fam = FAMILIES[family]
-    seq = {}
-    if case == "varlen":
-        lens = [1, 40, 0, 77, 9]
-        B, T, H, K, V, L = 1, sum(lens), 2, 24, 40, 32
-        seq["cu_seqlens"] = torch.tensor([0, *np.cumsum(lens)], device=DEVICE)
-        h0 = fam.make_state(len(lens), H, K, V, torch.float32)
-    else:
-        B, T, H, K, V, L = 2, 70, 1, 60, 100, 32
-        h0 = fam.make_state(B, H, K, V, torch.float32)
-    inputs, h0 = _on(fam.build(B, T, H, K, V, False)), _on(h0)
-    ref = run_with_grads(fam, inputs, h0, torch.float64, mode="reference", **seq)
-    kw = dict(backend="triton", mode="chunk", chunk_size=L, **seq)
-    full = run_with_grads(fam, inputs, h0, torch.float32, **kw)
-    monkeypatch.setattr(triton_chunk_vec, "PLANE_DTYPES", (torch.bfloat16, torch.float32))
-    got = run_with_grads(fam, inputs, h0, torch.float32, **kw)
-    assert_close("o", got[0], ref[0], torch.bfloat16)
-    for j, (s, r) in enumerate(zip(got[1], ref[1])):
-        assert_close(f"state[{j}]", s, r, torch.float32)  # the final state is not split
-    for name in ref[2]:
-        assert_close(f"d{name}", got[2][name], ref[2][name], torch.bfloat16)
-    assert rel_err(got[0], full[0]) > RTOL[torch.float32] / 100, "the planes were not used"
-
-
 @pytest.mark.parametrize("slow", [False, True], ids=["all-fast", "one-slow-chunk"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_sub_chunk_launches_only_with_slow_chunks(monkeypatch, family, slow):
@@ -474,3 +436,41 @@ def test_sub_chunk_launches_only_with_slow_chunks(monkeypatch, family, slow):
     h0 = fam.make_state(B, H, K, V, torch.float32)
     _check(fam, inputs, h0, torch.float32, mode="chunk", chunk_size=32)
     assert sorted(set(launched)) == (["cols_kernel", "rows_kernel"] if slow else [])
+
+
+@pytest.mark.parametrize("case", ["T70-L32-K60-V100", "varlen"])
+@pytest.mark.parametrize("family", ["gla", "rwkv6"])
+def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
+    """The cumulative-sum pass's gated q and k (PRE_GATE, triton_cumsum's GATE_QK), which the
+    state kernels and the forward's and dv's apply kernels then take as they are, are the
+    values those kernels formed themselves: output, final state and every gradient equal
+    bit for bit with PRE_GATE off (several chunks and tiles, an initial state, packed
+    sequences); and both match the fp64 reference."""
+    from helpers import run_with_grads
+
+    from linrnn.engine import triton_chunk_vec
+
+    fam = FAMILIES[family]
+    seq = {}
+    if case == "varlen":
+        lens = [1, 40, 0, 77, 9]
+        B, T, H, K, V, L = 1, sum(lens), 2, 24, 40, 32
+        seq["cu_seqlens"] = torch.tensor([0, *np.cumsum(lens)], device=DEVICE)
+        h0 = fam.make_state(len(lens), H, K, V, torch.float32)
+    else:
+        B, T, H, K, V, L = 2, 70, 1, 60, 100, 32
+        h0 = fam.make_state(B, H, K, V, torch.float32)
+    inputs, h0 = _on(fam.build(B, T, H, K, V, False)), _on(h0)
+    kw = dict(backend="triton", mode="chunk", chunk_size=L, **seq)
+    assert triton_chunk_vec.PRE_GATE
+    on = run_with_grads(fam, inputs, h0, torch.float32, **kw)
+    monkeypatch.setattr(triton_chunk_vec, "PRE_GATE", False)
+    off = run_with_grads(fam, inputs, h0, torch.float32, **kw)
+    assert torch.equal(on[0], off[0])
+    for s, t in zip(on[1], off[1]):
+        assert torch.equal(s, t)
+    assert on[2].keys() == off[2].keys()
+    for name in on[2]:
+        assert torch.equal(on[2][name], off[2][name]), f"d{name}"
+    _check(fam, inputs, h0, torch.float32, cu_seqlens=seq.get("cu_seqlens"), mode="chunk",
+           chunk_size=L)  # fmt: skip

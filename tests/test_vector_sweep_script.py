@@ -80,8 +80,8 @@ def test_quick_run(tmp_path_factory):
         (16, "split_inter", [1 - int(tcv.SPLIT_INTER)]),  # no stored scores with gv: skipped
         (16, "diag_span", [1 - int(bool(tcv.DIAG_SPAN))]),  # the diagonal's other form
         (16, "fast_chunks", [1 - int(tcv.FAST_CHUNKS)]),  # no fast chunks with gv: same
-        (16, "split_states", [1 - int(tcv.SPLIT_STATES)]),  # fp32 keeps fp32 states: same
         (16, "skip_sub_chunks", [1 - int(tcv.SKIP_SUB_CHUNKS)]),  # no fast chunks with gv
+        (16, "pre_gate", [1 - int(tcv.PRE_GATE)]),  # gk-only calls: same with gv
         (16, "rows", [16, 16, 16, 32, 4, 1]),
         (16, "states", [16, 32, 16, 4, 1]),
         (16, "cols", [16, 16, 16, 32, 4, 1]),
@@ -93,9 +93,9 @@ def test_quick_run(tmp_path_factory):
     ]
     by = {(r["chunk"], r["kernel"], str(r.get("tiles"))): r for r in rep["sweep"]}
     for (_, kernel, tiles), r in by.items():
-        # the default GATED_BO, FAST_CHUNKS and SKIP_SUB_CHUNKS with gv (no fast chunks there)
-        # and SPLIT_STATES in fp32 (no planes): the same kernels
-        same = ("fast_chunks", "split_states", "skip_sub_chunks")
+        # the default GATED_BO, and FAST_CHUNKS, SKIP_SUB_CHUNKS and PRE_GATE with gv (no fast
+        # chunks, no stored scores there): the same kernels
+        same = ("fast_chunks", "skip_sub_chunks", "pre_gate")
         if (kernel == "gated_bo" and tiles == f"[{tcv.GATED_BO}]") or kernel in same:
             assert r["status"] == "skipped: same as default", r
             continue

@@ -186,7 +186,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: Config):
     has_s0 = S0 is not None
     BS, BK, BV, launch = c.tiles("states_fwd", K, V)
     kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
-        k, v, states, dummy, ns, mc,
+        k, v, states, ns, mc,
         S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, b, a,
         _chunk_max(b, a, L, c) if c.stab else dummy, c.CO, c.CHUNKS, dummy, dummy,
@@ -324,7 +324,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: Config):
     kern.states_bwd_kernel[grid](
         q, do, dstates, dns, dS0, dn0,
         dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy,
-        mc, b, m_row, R_A, R_D, c.CO, c.CHUNKS, states, dummy, ns, S_T,
+        mc, b, m_row, R_A, R_D, c.CO, c.CHUNKS, states, ns, S_T,
         n_T if c.track_n else dummy, bnd, *[dummy] * 4, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BK=BK, BV=BV, BQ=BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
         NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, **launch,

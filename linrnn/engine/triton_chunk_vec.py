@@ -138,21 +138,23 @@ SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998
 }
 
 
-# The materialized chunk states of bf16 calls (chunk mode) as two 16-bit planes holding their
-# exact fp32 bits (triton_kernels, "split states"): the products that take a state as a bf16
-# operand (the forward's apply, dq's inter-chunk part) read the high plane alone, half the
-# bytes of fp32; the decay gradient's ⟨dC, C⟩ in states_bwd reads both, exactly.
-# (fp16's high half would not be a bf16 of the state: fp16 and fp32 inputs keep fp32 states.)
-# Off: on the H200 (session 11, benchmarks/results/s11/) the split's integer work in the
-# walking states_fwd_kernel (2.43 -> 3.09 ms at GLA K = 256) outweighed what the readers
-# saved (dq's inter part 0.22 ms): GLA fwd+bwd 1.020x at K = 256 and 1.019x at K = 128 of the
-# fp32 states, but RWKV6 (K = V = 64) 0.980x and GLA+gv 0.987x. Kept as the sweep's switch.
-SPLIT_STATES = False
-PLANE_DTYPES = (torch.bfloat16,)
+# gk-only calls in chunk mode (the stored scores): the cumulative-sum pass also stores q ⊙ e^{G^X}
+# and k ⊙ e^{G^K_L − G^K} (triton_cumsum's GATE_QK, the same values bit for bit), which the
+# walking state kernels and the forward's and dv's apply kernels then take as they are,
+# instead of loading gate tiles and exponentiating them (the apply kernels once per output
+# tile). Two more [B, T, H, K] tensors in the inputs' dtype, kept for the backward.
+PRE_GATE = True
 
 
-def _split_states(c: tc.Config) -> bool:
-    return bool(SPLIT_STATES) and c.dtype in PLANE_DTYPES and not c.fused
+def _pre_gate(has_gv: bool, c: tc.Config) -> bool:
+    return bool(PRE_GATE) and SCORES and not has_gv and not c.fused
+
+
+def _gate_buffers(q, k, has_gv: bool, c: tc.Config):
+    """(q, k, QG, KG) for :func:`_cumsums` where the call pre-gates them, else None."""
+    if not _pre_gate(has_gv, c):
+        return None
+    return q, k, torch.empty_like(q), torch.empty_like(k)
 
 
 def _fast_chunks(has_gv: bool, c: tc.Config) -> bool:
@@ -208,21 +210,23 @@ def _fit(x: int, n: int) -> int:
     return max(16, min(x, next_pow2(max(n, 1))))
 
 
-def _cumsums(g, c: tc.Config, exclusive: bool, span: bool = False):
+def _cumsums(g, c: tc.Config, exclusive: bool, span: bool = False, gate=None):
     """Chunk-local inclusive (and, ``exclusive``, exclusive) cumulative sums of a [B, T, H, D]
     log decay, fp32, in one Triton pass (triton_cumsum; packed sequences: chunks from the
     table). The exclusive sum holds exactly the inclusive one's values, shifted by one step.
     Returns (inc, exc, spans), exc = inc when not ``exclusive``; spans ([NT, B·H] fp32, the
-    chunks' gate spans: triton_cumsum) with ``span``, else None."""
+    chunks' gate spans: triton_cumsum) with ``span``, else None. ``gate`` = (q, k, QG, KG)
+    (:func:`_gate_buffers`): the pass also fills QG and KG (triton_cumsum's GATE_QK)."""
     T, H, D = g.shape[1:]
     g = g.contiguous()
     inc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
     exc = torch.empty_like(inc) if exclusive else inc
     spans = torch.zeros(c.NT, c.rows, device=g.device, dtype=torch.float32) if span else None
     BT, BD = _fit(64, c.L), _fit(64, D)
+    qk = gate if gate is not None else (inc,) * 4  # unused without GATE_QK
     cs.chunk_cumsum_kernel[(c.NT, cdiv(D, BD), c.rows)](
-        g, inc, exc, spans if span else inc, c.CHUNKS, T, H, D, c.L, BT=BT, BD=BD,
-        VARLEN=c.varlen, EXCL=exclusive, HAS_SPAN=span, num_warps=4,
+        g, inc, exc, spans if span else inc, c.CHUNKS, *qk, T, H, D, c.L, BT=BT, BD=BD,
+        VARLEN=c.varlen, EXCL=exclusive, HAS_SPAN=span, GATE_QK=gate is not None, num_warps=4,
     )  # fmt: skip
     return inc, exc, spans
 
@@ -303,33 +307,32 @@ def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
     return dg, du
 
 
-def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None):
+def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None, gated=None):
     T, H, K = q.shape[1:]
     V = v.shape[3]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
     has_gv, has_s0 = bv is not None, S0 is not None
-    split = _split_states(c)
-    if split:  # the states' exact fp32 bits as two planes: high (bf16) and low (int16)
-        planes = torch.empty(2, BH, NT, K, V, device=q.device, dtype=torch.int16)
-        states, st_lo = planes[0].view(torch.bfloat16), planes[1]
-    else:
-        states, st_lo = torch.empty(BH, NT, K, V, **f32), None
+    states = torch.empty(BH, NT, K, V, **f32)
     S_T = torch.empty(N, H, K, V, **f32)
     BS, BK, BV, nw, ns = VEC_TILES["states_gv" if has_gv else "states"]
     BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
     kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
-        k, v, states, st_lo if split else dummy, dummy, dummy, S0 if has_s0 else dummy, dummy,
-        dummy, S_T, dummy, dummy, dummy, dummy, c.CO, c.CHUNKS, bk, bv if has_gv else dummy,
-        T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(),
-        VEC=True, VEC_V=has_gv, ST_PLANES=split, num_warps=nw, num_stages=ns,
+        k if gated is None else gated[1], v, states, dummy, dummy, S0 if has_s0 else dummy,
+        dummy, dummy, S_T, dummy, dummy, dummy, dummy, c.CO, c.CHUNKS, bk,
+        bv if has_gv else dummy, T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS,
+        HAS_S0=has_s0, **c.flags(), VEC=True, VEC_V=has_gv, PRE_GATED=gated is not None,
+        num_warps=nw, num_stages=ns,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
     if SCORES and not has_gv:
         A = _scores(q, k, bkx, bk, u, c, spans=spans)
-        _apply(A, v, q, states, bkx, o, c, rev=False)
-        return o, S_T, (states, A, st_lo)
+        if gated is None:
+            _apply(A, v, q, states, bkx, o, c, rev=False)
+        else:
+            _apply(A, v, gated[0], states, bkx, o, c, rev=False, pre_gated=True)
+        return o, S_T, (states, A)
     BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
     BS, BD, BO = _fit(BS, L), _fit(BD, K), _fit(GATED_BO if has_gv else BO, V)
     NQ = cdiv(L, BC)
@@ -342,7 +345,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None):
         BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
         VEC_O=has_gv, EXCL=c.excl, **_diag(c, has_gv), num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    return o, S_T, (states, o32 if has_gv else None, st_lo)
+    return o, S_T, (states, o32 if has_gv else None)
 
 
 def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True, spans=None):
@@ -385,13 +388,15 @@ def _diagonal(P, c: tc.Config):
     return P.gather(3, col.view(1, T, 1, 1).expand(B, T, H, 1)).squeeze(3).float()
 
 
-def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fast=None):
+def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fast=None,
+           pre_gated: bool = False):  # fmt: skip
     """out = scale·(A z + (x ⊙ e^g) S), or (``rev``, dv) scale·Aᵀ z + (x ⊙ e^{g_L − g}) dS
     (triton_scores.apply_kernel). ``inter`` (A, z None): dq's inter-chunk part (x = do, S the
     states entering the chunks, g = G^X) or, ``rev``, dk's (x = v, S the state gradients
     leaving them, g = G^K), gated over the output, fp32, unscaled ("inter" tiles); with
     ``fast`` = (P, z, other gate, u, dq or dk, q or k, spans) the fast chunks' whole dq / dk
-    too (apply_kernel's FAST)."""
+    too (apply_kernel's FAST). ``pre_gated``: x is q ⊙ e^g (``rev``: k ⊙ e^{g_L − g}) already
+    (triton_cumsum's GATE_QK)."""
     T, H, D = x.shape[1:]
     O = out.shape[3]
     if inter:
@@ -409,14 +414,14 @@ def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fa
     sc.apply_kernel[(c.NT * NQ, cdiv(O, BO), c.rows)](
         A, z, x, st, g, out, c.CHUNKS, *extra, T, H, D, O, c.L, c.NT, NQ, c.scale, *strides,
         BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen, DOT_PREC=c.prec, INTER=inter,
-        FAST=CHUNK_SPAN if fast is not None else 0.0, EXCL=c.excl, num_warps=nw,
-        num_stages=ns,
+        FAST=CHUNK_SPAN if fast is not None else 0.0, EXCL=c.excl, PRE_GATED=pre_gated,
+        num_warps=nw, num_stages=ns,
     )  # fmt: skip
 
 
 def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans=None,
-              slow=None):  # fmt: skip
-    states, st_lo = saved[0], saved[2]
+              slow=None, gated=None):  # fmt: skip
+    states = saved[0]
     T, H, K = q.shape[1:]
     V = v.shape[3]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
@@ -437,12 +442,12 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     bndk = torch.zeros(BH, NT, grid[1], K, **f32)
     bndv = torch.zeros(BH, NT, grid[0], V, **f32) if has_gv else dummy
     kern.states_bwd_kernel[grid](
-        q, do, dstates, dummy, dS0, dummy, dS_T if has_dst else dummy, dummy, dummy, dummy,
-        dummy, dummy, dummy, c.CO, c.CHUNKS, states, dummy if st_lo is None else st_lo, dummy,
-        S_T, dummy, bndk, bkx, bk, gv_, bndv, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        q if gated is None else gated[0], do, dstates, dummy, dS0, dummy,
+        dS_T if has_dst else dummy, dummy, dummy, dummy, dummy, dummy, dummy, c.CO, c.CHUNKS,
+        states, dummy, S_T, dummy, bndk, bkx, bk, gv_, bndv, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BK=BK, BV=BV, BQ=BS, HAS_DECAY=False, STAB=False, TRACK_N=False, NORM=0,
         HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, VEC=True, VEC_V=has_gv,
-        ST_PLANES=st_lo is not None, num_warps=nw, num_stages=ns,
+        PRE_GATED=gated is not None, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, **_diag(c, has_gv))
     # gk-only with the forward's stored scores: do vᵀ stored once too, loaded by dq and dk
@@ -489,7 +494,10 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     dv = torch.empty_like(v)
     vdv = torch.empty(v.shape, **f32) if has_gv else dummy
     if stored:  # the forward's stored scores: dv = scale·Aᵀ do + …
-        _apply(saved[1], do, k, dstates, bk, dv, c, rev=True)
+        if gated is None:
+            _apply(saved[1], do, k, dstates, bk, dv, c, rev=True)
+        else:
+            _apply(saved[1], do, gated[1], dstates, bk, dv, c, rev=True, pre_gated=True)
     else:
         kern.cols_kernel[(NT * nS, cdiv(V, BO), BH)](
             k, q, do, dv, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, v, vdv,
@@ -506,29 +514,36 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
 class _VecChunkFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gk, gv, u, S0, c: tc.Config):
-        bk, bkx, spans = _cumsums(gk, c, exclusive=c.excl, span=_fast_chunks(gv is not None, c))
-        bv = _cumsums(gv, c, exclusive=False)[0] if gv is not None else None
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        gate = _gate_buffers(q, k, gv is not None, c)
+        fast = _fast_chunks(gv is not None, c)
+        bk, bkx, spans = _cumsums(gk, c, exclusive=c.excl, span=fast, gate=gate)
+        gated = gate[2:] if gate is not None else None
+        bv = _cumsums(gv, c, exclusive=False)[0] if gv is not None else None
         u = u.float().contiguous() if u is not None else None
         if S0 is not None:
             S0 = S0.float().contiguous()
-        fwd = _forward_fused if c.fused else _forward
-        o, S_T, saved = fwd(q, k, v, bk, bkx, bv, u, S0, c, spans)
+        if c.fused:
+            o, S_T, saved = _forward_fused(q, k, v, bk, bkx, bv, u, S0, c)
+        else:
+            o, S_T, saved = _forward(q, k, v, bk, bkx, bv, u, S0, c, spans, gated)
         ctx.c, ctx.spans = c, spans
         ctx.slow = _SlowChunks.make(spans) if SKIP_SUB_CHUNKS else None
-        ctx.save_for_backward(q, k, v, u, bk, bkx, bv, S0, S_T, *saved)
+        # (saved: two tensors or None; then QG and KG where the call pre-gates)
+        ctx.save_for_backward(q, k, v, u, bk, bkx, bv, S0, S_T, *saved, *(gated or ()))
         return o, S_T
 
     @staticmethod
     def backward(ctx, do, dS_T):
         c = ctx.c
-        q, k, v, u, bk, bkx, bv, S0, S_T, *saved = ctx.saved_tensors
+        q, k, v, u, bk, bkx, bv, S0, S_T, *rest = ctx.saved_tensors
+        saved, gated = rest[:2], tuple(rest[2:]) or None
         do = do.contiguous()
         if c.fused:
             grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c)
         else:
             grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c, ctx.spans,
-                              getattr(ctx, "slow", None))  # fmt: skip
+                              getattr(ctx, "slow", None), gated)  # fmt: skip
         dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov = grads
         endk = endv = totk = totv = None
         if c.fused:  # tails from the chunks' inter-chunk totals

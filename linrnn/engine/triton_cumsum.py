@@ -18,6 +18,17 @@ kernels read as G^X or G^K in that chunk (the inclusive sums, and the exclusive 
 the chunk start): ``[NT, B·H]`` fp32, zero-filled by the caller, raised by each channel tile
 with an atomic max. A chunk whose span is small is formed as one product around its middle
 (triton_scores' fast chunks).
+
+``GATE_QK`` also stores the gated queries and keys that the walking state kernels and the
+stored-scores apply kernels take into their products, in the inputs' dtype, computed as
+those kernels computed them (triton_vector._vec_scale_rows, _vec_to_end), so the result is
+the same, bit for bit:
+
+    QG_t = q_t ⊙ exp(G^X_t)          KG_t = k_t ⊙ exp(G^K_{c1−1} − G^K_t)
+
+(G^X the exclusive sum with ``EXCL``, else the inclusive one; G^K the inclusive one, the
+chunk's last row as stored). Each factor is ≤ 1. It saves those four kernels their gate
+tiles and exponentials (the apply kernels formed them once per output tile).
 """
 
 from __future__ import annotations
@@ -26,16 +37,18 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.triton_kernels import _bounds
+from linrnn.engine.triton_vector import _ld_row, _xp
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def chunk_cumsum_kernel(
-    G, INC, EXC, SPAN, CHUNKS, T, H, D, L,
+    G, INC, EXC, SPAN, CHUNKS, Q, K_, QG, KG, T, H, D, L,
     BT: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr, EXCL: tl.constexpr,
-    HAS_SPAN: tl.constexpr = False,
+    HAS_SPAN: tl.constexpr = False, GATE_QK: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks, channel tiles, B·H). G ``[B, T, H, D]`` (any float dtype); INC and, with
-    ``EXCL``, EXC ``[B, T, H, D]`` fp32; ``HAS_SPAN``: SPAN ``[NT, B·H]`` fp32 (module doc)."""
+    ``EXCL``, EXC ``[B, T, H, D]`` fp32; ``HAS_SPAN``: SPAN ``[NT, B·H]`` fp32; ``GATE_QK``:
+    QG and KG from Q and K_ (all ``[B, T, H, D]``, the inputs' dtype) (module doc)."""
     i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
@@ -60,10 +73,25 @@ def chunk_cumsum_kernel(
         if HAS_SPAN:
             top = tl.maximum(top, tl.max(tl.where(m, inc, float("-inf")), 0))
             bot = tl.minimum(bot, tl.min(tl.where(m, inc, float("inf")), 0))
+        g_x = inc
         if EXCL:
             tl.debug_barrier()  # this tile's inc rows, stored by other threads, are visible
             prev = tl.load(INC + p - H * D, mask=m & (o_t > c0)[:, None], other=0.0)
             tl.store(EXC + p, prev, mask=m)
+            g_x = prev
+        if GATE_QK:
+            b_q = tl.load(Q + p, mask=m, other=0.0).to(tl.float32)
+            tl.store(QG + p, (b_q * _xp(g_x, m)).to(QG.dtype.element_ty), mask=m)
+    if GATE_QK:  # a second walk: the keys' factors need the chunk's last row
+        tl.debug_barrier()  # every inc row stored by this program is visible
+        g_last = _ld_row(INC + base, c1 - 1, o_d, H * D, m_d & (o_d * 0 + c1 > c0))
+        for j in range(0, tl.cdiv(c1 - c0, BT)):
+            o_t = c0 + j * BT + tl.arange(0, BT)
+            m = (o_t < c1)[:, None] & m_d[None, :]
+            p = base + o_t.to(tl.int64)[:, None] * H * D + o_d[None, :]
+            g_k = tl.load(INC + p, mask=m, other=0.0)
+            b_k = tl.load(K_ + p, mask=m, other=0.0).to(tl.float32)
+            tl.store(KG + p, (b_k * _xp(g_last[None, :] - g_k, m)).to(KG.dtype.element_ty), mask=m)
     if HAS_SPAN and c1 > c0:
         span = tl.max(tl.where(m_d, top - bot, 0.0), 0)
         tl.atomic_max(SPAN + i_c * tl.num_programs(2) + i_bh, span)

@@ -29,12 +29,6 @@ GLA's secondary chunking inside each chunk (triton_vector; host side triton_chun
 Layouts: q, k, v, o and their gradients ``[B, T, H, D]`` contiguous; gates and per-row values
 ``[B·H, T]`` fp32 (per-channel gate cumsums ``[B, T, H, D]`` fp32); chunk states
 ``[B·H, NT(+1), K, V]``. Offsets are int64.
-
-Split states (``ST_PLANES``, bf16 inputs): the chunk states stay exact fp32 in HBM as two 16-bit
-planes, ST the high half (bf16: the state rounded to nearest, ties away from zero) and STLO
-the signed remainder (int16): bits(C) = bits(hi)·2¹⁶ + lo exactly. The kernels that only take
-the state into a bf16 product read the high plane alone (half the bytes, the same operand as
-casting the fp32 state); the decay gradient's ⟨dC, C⟩ reads both.
 """
 
 from __future__ import annotations
@@ -67,25 +61,6 @@ def _state_tile(ptr, o_d, o_o, s_d, s_o, m_d, m_o):
     """A [len(o_d), len(o_o)] block of a state with element strides (s_d, s_o)."""
     p = ptr + o_d[:, None] * s_d + o_o[None, :] * s_o
     return tl.load(p, mask=m_d[:, None] & m_o[None, :], other=0.0)
-
-
-@triton.jit
-def _split_store(p_hi, p_lo, x, mask):
-    """Store fp32 ``x`` exactly as a bf16 high half (round to nearest, ties away) and an int16
-    remainder: bits(x) = bits(hi)·2¹⁶ + lo, |lo| ≤ 2¹⁵."""
-    b = x.to(tl.uint32, bitcast=True)
-    hi = (b + 0x8000) >> 16
-    lo = (b - (hi << 16)).to(tl.int32, bitcast=True)
-    tl.store(p_hi, hi.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
-    tl.store(p_lo, lo.to(tl.int16), mask=mask)
-
-
-@triton.jit
-def _split_load(p_hi, p_lo, mask):
-    """The fp32 value :func:`_split_store` stored (0 where masked)."""
-    hi = tl.load(p_hi, mask=mask, other=0.0).to(tl.uint16, bitcast=True).to(tl.uint32)
-    lo = tl.load(p_lo, mask=mask, other=0).to(tl.int32).to(tl.uint32, bitcast=True)
-    return ((hi << 16) + lo).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -248,18 +223,18 @@ def _fast_chunk(SPAN, i_c, i_bh, n_bh, LIM: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_fwd_kernel(
-    K_, V_, ST, STLO, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A, CMAX, CO, CHUNKS, GK, GV,
+    K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A, CMAX, CO, CHUNKS, GK, GV,
     T, H, K, V, L, NT, NSEQ,
     BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, ST_PLANES: tl.constexpr = False,
+    VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, PRE_GATED: tl.constexpr = False,
 ):  # fmt: skip
-    """Grid (K tiles, V tiles, B·H). Stores the state entering each chunk (ST [BH,NT,K,V];
-    ``ST_PLANES``: its two planes ST and STLO, module doc; NS [BH,NT,K], MC [BH,NT+1]) and the
-    final state (ST_T, NS_T, MC[:, NT]). CMAX [BH,NT]: each chunk's max over s of (a_s − b_s),
-    the chunk's own candidate for the max state. The max state of chunk i_c of sequence n sits
-    at MC[row, i_c + n] (NSEQ + NT slots per row)."""
+    """Grid (K tiles, V tiles, B·H). Stores the state entering each chunk (ST [BH,NT,K,V],
+    NS [BH,NT,K], MC [BH,NT+1]) and the final state (ST_T, NS_T, MC[:, NT]). CMAX [BH,NT]:
+    each chunk's max over s of (a_s − b_s), the chunk's own candidate for the max state. The max
+    state of chunk i_c of sequence n sits at MC[row, i_c + n] (NSEQ + NT slots per row).
+    ``PRE_GATED`` (``VEC``): K_ is k ⊙ exp(G^K_L − G^K) already (triton_cumsum's KG)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
@@ -269,6 +244,7 @@ def states_fwd_kernel(
     p_k = K_ + (i_b * T * H + i_h) * K
     p_v = V_ + (i_b * T * H + i_h) * V
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
+    p_st = ST + i_bh * NT * K * V
     b_C, b_n = _start_state(S0, N0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_S0, TRACK_N, BK, BV)
     if STAB and HAS_S0:
         b_m = tl.load(M0 + i_st).to(tl.float32)
@@ -278,18 +254,17 @@ def states_fwd_kernel(
     p_mc = MC + i_bh * (NT + NSEQ) + i_n
     for i_c in range(c_lo, c_hi):
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-        o_c = (i_bh * NT + i_c) * K * V + o_k[:, None] * V + o_v[None, :]
-        m_c = m_k[:, None] & m_v[None, :]
-        if ST_PLANES:
-            _split_store(ST + o_c, STLO + o_c, b_C, m_c)
-        else:
-            tl.store(ST + o_c, b_C.to(ST.dtype.element_ty), mask=m_c)
+        p_c = p_st + i_c * K * V
+        tl.store(
+            p_c + o_k[:, None] * V + o_v[None, :], b_C.to(ST.dtype.element_ty),
+            mask=m_k[:, None] & m_v[None, :],
+        )  # fmt: skip
         if TRACK_N:
             tl.store(NS + (i_bh * NT + i_c) * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
         if VEC:  # per-channel decays (GLA, RWKV6): no normalizer, no max state
             b_C = _vec_state_fwd(
                 b_C, p_k, p_v, GK + (i_b * T * H + i_h) * K, GV + (i_b * T * H + i_h) * V,
-                c0, c1, o_k, m_k, o_v, m_v, K, V, H, BS, VEC_V, DOT_PREC,
+                c0, c1, o_k, m_k, o_v, m_v, K, V, H, BS, VEC_V, DOT_PREC, PRE_GATED,
             )  # fmt: skip
         else:
             b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
@@ -555,22 +530,23 @@ def norm_bwd_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_bwd_kernel(
     Q, DH, DST, DNS, DS0, DN0, DS_T, DN_T, MC, G_B, M_ROW, R_A, R_D, CO, CHUNKS,
-    ST, STLO, NS, ST_T, NS_T, BND, GKX, GK, GV, BNDV,
+    ST, NS, ST_T, NS_T, BND, GKX, GK, GV, BNDV,
     T, H, K, V, L, NT, NSEQ, scale,
     BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr,
     HAS_DECAY: tl.constexpr, STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
     HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, ST_PLANES: tl.constexpr = False,
+    VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, PRE_GATED: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, B·H). Walks the chunks backwards; stores the gradient of the
     state leaving each chunk (DST [BH,NT,K,V] in its dtype, DNS [BH,NT,K]) and of the initial
-    state. ``ST_PLANES``: the stored states are two planes, ST and STLO (module doc).
+    state.
 
     With decay, also this tile's part of ⟨dC, C⟩ + ⟨dn, n⟩ for the state leaving each chunk
     (BND [BH, NT, K tiles · V tiles]): the exact log-decay gradient at the chunk's end (the
     next chunk's stored state, or the final state ST_T/NS_T after a sequence's last chunk).
     ``VEC``: per channel instead, Σ_v dC ⊙ C into BND [BH, NT, V tiles, K] and (``VEC_V``)
-    Σ_k into BNDV [BH, NT, K tiles, V]; GKX/GK/GV the query-side and key-side cumsums."""
+    Σ_k into BNDV [BH, NT, K tiles, V]; GKX/GK/GV the query-side and key-side cumsums;
+    ``PRE_GATED``: Q is q ⊙ exp(G^X) already (triton_cumsum's QG)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
@@ -593,21 +569,13 @@ def states_bwd_kernel(
         if TRACK_N:
             tl.store(DNS + (i_bh * NT + i_c) * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
         if HAS_DECAY or VEC:
-            if ST_PLANES:  # the next chunk's state from its planes, or the final state
-                o_nx = (i_bh * NT + i_c + 1) * K * V + o_k[:, None] * V + o_v[None, :]
-                m_kv = m_k[:, None] & m_v[None, :]
-                inner = (o_k * 0 + i_c + 1) < c_hi  # [BK]: a next chunk in this walk
-                b_nx = _split_load(ST + o_nx, STLO + o_nx, m_kv & inner[:, None])
-                b_nx += _state_tile(ST_T + i_st * K * V, o_k, o_v, V, 1, m_k & ~inner, m_v)
-                p_nn = NS_T  # no normalizer with VEC
+            if i_c + 1 < c_hi:
+                p_nx = ST + (i_bh * NT + i_c + 1) * K * V
+                p_nn = NS + (i_bh * NT + i_c + 1) * K
             else:
-                if i_c + 1 < c_hi:
-                    p_nx = ST + (i_bh * NT + i_c + 1) * K * V
-                    p_nn = NS + (i_bh * NT + i_c + 1) * K
-                else:
-                    p_nx = ST_T + i_st * K * V
-                    p_nn = NS_T + i_st * K
-                b_nx = _state_tile(p_nx, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
+                p_nx = ST_T + i_st * K * V
+                p_nn = NS_T + i_st * K
+            b_nx = _state_tile(p_nx, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
             if VEC:
                 b_pr = b_dC * b_nx
                 p_bk = BND + ((i_bh * NT + i_c) * tl.num_programs(1) + i_v) * K + o_k
@@ -625,7 +593,7 @@ def states_bwd_kernel(
             b_dC = _vec_state_bwd(
                 b_dC, p_q, p_dh, GKX + (i_b * T * H + i_h) * K, GK + (i_b * T * H + i_h) * K,
                 GV + (i_b * T * H + i_h) * V, c0, c1, o_k, m_k, o_v, m_v, K, V, H, scale, BQ,
-                VEC_V, DOT_PREC,
+                VEC_V, DOT_PREC, PRE_GATED,
             )  # fmt: skip
         else:
             b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0

@@ -239,15 +239,19 @@ def _chunk_vec_bwd(
     """[dq, dk, dv, dg, dgv, du, dS0] (empty where the input was None)."""
     c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
     fast = triton_chunk_vec._fast_chunks(gv is not None, c)
-    bk, bkx, spans = triton_chunk_vec._cumsums(g, c, exclusive=u is not None, span=fast)
+    q, k = q.contiguous(), k.contiguous()
+    gate = triton_chunk_vec._gate_buffers(q, k, gv is not None, c)  # QG, KG again
+    bk, bkx, spans = triton_chunk_vec._cumsums(g, c, exclusive=u is not None, span=fast,
+                                               gate=gate)  # fmt: skip
     bv = triton_chunk_vec._cumsums(gv, c, exclusive=False)[0] if gv is not None else None
     ctx = _Ctx()
     ctx.c, ctx.spans = c, spans
     ctx.saved_tensors = (
-        q.contiguous(), k.contiguous(), v.contiguous(),
+        q, k, v.contiguous(),
         u.float().contiguous() if u is not None else None, bk, bkx, bv, S0, S_T,
         saved0 if not fused or gv is not None else None,
         saved1 if gv is not None or saved1.numel() else None,  # (chunk mode, no gv: scores)
+        *(gate[2:] if gate is not None else ()),
     )  # fmt: skip
     grads = triton_chunk_vec._VecChunkFn.backward(ctx, do, dS_T)[:7]
     outs = [_empty(q) if x is None else x for x in grads]

@@ -150,6 +150,7 @@ def apply_kernel(
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     REV: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     INTER: tl.constexpr = False, FAST: tl.constexpr = 0.0, EXCL: tl.constexpr = False,
+    PRE_GATED: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × row tiles, output tiles, B·H): rows o_r of a chunk — queries (forward),
     or keys (``REV``, dv) — against the stored scores of their chunk, plus the inter-chunk
@@ -163,7 +164,10 @@ def apply_kernel(
     dk) instead: the intra-chunk part from the stored ungated P (A = do vᵀ, fp32) against
     Z = k (dk: q) with the other side's gate GO and RWKV6's u (``EXCL``), stored to FOUT in
     its dtype, and FD ⊙ it (FD = q, dk: k) to OUT, what the dq/dk programs would store
-    there; they skip such chunks."""
+    there; they skip such chunks.
+
+    ``PRE_GATED`` (not ``INTER``): X is gated already, q ⊙ exp(G^X) (or, ``REV``, k ⊙
+    exp(G^K_L − G^K)), as triton_cumsum stores it: the state part takes it as it is."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
@@ -194,7 +198,8 @@ def apply_kernel(
             b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
     b_int = _vec_state_part(
         X + base * D, ST + (i_bh * NT + i_c) * D * O, G + base * D, G + base * O, o_r, m_r, o_o,
-        m_o, c1, D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, not INTER, INTER, DOT_PREC,
+        m_o, c1, D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, not (INTER or PRE_GATED), INTER,
+        DOT_PREC,
     )  # fmt: skip
     if INTER:
         b_out = b_int

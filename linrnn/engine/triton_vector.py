@@ -509,18 +509,20 @@ def _vec_to_end(b_x, p_g, o_t, m_t, o_c, m_c, s_c, c1):
 
 @triton.jit
 def _vec_state_fwd(b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H,
-                   BS: tl.constexpr, VEC_V: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+                   BS: tl.constexpr, VEC_V: tl.constexpr, DOT_PREC: tl.constexpr,
+                   PRE_GATED: tl.constexpr = False):  # fmt: skip
     """C ← diag(exp(G^K_L)) C diag(exp(G^V_L)) + Σ_s (k_s ⊙ exp(G^K_L − G^K_s))
-    (v_s ⊙ exp(G^V_L − G^V_s))ᵀ over the chunk [c0, c1): the state leaving it."""
+    (v_s ⊙ exp(G^V_L − G^V_s))ᵀ over the chunk [c0, c1): the state leaving it. ``PRE_GATED``:
+    p_k holds k_s ⊙ exp(G^K_L − G^K_s) already (triton_cumsum's KG)."""
     b_C *= tl.exp(_ld_row(p_gk, c1 - 1, o_k, H * K, m_k))[:, None]
     if VEC_V:
         b_C *= tl.exp(_ld_row(p_gv, c1 - 1, o_v, H * V, m_v))[None, :]
     for s0 in range(c0, c1, BS):
         o_s = s0 + tl.arange(0, BS)
         m_s = o_s < c1
-        b_k = _vec_to_end(
-            _tile(p_k, o_s, o_k, H * K, m_s, m_k), p_gk, o_s, m_s, o_k, m_k, H * K, c1
-        )
+        b_k = _tile(p_k, o_s, o_k, H * K, m_s, m_k)
+        if not PRE_GATED:
+            b_k = _vec_to_end(b_k, p_gk, o_s, m_s, o_k, m_k, H * K, c1)
         b_v = _tile(p_v, o_s, o_v, H * V, m_s, m_v)
         if VEC_V:
             b_v = _vec_to_end(b_v, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
@@ -530,19 +532,20 @@ def _vec_state_fwd(b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, 
 
 @triton.jit
 def _vec_state_bwd(b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H,
-                   scale, BS: tl.constexpr, VEC_V: tl.constexpr,
-                   DOT_PREC: tl.constexpr):  # fmt: skip
+                   scale, BS: tl.constexpr, VEC_V: tl.constexpr, DOT_PREC: tl.constexpr,
+                   PRE_GATED: tl.constexpr = False):  # fmt: skip
     """dC_c = diag(exp(G^K_L)) dC_c+1 diag(exp(G^V_L)) + scale·Σ_r (q_r ⊙ exp(G^X_r))
-    (dh_r ⊙ exp(G^V_r))ᵀ: the gradient of the state entering the chunk [c0, c1)."""
+    (dh_r ⊙ exp(G^V_r))ᵀ: the gradient of the state entering the chunk [c0, c1).
+    ``PRE_GATED``: p_q holds q_r ⊙ exp(G^X_r) already (triton_cumsum's QG)."""
     b_dC *= tl.exp(_ld_row(p_gk, c1 - 1, o_k, H * K, m_k))[:, None]
     if VEC_V:
         b_dC *= tl.exp(_ld_row(p_gv, c1 - 1, o_v, H * V, m_v))[None, :]
     for r0 in range(c0, c1, BS):
         o_r = r0 + tl.arange(0, BS)
         m_r = o_r < c1
-        b_q = _vec_scale_rows(
-            _tile(p_q, o_r, o_k, H * K, m_r, m_k), p_gkx, o_r, m_r, o_k, m_k, H * K
-        )
+        b_q = _tile(p_q, o_r, o_k, H * K, m_r, m_k)
+        if not PRE_GATED:
+            b_q = _vec_scale_rows(b_q, p_gkx, o_r, m_r, o_k, m_k, H * K)
         b_dh = _tile(p_dh, o_r, o_v, H * V, m_r, m_v)
         if VEC_V:
             b_dh = _vec_scale_rows(b_dh, p_gv, o_r, m_r, o_v, m_v, H * V)
