@@ -438,14 +438,15 @@ def test_sub_chunk_launches_only_with_slow_chunks(monkeypatch, family, slow):
     assert sorted(set(launched)) == (["cols_kernel", "rows_kernel"] if slow else [])
 
 
-@pytest.mark.parametrize("case", ["T70-L32-K60-V100", "varlen"])
+@pytest.mark.parametrize("case", ["T70-L32-K60-V100", "T150-L96", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
     """The cumulative-sum pass's gated q and k (PRE_GATE, triton_cumsum's GATE_QK), which the
     state kernels and the forward's and dv's apply kernels then take as they are, are the
     values those kernels formed themselves: output, final state and every gradient equal
     bit for bit with PRE_GATE off (several chunks and tiles, an initial state, packed
-    sequences); and both match the fp64 reference."""
+    sequences; chunks of one row tile, whose keys are gated from registers, and of two, L =
+    96, gated in a second walk); and both match the fp64 reference."""
     from helpers import run_with_grads
 
     from linrnn.engine import triton_chunk_vec
@@ -458,7 +459,7 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
         seq["cu_seqlens"] = torch.tensor([0, *np.cumsum(lens)], device=DEVICE)
         h0 = fam.make_state(len(lens), H, K, V, torch.float32)
     else:
-        B, T, H, K, V, L = 2, 70, 1, 60, 100, 32
+        B, T, H, K, V, L = (2, 70, 1, 60, 100, 32) if case[:3] == "T70" else (1, 150, 1, 20, 12, 96)
         h0 = fam.make_state(B, H, K, V, torch.float32)
     inputs, h0 = _on(fam.build(B, T, H, K, V, False)), _on(h0)
     kw = dict(backend="triton", mode="chunk", chunk_size=L, **seq)

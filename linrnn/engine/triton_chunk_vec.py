@@ -226,7 +226,8 @@ def _cumsums(g, c: tc.Config, exclusive: bool, span: bool = False, gate=None):
     qk = gate if gate is not None else (inc,) * 4  # unused without GATE_QK
     cs.chunk_cumsum_kernel[(c.NT, cdiv(D, BD), c.rows)](
         g, inc, exc, spans if span else inc, c.CHUNKS, *qk, T, H, D, c.L, BT=BT, BD=BD,
-        VARLEN=c.varlen, EXCL=exclusive, HAS_SPAN=span, GATE_QK=gate is not None, num_warps=4,
+        VARLEN=c.varlen, EXCL=exclusive, HAS_SPAN=span, GATE_QK=gate is not None, ONE=BT >= c.L,
+        num_warps=4,
     )  # fmt: skip
     return inc, exc, spans
 
