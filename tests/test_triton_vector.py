@@ -446,25 +446,38 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
     values those kernels formed themselves: output, final state and every gradient equal
     bit for bit with PRE_GATE off (several chunks and tiles, an initial state, packed
     sequences; chunks of one row tile, whose keys are gated from registers, and of two, L =
-    96, gated in a second walk); and both match the fp64 reference."""
+    96, gated in a second walk; V over one output tile of the apply kernels, where the engine
+    pre-gates, and checked that it did); and both match the fp64 reference."""
     from helpers import run_with_grads
 
-    from linrnn.engine import triton_chunk_vec
+    from linrnn.engine import triton_chunk_vec, triton_cumsum
 
     fam = FAMILIES[family]
     seq = {}
     if case == "varlen":
         lens = [1, 40, 0, 77, 9]
-        B, T, H, K, V, L = 1, sum(lens), 2, 24, 40, 32
+        B, T, H, K, V, L = 1, sum(lens), 2, 24, 72, 32
         seq["cu_seqlens"] = torch.tensor([0, *np.cumsum(lens)], device=DEVICE)
         h0 = fam.make_state(len(lens), H, K, V, torch.float32)
     else:
-        B, T, H, K, V, L = (2, 70, 1, 60, 100, 32) if case[:3] == "T70" else (1, 150, 1, 20, 12, 96)
+        B, T, H, K, V, L = (2, 70, 1, 60, 100, 32) if case[:3] == "T70" else (1, 150, 1, 20, 80, 96)
         h0 = fam.make_state(B, H, K, V, torch.float32)
     inputs, h0 = _on(fam.build(B, T, H, K, V, False)), _on(h0)
     kw = dict(backend="triton", mode="chunk", chunk_size=L, **seq)
-    assert triton_chunk_vec.PRE_GATE
+    gating = []
+    real = triton_cumsum.chunk_cumsum_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                gating.append(kw["GATE_QK"])
+                return real[grid](*args, **kw)
+
+            return run
+
+    monkeypatch.setattr(triton_cumsum, "chunk_cumsum_kernel", Spy())
     on = run_with_grads(fam, inputs, h0, torch.float32, **kw)
+    assert gating == [True], gating
     monkeypatch.setattr(triton_chunk_vec, "PRE_GATE", False)
     off = run_with_grads(fam, inputs, h0, torch.float32, **kw)
     assert torch.equal(on[0], off[0])

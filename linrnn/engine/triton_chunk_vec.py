@@ -138,21 +138,26 @@ SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998
 }
 
 
-# gk-only calls in chunk mode (the stored scores): the cumulative-sum pass also stores q ⊙ e^{G^X}
-# and k ⊙ e^{G^K_L − G^K} (triton_cumsum's GATE_QK, the same values bit for bit), which the
-# walking state kernels and the forward's and dv's apply kernels then take as they are,
-# instead of loading gate tiles and exponentiating them (the apply kernels once per output
-# tile). Two more [B, T, H, K] tensors in the inputs' dtype, kept for the backward.
+# gk-only calls in chunk mode (the stored scores) with V over one output tile of the apply
+# kernels: the cumulative-sum pass also stores q ⊙ e^{G^X} and k ⊙ e^{G^K_L − G^K}
+# (triton_cumsum's GATE_QK, the same values bit for bit), which the walking state kernels and
+# the forward's and dv's apply kernels then take as they are, instead of loading gate tiles
+# and exponentiating them (the apply kernels once per output tile). Two more [B, T, H, K]
+# tensors in the inputs' dtype, kept for the backward. On the H200 (session 11,
+# benchmarks/results/s11/call6, call7): GLA fwd+bwd 0.945x at K = V = 256 (19.42 against
+# 20.49 ms), 0.956x at 128; the cumsum pass's extra traffic (0.7 -> 1.7 ms) outweighs the
+# savings at V = 64, one output tile (RWKV6 1.016x), so those calls keep the in-kernel gating.
 PRE_GATE = True
 
 
-def _pre_gate(has_gv: bool, c: tc.Config) -> bool:
-    return bool(PRE_GATE) and SCORES and not has_gv and not c.fused
+def _pre_gate(has_gv: bool, c: tc.Config, V: int) -> bool:
+    one_tile = V <= _fit(SCORE_TILES["apply"][3], V)
+    return bool(PRE_GATE) and SCORES and not has_gv and not c.fused and not one_tile
 
 
-def _gate_buffers(q, k, has_gv: bool, c: tc.Config):
+def _gate_buffers(q, k, v, has_gv: bool, c: tc.Config):
     """(q, k, QG, KG) for :func:`_cumsums` where the call pre-gates them, else None."""
-    if not _pre_gate(has_gv, c):
+    if not _pre_gate(has_gv, c, v.shape[3]):
         return None
     return q, k, torch.empty_like(q), torch.empty_like(k)
 
@@ -516,7 +521,7 @@ class _VecChunkFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gk, gv, u, S0, c: tc.Config):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        gate = _gate_buffers(q, k, gv is not None, c)
+        gate = _gate_buffers(q, k, v, gv is not None, c)
         fast = _fast_chunks(gv is not None, c)
         bk, bkx, spans = _cumsums(gk, c, exclusive=c.excl, span=fast, gate=gate)
         gated = gate[2:] if gate is not None else None

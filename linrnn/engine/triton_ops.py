@@ -240,7 +240,7 @@ def _chunk_vec_bwd(
     c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
     fast = triton_chunk_vec._fast_chunks(gv is not None, c)
     q, k = q.contiguous(), k.contiguous()
-    gate = triton_chunk_vec._gate_buffers(q, k, gv is not None, c)  # QG, KG again
+    gate = triton_chunk_vec._gate_buffers(q, k, v, gv is not None, c)  # QG, KG again
     bk, bkx, spans = triton_chunk_vec._cumsums(g, c, exclusive=u is not None, span=fast,
                                                gate=gate)  # fmt: skip
     bv = triton_chunk_vec._cumsums(gv, c, exclusive=False)[0] if gv is not None else None
