@@ -31,13 +31,15 @@ FUSED_MAX_CHUNK = 128
 def default_chunk_size(K: int, V: int, fused: bool, vector: bool = False) -> int:
     """L when the caller gives none. chunk: 128 for head dims ≥ 128 (the H200 optimum at
     K = V = 256, where fewer chunk states save more memory traffic than the longer intra-chunk
-    products cost), else 64; per-channel decays (``vector``: GLA, RWKV6) 64 (H200, session
-    10, one run each, benchmarks/results/s10/call8-9f5ef19/ and call10-9f5ef19/: GLA fwd+bwd
-    at B8-T8192-H16-K256 21.5 ms at L = 64 against 21.9 at 128, at H32-K128 16.4 against
-    17.7; L = 128 takes 22 % less peak memory at K = 256: 13,172 against 16,900 MiB).
+    products cost), else 64; per-channel decays (``vector``: GLA, RWKV6) 128 for head dims ≥
+    256, else 64 (H200, session 11, one run each at ed3f959, benchmarks/results/s11/call8-
+    and call9-ed3f959/: GLA fwd+bwd at B8-T8192-H16-K256 18.8 ms at L = 128 against 19.4 at
+    64, with 17 % less peak memory, 13,172 against 15,876 MiB; at H32-K128 16.0 against 15.0).
     fused_chunk: 64 (one chunk is one register tile)."""
-    if fused or vector:
+    if fused:
         return 64
+    if vector:
+        return 128 if max(K, V) >= 256 else 64
     return 128 if max(K, V) >= 128 else 64
 
 
