@@ -418,7 +418,7 @@ scale: multiplier of the query, default ``K ** -0.5``.
             fastest L measured by ``linrnn bench --suite chunksize --save-cache`` for this
             family, head dims, dtype and GPU, else the analytical optimum of TFLA App. G).
             Default 64 on the PyTorch path; on the Triton path 128 when K or V ≥ 128 (GLA,
-            RWKV6: always 64), else 64;
+            RWKV6: when K or V ≥ 256), else 64;
             ``fused_chunk`` takes L ≤ 128 (default 64).
         backend: ``"torch"``, ``"triton"`` (fp16/bf16/fp32 inputs) or None (Triton on CUDA
             tensors where a kernel exists, PyTorch otherwise).
