@@ -138,13 +138,13 @@ SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998
 }
 
 
-# gk-only calls in chunk mode (the stored scores) with V over one output tile of the apply
-# kernels: the cumulative-sum pass also stores q ⊙ e^{G^X} and k ⊙ e^{G^K_L − G^K}
+# gk-only calls in chunk mode (the stored scores) with V over more than one output tile of the
+# apply kernels: the cumulative-sum pass also stores q ⊙ e^{G^X} and k ⊙ e^{G^K_L − G^K}
 # (triton_cumsum's GATE_QK, the same values bit for bit), which the walking state kernels and
 # the forward's and dv's apply kernels then take as they are, instead of loading gate tiles
 # and exponentiating them (the apply kernels once per output tile). Two more [B, T, H, K]
 # tensors in the inputs' dtype, kept for the backward. On the H200 (session 11,
-# benchmarks/results/s11/call6, call7): GLA fwd+bwd 0.945x at K = V = 256 (19.42 against
+# benchmarks/results/s11/call6, call7): GLA fwd+bwd 0.948x at K = V = 256 (19.42 against
 # 20.49 ms), 0.956x at 128; the cumsum pass's extra traffic (0.7 -> 1.7 ms) outweighs the
 # savings at V = 64, one output tile (RWKV6 1.016x), so those calls keep the in-kernel gating.
 PRE_GATE = True
