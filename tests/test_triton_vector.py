@@ -446,9 +446,9 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
     state kernels and the forward's and dv's apply kernels then take as they are, are the
     values those kernels formed themselves: output, final state and every gradient equal
     bit for bit with PRE_GATE off (several chunks and tiles, an initial state, packed
-    sequences; chunks of one row tile, whose keys are gated from registers, and of two, L =
-    96, gated in a second walk; V over one output tile of the apply kernels, where the engine
-    pre-gates, and checked that it did); and both match the fp64 reference."""
+    sequences; chunks of one row tile and of two, L = 96; V over one output tile of the apply
+    kernels, where the engine pre-gates, and checked that it did); and both match the fp64
+    reference."""
     from helpers import run_with_grads
 
     from linrnn.engine import triton_chunk_vec, triton_cumsum

@@ -231,8 +231,7 @@ def _cumsums(g, c: tc.Config, exclusive: bool, span: bool = False, gate=None):
     qk = gate if gate is not None else (inc,) * 4  # unused without GATE_QK
     cs.chunk_cumsum_kernel[(c.NT, cdiv(D, BD), c.rows)](
         g, inc, exc, spans if span else inc, c.CHUNKS, *qk, T, H, D, c.L, BT=BT, BD=BD,
-        VARLEN=c.varlen, EXCL=exclusive, HAS_SPAN=span, GATE_QK=gate is not None, ONE=BT >= c.L,
-        num_warps=4,
+        VARLEN=c.varlen, EXCL=exclusive, HAS_SPAN=span, GATE_QK=gate is not None, num_warps=4,
     )  # fmt: skip
     return inc, exc, spans
 
@@ -534,7 +533,9 @@ class _VecChunkFn(torch.autograd.Function):
         else:
             o, S_T, saved = _forward(q, k, v, bk, bkx, bv, u, S0, c, spans, gated)
         ctx.c, ctx.spans = c, spans
-        ctx.slow = _SlowChunks.make(spans) if SKIP_SUB_CHUNKS else None
+        # (not for the torch.compile custom op's forward, whose ctx has no backward)
+        wants_grad = any(getattr(ctx, "needs_input_grad", ()))
+        ctx.slow = _SlowChunks.make(spans) if SKIP_SUB_CHUNKS and wants_grad else None
         # (saved: two tensors or None; then QG and KG where the call pre-gates)
         ctx.save_for_backward(q, k, v, u, bk, bkx, bv, S0, S_T, *saved, *(gated or ()))
         return o, S_T

@@ -37,19 +37,18 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.triton_kernels import _bounds
-from linrnn.engine.triton_vector import _xp
+from linrnn.engine.triton_vector import _gate, _ld_row
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def chunk_cumsum_kernel(
     G, INC, EXC, SPAN, CHUNKS, Q, K_, QG, KG, T, H, D, L,
     BT: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr, EXCL: tl.constexpr,
-    HAS_SPAN: tl.constexpr = False, GATE_QK: tl.constexpr = False, ONE: tl.constexpr = False,
+    HAS_SPAN: tl.constexpr = False, GATE_QK: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks, channel tiles, B·H). G ``[B, T, H, D]`` (any float dtype); INC and, with
     ``EXCL``, EXC ``[B, T, H, D]`` fp32; ``HAS_SPAN``: SPAN ``[NT, B·H]`` fp32; ``GATE_QK``:
-    QG and KG from Q and K_ (all ``[B, T, H, D]``, the inputs' dtype) (module doc); ``ONE``:
-    every chunk fits one row tile (BT ≥ L), so KG comes from the tile kept in registers."""
+    QG and KG from Q and K_ (all ``[B, T, H, D]``, the inputs' dtype) (module doc)."""
     i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
@@ -61,8 +60,6 @@ def chunk_cumsum_kernel(
     if not EXCL:
         top = tl.full([BD], float("-inf"), tl.float32)
     bot = tl.full([BD], float("inf"), tl.float32)
-    g_last = tl.zeros([BD], dtype=tl.float32)  # G^K at the chunk's last row (GATE_QK)
-    g_one = tl.zeros([BT, BD], dtype=tl.float32)  # the chunk's one tile of G^K (ONE)
     for j in range(0, tl.cdiv(c1 - c0, BT)):  # row tiles from the chunk's start
         o_t = c0 + j * BT + tl.arange(0, BT)
         m_t = o_t < c1
@@ -83,27 +80,17 @@ def chunk_cumsum_kernel(
             tl.store(EXC + p, prev, mask=m)
             g_x = prev
         if GATE_QK:
-            b_q = tl.load(Q + p, mask=m, other=0.0).to(tl.float32)
-            tl.store(QG + p, (b_q * _xp(g_x, m)).to(QG.dtype.element_ty), mask=m)
-            # the stored value of the last row (one tile has it; + 0.0 elsewhere is exact)
-            g_last += tl.sum(tl.where((o_t == c1 - 1)[:, None], inc, 0.0), 0)
-            if ONE:
-                g_one = inc
-    if GATE_QK and ONE:  # the keys' factors need the chunk's last row: the tile is at hand
-        o_t = c0 + tl.arange(0, BT)
-        m = (o_t < c1)[:, None] & m_d[None, :]
-        p = base + o_t.to(tl.int64)[:, None] * H * D + o_d[None, :]
-        b_k = tl.load(K_ + p, mask=m, other=0.0).to(tl.float32)
-        tl.store(KG + p, (b_k * _xp(g_last[None, :] - g_one, m)).to(KG.dtype.element_ty), mask=m)
-    elif GATE_QK:  # a second walk over the stored sums
+            tl.store(QG + p, _gate(tl.load(Q + p, mask=m, other=0.0), g_x, m), mask=m)
+    if GATE_QK:  # a second walk: the keys' factors need the chunk's last row, as stored
         tl.debug_barrier()  # every inc row stored by this program is visible
+        g_last = _ld_row(INC + base, c1 - 1, o_d, H * D, m_d & (o_d * 0 + c1 > c0))
         for j in range(0, tl.cdiv(c1 - c0, BT)):
             o_t = c0 + j * BT + tl.arange(0, BT)
             m = (o_t < c1)[:, None] & m_d[None, :]
             p = base + o_t.to(tl.int64)[:, None] * H * D + o_d[None, :]
             g_k = tl.load(INC + p, mask=m, other=0.0)
-            b_k = tl.load(K_ + p, mask=m, other=0.0).to(tl.float32)
-            tl.store(KG + p, (b_k * _xp(g_last[None, :] - g_k, m)).to(KG.dtype.element_ty), mask=m)
+            b_k = tl.load(K_ + p, mask=m, other=0.0)
+            tl.store(KG + p, _gate(b_k, g_last[None, :] - g_k, m), mask=m)
     if HAS_SPAN and c1 > c0:
         span = tl.max(tl.where(m_d, top - bot, 0.0), 0)
         tl.atomic_max(SPAN + i_c * tl.num_programs(2) + i_bh, span)

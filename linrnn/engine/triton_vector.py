@@ -492,10 +492,17 @@ def _vec_cols_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, s_end, c1
 
 
 @triton.jit
+def _gate(b_x, g, mask):
+    """x ⊙ exp(g) where ``mask`` (0 elsewhere), in x's dtype: the one form of a gated operand
+    (also triton_cumsum's QG and KG, which must equal it bit for bit)."""
+    return (b_x.to(tl.float32) * _xp(g, mask)).to(b_x.dtype)
+
+
+@triton.jit
 def _vec_scale_rows(b_x, p_g, o_t, m_t, o_c, m_c, s_c):
     """x_t[c]·exp(G_t[c]) (G ≤ 0 chunk-locally: a factor ≤ 1), in x's dtype."""
     g = _tile(p_g, o_t, o_c, s_c, m_t, m_c)
-    return (b_x.to(tl.float32) * _xp(g, m_t[:, None] & m_c[None, :])).to(b_x.dtype)
+    return _gate(b_x, g, m_t[:, None] & m_c[None, :])
 
 
 @triton.jit
@@ -503,8 +510,7 @@ def _vec_to_end(b_x, p_g, o_t, m_t, o_c, m_c, s_c, c1):
     """x_t[c]·exp(G_{c1−1}[c] − G_t[c]): a step's weight in the state leaving its chunk."""
     g_last = _ld_row(p_g, c1 - 1, o_c, s_c, m_c)
     g = _tile(p_g, o_t, o_c, s_c, m_t, m_c)
-    f = _xp(g_last[None, :] - g, m_t[:, None] & m_c[None, :])
-    return (b_x.to(tl.float32) * f).to(b_x.dtype)
+    return _gate(b_x, g_last[None, :] - g, m_t[:, None] & m_c[None, :])
 
 
 @triton.jit
