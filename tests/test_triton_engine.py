@@ -239,25 +239,24 @@ def test_rejects_what_it_cannot_run():
 
 def test_backend_none_falls_back_where_triton_cannot(monkeypatch):
     """backend=None takes the PyTorch path for inputs the Triton kernels don't serve (fp64)
-    instead of raising."""
+    instead of raising, and fp32 inputs to the Triton kernels."""
     from linrnn.ops import _generic
 
+    monkeypatch.setattr(_generic, "_gpu", lambda device: True)  # as on a CUDA device
     q = torch.randn(1, 6, 1, 8, device=DEVICE, dtype=torch.float64)
     gk = torch.nn.functional.logsigmoid(torch.randn(1, 6, 1, 8, device=DEVICE)).double()
-    ref, _ = linrnn.gla(q, q, q, gk, mode="reference")
     picked = []
-    real = _generic.select
-
-    def as_if_on_cuda(family, mode, backend, device, chunk_size):
-        """select() as on a CUDA device: backend=None resolves to Triton where registered."""
-        impl = real(family, mode, "triton" if backend is None else backend, device, chunk_size)
-        picked.append(impl in _generic._TRITON.values())
-        return impl
-
-    monkeypatch.setattr(_generic, "select", as_if_on_cuda)
-    o, _ = linrnn.gla(q, q, q, gk, mode="chunk")  # (mode=None on CUDA: the recurrent kernel)
-    assert picked == [True, False]  # Triton chunk first, then the PyTorch chunk engine
+    real = _generic.route
+    monkeypatch.setattr(
+        _generic, "route", lambda *a, **k: picked.append(real(*a, **k)) or picked[-1]
+    )
+    ref, _ = linrnn.gla(q, q, q, gk, mode="reference")
+    o, _ = linrnn.gla(q, q, q, gk, mode="chunk")
+    assert picked[-1] == _generic.Route("chunk", "torch", 64)
     assert_close("o", o, ref, torch.float64)
+    o, _ = linrnn.gla(q.float(), q.float(), q.float(), gk.float(), mode="chunk")
+    assert picked[-1] == _generic.Route("chunk", "triton", 64)
+    assert_close("o", o, ref, torch.float32)
 
 
 @pytest.mark.parametrize("rows,L,targets", [(4, 64, 3), (3, 300, 301), (2, 1, 2), (5, 33, 8)])

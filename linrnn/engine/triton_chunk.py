@@ -21,127 +21,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from linrnn.engine import config
 from linrnn.engine import triton_fused as fused
 from linrnn.engine import triton_kernels as kern
+from linrnn.engine.config import FUSED_MAX_CHUNK, TILES, ChunkConfig  # noqa: F401
 from linrnn.engine.host_math import cdiv, next_pow2
 
-FUSED_MAX_CHUNK = 128
+# Compatibility names for the vector host (which imports them from here for now).
+Config = ChunkConfig
 
 
 def default_chunk_size(K: int, V: int, fused: bool, vector: bool = False) -> int:
-    """L when the caller gives none. chunk: 128 for head dims ≥ 128 (the H200 optimum at
-    K = V = 256, where fewer chunk states save more memory traffic than the longer intra-chunk
-    products cost), else 64; per-channel decays (``vector``: GLA, RWKV6) 128 for head dims ≥
-    256, else 64 (H200, session 11, one run each at ed3f959, benchmarks/results/s11/call8-
-    and call9-ed3f959/: GLA fwd+bwd at B8-T8192-H16-K256 18.8 ms at L = 128 against 19.4 at
-    64, with 17 % less peak memory, 13,172 against 15,876 MiB; at H32-K128 16.0 against 15.0).
-    fused_chunk: 64 (one chunk is one register tile)."""
-    if fused:
-        return 64
-    if vector:
-        return 128 if max(K, V) >= 256 else 64
-    return 128 if max(K, V) >= 128 else 64
-
-
-# Per kernel: (time tile, depth tile, output tile, num_warps, num_stages), each clipped to the
-# problem. Depth/output are K/V for the forward kernels, V/K for dq and dk. Tuned on the GPU
-# machine with benchmarks/engine_sweep.py (which overrides entries to search).
-TILES = {
-    "states_fwd": (64, 64, 256, 4, 2),
-    "rows_fwd": (64, 32, 256, 4, 3),
-    "states_bwd": (64, 32, 256, 4, 2),
-    "rows_dq": (64, 64, 128, 4, 2),
-    "cols_dk": (64, 64, 256, 8, 3),
-    "cols_dv": (64, 32, 256, 8, 3),
-    "fused": (0, 0, 0, 4, 1),
-}
-
-
-class Config:
-    """Compile-time switches and tile sizes of one call."""
-
-    def __init__(self, q, k, v, *, scale, has_decay, has_igate, stabilize, track_n,
-                 normalizer, eps, chunk_size, fused=False, offsets=None):  # fmt: skip
-        B, T, H, K, V = q.shape[0], q.shape[1], q.shape[2], q.shape[3], v.shape[3]
-        self.fused = fused
-        self.scale, self.eps = float(scale), float(eps)
-        self.has_decay, self.has_igate = has_decay, has_igate
-        self.stab, self.track_n = stabilize, track_n
-        self.norm = {
-            None: kern.NORM_NONE,
-            "sum": kern.NORM_SUM,
-            "mlstm": kern.NORM_MAXM if stabilize else kern.NORM_MAX1,
-        }[normalizer]
-        self.L = int(chunk_size or default_chunk_size(K, V, fused))
-        self.NT = cdiv(T, self.L)
-        self.varlen = offsets is not None
-        self.N, self.NSEQ = B, 1  # states (sequences) and sequences per row of B·H
-        ints = dict(device=q.device, dtype=torch.int32)
-        self.CO = self.CHUNKS = torch.zeros(3, **ints)
-        if self.varlen:
-            self._pack(list(offsets), T, q.device)
-        self.rows = B * H  # rows of the gates and chunk states (B = 1 when packed)
-        self.walkers = self.N * H  # programs of the walking kernels: one per state
-        if fused:  # one chunk = one tile; one dimension whole, the other tiled to fit
-            nw, ns = TILES["fused"][3:]
-            self.launch = dict(num_warps=nw, num_stages=ns)
-            if self.L > FUSED_MAX_CHUNK:
-                raise ValueError(
-                    f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
-                    f"{FUSED_MAX_CHUNK}, got {self.L} (mode='chunk' takes any chunk size)"
-                )
-            self.BT = max(16, next_pow2(self.L))
-            self.KP = max(16, next_pow2(K))
-            self.VP = max(16, next_pow2(V))
-            self.BVf = max(16, min(64, 8192 // self.KP, self.VP))
-            self.BKf = max(16, min(64, 8192 // self.VP, self.KP))
-        self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
-        self.dtype = q.dtype
-
-    def _pack(self, offsets, T, device):
-        """Packed sequences: chunk table rows (start, end, sequence), each sequence's first
-        chunk CO[n], the per-token chunk start and chunk index. Vectorized: at T = 65,536 a
-        Python loop over tokens cost ~10 ms of host time per call (forward and backward
-        each), more than the kernels of a scalar-gate forward."""
-        L, N = self.L, len(offsets) - 1
-        bounds = torch.tensor(offsets, dtype=torch.long)
-        bos, eos = bounds[:-1], bounds[1:]
-        counts = (eos - bos + L - 1).div(L, rounding_mode="floor").clamp_(min=0)  # chunks
-        co = F.pad(counts.cumsum(0), (1, 0))
-        NT = int(co[-1])
-        seq = torch.repeat_interleave(torch.arange(N), counts)  # each chunk's sequence
-        c0 = bos[seq] + (torch.arange(NT) - co[seq]) * L
-        rows = torch.stack([c0, torch.minimum(c0 + L, eos[seq]), seq], 1)
-        ints = dict(device=device, dtype=torch.int32)
-        self.N, self.NSEQ, self.NT = N, N, max(NT, 1)
-        self.offsets = offsets
-        self.CO = co.to(**ints)
-        self.CHUNKS = (rows if NT else torch.zeros(1, 3, dtype=torch.long)).reshape(-1).to(**ints)
-        # Per token (on the device, from the sequence bounds): its sequence, chunk and start
-        ends, t = eos.to(device), torch.arange(T, device=device)
-        tok_seq = torch.searchsorted(ends, t, right=True)
-        pos = t - bos.to(device)[tok_seq]
-        self.tok_chunk = co.to(device)[tok_seq] + pos.div(L, rounding_mode="floor")
-        self.tok_start = t - pos.remainder(L)
-        self.final_slot = (co[1:] + torch.arange(N)).to(device)
-
-    def tiles(self, name: str, D: int, O: int):
-        """(time tile, depth tile, output tile, launch options) of kernel ``name``."""
-        t, d, o, nw, ns = TILES[name]
-        fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
-        return fit(t, self.L), fit(d, D), fit(o, O), dict(num_warps=nw, num_stages=ns)
-
-    def flags(self):
-        return dict(
-            HAS_DECAY=self.has_decay, HAS_IGATE=self.has_igate, STAB=self.stab,
-            TRACK_N=self.track_n, DOT_PREC=self.prec, VARLEN=self.varlen,
-        )  # fmt: skip
-
-    def m_final(self, mc):
-        """The final max state [N, H] from the chunk-boundary table MC [rows, NT + NSEQ]."""
-        if self.varlen:
-            return mc[:, self.final_slot].transpose(0, 1).contiguous()
-        return mc[:, self.NT].reshape(self.N, -1).clone()
+    return config.default_chunk_size(K, V, fused=fused, vector=vector)
 
 
 def _rows(g: torch.Tensor) -> torch.Tensor:

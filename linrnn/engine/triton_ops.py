@@ -18,16 +18,19 @@ Optional outputs (a normalizer state without ``track_n``, saved tensors a varian
 use) are returned as empty tensors, since an op cannot return None; outputs never alias the
 inputs or each other (a custom op's contract).
 
-A new Triton implementation registered in ``_generic._TRITON`` needs its own op pair here (see
-:func:`traced`) before it can be compiled.
+A new Triton entry point needs its own op pair here before it can be compiled.
 """
-
-import functools
 
 import torch
 from torch import Tensor
 
-from linrnn.engine import triton_chunk, triton_chunk_vec, triton_recurrent, triton_recurrent_bwd
+from linrnn.engine import (
+    config,
+    triton_chunk,
+    triton_chunk_vec,
+    triton_recurrent,
+    triton_recurrent_bwd,
+)
 
 
 class _Ctx:
@@ -74,13 +77,7 @@ def _chunk_config(q, k, v, g, gi, scale, eps, L, fused, stabilize, track_n, norm
     )  # fmt: skip
 
 
-def _chunk_counts(B: int, T, L: int, offsets):
-    """(N states, NT chunk rows, NSEQ sequences per row) as triton_chunk.Config computes them."""
-    if offsets is None:
-        return B, (T + L - 1) // L, 1
-    N = len(offsets) - 1
-    rows = sum((offsets[n + 1] - offsets[n] + L - 1) // L for n in range(N))
-    return N, max(rows, 1), N
+_chunk_counts = config.chunk_counts  # (N states, NT chunk rows, NSEQ sequences per row)
 
 
 @torch.library.custom_op("linrnn::chunk_fwd", mutates_args=())
@@ -297,12 +294,7 @@ def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, no
     result)."""
     K, V = q.shape[3], v.shape[3]
     vector = (g is not None and g.dim() == 4) or gv is not None or u is not None
-    L = int(chunk_size or triton_chunk.default_chunk_size(K, V, fused, vector))
-    if fused and L > triton_chunk.FUSED_MAX_CHUNK:
-        raise ValueError(
-            f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
-            f"{triton_chunk.FUSED_MAX_CHUNK}, got {L} (mode='chunk' takes any chunk size)"
-        )
+    L = config.resolve_chunk_size(chunk_size, K, V, triton=True, fused=fused, vector=vector)
     offs = None if offsets is None else [int(x) for x in offsets]
     if vector:
         if gi is not None or stabilize or track_n or normalizer is not None:
@@ -462,19 +454,3 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
     )  # fmt: skip
     o, S_T, n_T, m_T = out[:4]
     return o, S_T, (n_T if track_n else None), (m_T if stabilize else None)
-
-
-def traced(fn):
-    """The custom-op version of a Triton implementation registered in ``_generic._TRITON``."""
-    if fn is triton_chunk.chunk:
-        return chunk
-    if isinstance(fn, functools.partial) and fn.func is triton_chunk.chunk:
-        return functools.partial(chunk, *fn.args, **fn.keywords)
-    if fn is triton_recurrent.recurrent:
-        return functools.partial(recurrent, save=False)
-    if fn is triton_recurrent_bwd.recurrent:
-        return recurrent
-    raise NotImplementedError(
-        f"{getattr(fn, '__name__', fn)} has no torch.library op for torch.compile yet; add one "
-        "to linrnn/engine/triton_ops.py"
-    )
