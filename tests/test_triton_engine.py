@@ -2,7 +2,7 @@
 and every gradient, for each family and mode, odd shapes, extreme gates and state passing.
 Without a GPU it runs under TRITON_INTERPRET=1 (set in conftest), on small shapes.
 
-bfloat16 is checked on the GPU machine only (benchmarks/gpu_engine.py): the Triton interpreter
+bfloat16 is checked on the GPU only (the GPU correctness matrix): the Triton interpreter
 emulates bf16 ``tl.dot`` wrongly (a 5-line bf16 dot kernel is off by ~1e10 there)."""
 
 from __future__ import annotations
@@ -261,9 +261,10 @@ def test_backend_none_falls_back_where_triton_cannot(monkeypatch):
 
 @pytest.mark.parametrize("rows,L,targets", [(4, 64, 3), (3, 300, 301), (2, 1, 2), (5, 33, 8)])
 def test_max_state_routing_sums_each_run(rows, L, targets):
-    """mLSTM-exp's max-state gradient routing (``_route``): dz[p] = Σ_{t: idx_t = p} dm_t for a
-    running argmax idx, against a plain loop; targets that no step points at get exactly 0."""
-    from linrnn.engine.triton_chunk import _route
+    """mLSTM-exp's max-state gradient routing (``gate_grads.route_argmax``): dz[p] =
+    Σ_{t: idx_t = p} dm_t for a running argmax idx, against a plain loop; targets that no step
+    points at get exactly 0."""
+    from linrnn.engine.gate_grads import route_argmax
 
     dm = torch.randn(rows, L, dtype=torch.float32)
     idx = torch.randint(0, targets, (rows, L)).cummax(1).values
@@ -273,7 +274,7 @@ def test_max_state_routing_sums_each_run(rows, L, targets):
         for t in range(L):
             want[r, int(idx[r, t])] += float(dm[r, t])
             hit[r, int(idx[r, t])] = True
-    got = _route(dm, idx, L + 1)
+    got = route_argmax(dm, idx, L + 1)
     assert got.dtype == torch.float32 and got.shape == (rows, L + 1)
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
     assert torch.all(got[~hit] == 0)

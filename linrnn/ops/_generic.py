@@ -28,13 +28,19 @@ MODES = ("reference", "recurrent", "parallel", "chunk", "fused_chunk")
 BACKENDS = (None, "torch", "triton")
 
 try:  # the Triton engine; without Triton the PyTorch path serves every call
-    from linrnn.engine import triton_chunk, triton_ops, triton_recurrent, triton_recurrent_bwd
+    from linrnn.engine import (
+        scalar,
+        triton_chunk_vec,
+        triton_ops,
+        triton_recurrent,
+        triton_recurrent_bwd,
+    )
 except ImportError:
-    triton_chunk = triton_ops = triton_recurrent = triton_recurrent_bwd = None
+    scalar = triton_chunk_vec = triton_ops = triton_recurrent = triton_recurrent_bwd = None
 
 # The modes with a Triton kernel (they take the inputs in their own dtype and fuse the
 # normalizer, so run() hands them the family's switches instead of the generic recurrence).
-TRITON_MODES = ("chunk", "fused_chunk", "recurrent") if triton_chunk is not None else ()
+TRITON_MODES = ("chunk", "fused_chunk", "recurrent") if scalar is not None else ()
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # mode=None picks the recurrent kernel for sequences up to this long (decoding, short prompts).
@@ -49,6 +55,11 @@ class Route:
     mode: str
     backend: str
     chunk_size: int | None
+
+
+def _vector(g, gv, u) -> bool:
+    """Whether the gates are per-channel (GLA, RWKV6): the vector host serves them."""
+    return (g is not None and g.dim() == 4) or gv is not None or u is not None
 
 
 def _gpu(device: torch.device) -> bool:
@@ -100,7 +111,7 @@ def route(family: str, q: Tensor, v: Tensor, *, g=None, gv=None, u=None, grad: b
     K, V = q.shape[-1], v.shape[-1]
     L = config.resolve_chunk_size(
         chunk_size, K, V, triton=backend == "triton", fused=mode == "fused_chunk",
-        vector=(g is not None and g.dim() == 4) or gv is not None or u is not None,
+        vector=_vector(g, gv, u),
         family=family, dtype=q.dtype, device=device,
     )  # fmt: skip
     return Route(mode, backend, L)
@@ -244,16 +255,32 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
 
 
 def _run_triton_chunk(family, q, k, v, *, g, gv, gi, u, cu_seqlens, **switches):
-    """A Triton chunk-engine call: inputs stay in their dtype, gates go in as fp32; while
+    """A Triton chunk-engine call: inputs stay in their dtype, gates go in as fp32; scalar
+    gates to :mod:`linrnn.engine.scalar`, per-channel ones to the vector host; while
     torch.compile traces, the same kernels as opaque custom ops."""
     _triton_dtype(family, q)
     f32 = lambda x: None if x is None else x.float()  # noqa: E731
     g, gi, gv, u = f32(g), f32(gi), f32(gv), f32(u)
     offsets = None if cu_seqlens is None else [int(x) for x in cu_seqlens]
-    vec = {n: x for n, x in (("gv", gv), ("u", u)) if x is not None}
-    fn = triton_ops.chunk if _runtime.tracing() else triton_chunk.chunk
-    o, S, n, m = fn(q, k, v, g=g, gi=gi, offsets=offsets, **vec, **switches)
+    if _runtime.tracing():
+        o, S, n, m = triton_ops.chunk(q, k, v, g=g, gi=gi, gv=gv, u=u, offsets=offsets,
+                                      **switches)  # fmt: skip
+    elif _vector(g, gv, u):
+        o, S, n, m = _vector_chunk(q, k, v, g=g, gi=gi, gv=gv, u=u, offsets=offsets, **switches)
+    else:
+        o, S, n, m = scalar.chunk(q, k, v, g=g, gi=gi, offsets=offsets, **switches)
     return o, (S, n, m)
+
+
+def _vector_chunk(q, k, v, *, scale, g, gi, gv, u, stabilize, track_n, normalizer, eps, S0,
+                  n0, m0, chunk_size, fused, offsets):  # fmt: skip
+    if gi is not None or stabilize or track_n or normalizer is not None:
+        raise NotImplementedError("vector gates with input gate / normalizer: no kernel")
+    o, S_T = triton_chunk_vec.chunk(
+        q, k, v, scale=scale, g=g, gv=gv, u=u, S0=S0, chunk_size=chunk_size, fused=fused,
+        offsets=offsets,
+    )  # fmt: skip
+    return o, S_T, None, None
 
 
 def _packed(impl, q, k, v, scale, gates, S0, m0, offsets):
