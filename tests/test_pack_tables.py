@@ -1,4 +1,4 @@
-"""The packed-sequence tables of the Triton engine (``triton_chunk.Config._pack``): the chunk
+"""The packed-sequence tables of the Triton engine (``config.ChunkConfig._pack``): the chunk
 rows, each sequence's first chunk and the per-token chunk start and index, against a plain loop
 over tokens, for random layouts with empty sequences, sequences of length 1 and lengths that
 are and are not multiples of the chunk."""
@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from linrnn.engine import triton_chunk as tc
+from linrnn.engine.config import ChunkConfig
 
 
 def _loop_tables(offsets, L):
@@ -39,7 +39,7 @@ def _layouts(seed):
 @pytest.mark.parametrize("L", [5, 16, 64])
 def test_pack_tables_match_a_token_loop(L):
     for offsets in _layouts(int(torch.randint(0, 2**31, ()))):  # the per-test seed
-        c = tc.Config.__new__(tc.Config)
+        c = ChunkConfig.__new__(ChunkConfig)
         c.L = L
         c._pack(offsets, offsets[-1], "cpu")
         rows, co, tok_start, tok_chunk = _loop_tables(offsets, L)

@@ -2,7 +2,7 @@
 and every gradient, for each family and mode, odd shapes, extreme gates and state passing.
 Without a GPU it runs under TRITON_INTERPRET=1 (set in conftest), on small shapes.
 
-bfloat16 is checked on the GPU machine only (benchmarks/gpu_engine.py): the Triton interpreter
+bfloat16 is checked on the GPU only (the GPU correctness matrix): the Triton interpreter
 emulates bf16 ``tl.dot`` wrongly (a 5-line bf16 dot kernel is off by ~1e10 there)."""
 
 from __future__ import annotations
@@ -239,32 +239,32 @@ def test_rejects_what_it_cannot_run():
 
 def test_backend_none_falls_back_where_triton_cannot(monkeypatch):
     """backend=None takes the PyTorch path for inputs the Triton kernels don't serve (fp64)
-    instead of raising."""
+    instead of raising, and fp32 inputs to the Triton kernels."""
     from linrnn.ops import _generic
 
+    monkeypatch.setattr(_generic, "_gpu", lambda device: True)  # as on a CUDA device
     q = torch.randn(1, 6, 1, 8, device=DEVICE, dtype=torch.float64)
     gk = torch.nn.functional.logsigmoid(torch.randn(1, 6, 1, 8, device=DEVICE)).double()
-    ref, _ = linrnn.gla(q, q, q, gk, mode="reference")
     picked = []
-    real = _generic.select
-
-    def as_if_on_cuda(family, mode, backend, device, chunk_size):
-        """select() as on a CUDA device: backend=None resolves to Triton where registered."""
-        impl = real(family, mode, "triton" if backend is None else backend, device, chunk_size)
-        picked.append(impl in _generic._TRITON.values())
-        return impl
-
-    monkeypatch.setattr(_generic, "select", as_if_on_cuda)
-    o, _ = linrnn.gla(q, q, q, gk, mode="chunk")  # (mode=None on CUDA: the recurrent kernel)
-    assert picked == [True, False]  # Triton chunk first, then the PyTorch chunk engine
+    real = _generic.route
+    monkeypatch.setattr(
+        _generic, "route", lambda *a, **k: picked.append(real(*a, **k)) or picked[-1]
+    )
+    ref, _ = linrnn.gla(q, q, q, gk, mode="reference")
+    o, _ = linrnn.gla(q, q, q, gk, mode="chunk")
+    assert picked[-1] == _generic.Route("chunk", "torch", 64)
     assert_close("o", o, ref, torch.float64)
+    o, _ = linrnn.gla(q.float(), q.float(), q.float(), gk.float(), mode="chunk")
+    assert picked[-1] == _generic.Route("chunk", "triton", 64)
+    assert_close("o", o, ref, torch.float32)
 
 
 @pytest.mark.parametrize("rows,L,targets", [(4, 64, 3), (3, 300, 301), (2, 1, 2), (5, 33, 8)])
 def test_max_state_routing_sums_each_run(rows, L, targets):
-    """mLSTM-exp's max-state gradient routing (``_route``): dz[p] = Σ_{t: idx_t = p} dm_t for a
-    running argmax idx, against a plain loop; targets that no step points at get exactly 0."""
-    from linrnn.engine.triton_chunk import _route
+    """mLSTM-exp's max-state gradient routing (``gate_grads.route_argmax``): dz[p] =
+    Σ_{t: idx_t = p} dm_t for a running argmax idx, against a plain loop; targets that no step
+    points at get exactly 0."""
+    from linrnn.engine.gate_grads import route_argmax
 
     dm = torch.randn(rows, L, dtype=torch.float32)
     idx = torch.randint(0, targets, (rows, L)).cummax(1).values
@@ -274,7 +274,7 @@ def test_max_state_routing_sums_each_run(rows, L, targets):
         for t in range(L):
             want[r, int(idx[r, t])] += float(dm[r, t])
             hit[r, int(idx[r, t])] = True
-    got = _route(dm, idx, L + 1)
+    got = route_argmax(dm, idx, L + 1)
     assert got.dtype == torch.float32 and got.shape == (rows, L + 1)
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
     assert torch.all(got[~hit] == 0)

@@ -1,7 +1,6 @@
-"""``chunk_size="auto"``: pick the chunk length L from measured timings, or from seed 003's
-runtime model when nothing is measured.
-
-How it is meant to be called (the ops' ``chunk_size="auto"`` will do this for mode "chunk")::
+"""Measuring the chunk size: ``linrnn bench --suite chunksize --save-cache`` writes the user
+cache that ``chunk_size="auto"`` reads (:func:`linrnn.engine.config.auto_chunk_size`), and
+:func:`chunk_size_choice` explains a choice, optionally under a memory budget::
 
     from linrnn.bench.autotune import choose_chunk_size
 
@@ -11,21 +10,20 @@ How it is meant to be called (the ops' ``chunk_size="auto"`` will do this for mo
                           memory_budget=40 * 2**30, shape=(8, 8192, 32))
 
 ``family`` is an op name of :data:`linrnn.bench.registry.OPS` (``"mlstm[exp]"``,
-``"linear_attn[normalize]"``, …) or a family name (``"mlstm"`` means ``"mlstm[exp]"``). The
-answer is cheap after the first call (the cache file is read once per process and kept).
+``"linear_attn[normalize]"``, …) or a family name (``"mlstm"`` means ``"mlstm[exp]"``).
 
-Measured choice: ``linrnn bench --suite chunksize --save-cache`` times every op in mode
-"chunk" at L = 64 … 4096 and writes one entry per (op, K, V, dtype, device name, linrnn
-version) to ``~/.cache/linrnn/chunk_size.json`` (``$LINRNN_CACHE_DIR`` or ``cache_dir``
-elsewhere). The fastest L wins (forward + backward by default, ``objective="fwd"`` for
-prefill); with ``memory_budget`` (bytes) the fastest L whose measured peak fits, the peak
-scaled linearly from the measured shape to ``shape`` (every buffer of the chunk path is
-linear in B·T·H at fixed K, V, L). When none fits, the L with the smallest peak.
+Measured choice: the chunksize suite times every op in mode "chunk" at L = 64 … 4096 and writes
+one entry per (op, K, V, dtype, device name, linrnn version) to
+``~/.cache/linrnn/chunk_size.json`` (``$LINRNN_CACHE_DIR`` or ``cache_dir`` elsewhere). The
+fastest L wins (forward + backward by default, ``objective="fwd"`` for prefill); with
+``memory_budget`` (bytes) the fastest L whose measured peak fits, the peak scaled linearly from
+the measured shape to ``shape`` (every buffer of the chunk path is linear in B·T·H at fixed K,
+V, L). When none fits, the L with the smallest peak.
 
-Analytical fallback (no entry): :func:`linrnn.bench.flops.runtime_optimal_chunk` with the
-GPU's spec-sheet FLOP/byte ratio (a nominal CPU ratio on CPU), rounded to a power of two in
-[16, 4096]; with a budget and a shape, the smallest L ≥ that whose
-:func:`~linrnn.bench.flops.chunk_memory_bytes` fits.
+Without a user measurement (and without a budget) the choice is ``chunk_size="auto"``'s:
+linrnn's measurement on this GPU model, else the analytical estimate
+(:func:`linrnn.engine.config.analytical_chunk_size`); with a budget and a shape, the smallest
+L ≥ the analytical estimate whose :func:`~linrnn.bench.flops.chunk_memory_bytes` fits.
 """
 
 from __future__ import annotations
@@ -35,76 +33,34 @@ import datetime as dt
 import json
 import math
 import os
-from pathlib import Path
 
 from linrnn.bench import flops, registry
-
-CACHE_NAME = "chunk_size.json"
-CACHE_FORMAT = 1
-CANDIDATES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
-_loaded: dict = {}  # cache path -> parsed file
+from linrnn.engine.config import (  # noqa: F401  (the cache's reading side)
+    CACHE_FORMAT,
+    CACHE_NAME,
+    CANDIDATES,
+    analytical_chunk_size,
+    cache_dir,
+    cache_key,
+    cached_timings,
+    device_name,
+    dtype_name,
+    fastest,
+    load_cache,
+    shipped_chunk_size,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """A chunk-size decision and where it came from ("measured" or "analytical")."""
+    """A chunk-size decision and where it came from: "measured" (the user cache), "shipped"
+    (linrnn's table, :data:`linrnn.engine.config.MEASURED_CHUNK_SIZES`) or "analytical"."""
 
     chunk_size: int
     source: str
     reason: str
     key: str
     measured: dict | None = None  # L -> figures, for a measured choice
-
-
-def cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """``override``, else ``$LINRNN_CACHE_DIR``, else ``~/.cache/linrnn``."""
-    if override is not None:
-        return Path(override)
-    env = os.environ.get("LINRNN_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "linrnn"
-
-
-def dtype_name(dtype) -> str:
-    """ "bf16", "fp16", "fp32" or "fp64" for a torch dtype or such a string."""
-    text = str(dtype).replace("torch.", "")
-    name = _DTYPE_NAMES.get(text, text)
-    if name not in flops.DTYPE_BYTES:
-        raise ValueError(f"dtype must be bf16, fp16, fp32 or fp64, got {dtype!r}")
-    return name
-
-
-def device_name(device) -> str:
-    """The GPU's name for a CUDA device ("NVIDIA H200"), "cpu" otherwise."""
-    import torch
-
-    device = torch.device(device if device is not None else "cpu")
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device.index or 0)
-    return device.type
-
-
-def cache_key(op: str, K: int, V: int, dtype, gpu: str, version: str | None = None) -> str:
-    """The cache key: ``op|K..|V..|dtype|device name|linrnn version``."""
-    import linrnn
-
-    version = version or linrnn.__version__
-    return f"{op}|K{K}|V{V}|{dtype_name(dtype)}|{gpu}|linrnn {version}"
-
-
-def load_cache(directory=None, reload: bool = False) -> dict:
-    """The parsed cache file (``{"format": 1, "entries": {key: entry}}``); empty when the
-    file is missing or unreadable."""
-    path = cache_dir(directory) / CACHE_NAME
-    if reload or str(path) not in _loaded:
-        try:
-            data = json.loads(path.read_text())
-            if data.get("format") != CACHE_FORMAT or not isinstance(data.get("entries"), dict):
-                data = None
-        except (OSError, ValueError):
-            data = None
-        _loaded[str(path)] = data or {"format": CACHE_FORMAT, "entries": {}}
-    return _loaded[str(path)]
 
 
 def save_measurements(rows: list[dict], gpu: str, directory=None, commit: str | None = None):
@@ -149,19 +105,6 @@ def _as_shape(shape) -> tuple[int, int, int] | None:
     return int(B), int(T), int(H)
 
 
-def analytical_chunk_size(K: int, V: int, gpu: str) -> tuple[int, float, float]:
-    """``(L, L_opt, I_acc)``: seed 003 App. G's runtime-optimal L for this device, rounded to
-    the nearest power of two (in log scale) within [16, 4096]."""
-    spec = flops.gpu_spec(gpu)
-    if spec:
-        intensity = spec["bf16_dense_flops"] / spec["bandwidth_Bps"]
-    else:
-        intensity = flops.NOMINAL_CPU_INTENSITY
-    L_opt = flops.runtime_optimal_chunk(K, V, intensity)
-    L = 2 ** round(math.log2(L_opt))
-    return int(min(max(L, CANDIDATES[0]), CANDIDATES[-1])), L_opt, intensity
-
-
 def chunk_size_choice(
     family: str,
     K: int,
@@ -185,17 +128,8 @@ def chunk_size_choice(
     gpu = gpu or device_name(device)
     key = cache_key(op, K, V, dtype, gpu)
     call_shape = _as_shape(shape)
-    entry = load_cache(cache_dir)["entries"].get(key)
-    if entry:
-        measured = {
-            int(L): f
-            for L, f in entry["measured"].items()
-            if f.get(f"{objective}_ms") or f.get("fwd_ms")
-        }
-    else:
-        measured = {}
+    measured, entry = cached_timings(op, K, V, dtype, gpu, objective, cache_dir)
     if measured:
-        t = lambda L: measured[L].get(f"{objective}_ms") or measured[L]["fwd_ms"]  # noqa: E731
         fits = list(measured)
         why = f"fastest measured {objective} at {entry['shape']}"
         if memory_budget is not None:
@@ -221,7 +155,11 @@ def chunk_size_choice(
                 )  # fmt: skip
             else:
                 fits, why = list(measured), why + " (no peak memory measured on this device)"
-        return Choice(min(fits, key=t), "measured", why, key, measured)
+        return Choice(fastest(measured, objective, fits), "measured", why, key, measured)
+
+    shipped = shipped_chunk_size(op, K, V, dtype, gpu) if memory_budget is None else None
+    if shipped is not None:
+        return Choice(shipped, "shipped", "linrnn's measurement on this GPU model", key)
 
     L, L_opt, intensity = analytical_chunk_size(K, V, gpu)
     why = f"no measurement cached; App. G runtime model L_opt={L_opt:.0f} at I_acc={intensity:.0f}"
@@ -259,6 +197,7 @@ def choose_chunk_size(
             pass ``shape=(B, T, H)`` to apply it to that call (else to the measured shape).
         **options: ``shape``, ``objective`` ("fwdbwd" or "fwd"), ``cache_dir``, ``gpu``.
 
-    Returns the fastest measured L (cache under ``~/.cache/linrnn/``), or seed 003 App. G's
-    runtime-optimal estimate when nothing is cached; see :func:`chunk_size_choice`."""
+    Returns the fastest measured L (cache under ``~/.cache/linrnn/``), else linrnn's
+    measurement on this GPU model, else the analytical estimate; see
+    :func:`chunk_size_choice`."""
     return chunk_size_choice(family, K, V, dtype, device, memory_budget, **options).chunk_size

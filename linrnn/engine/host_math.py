@@ -1,8 +1,8 @@
 """Integer helpers for the kernels' host code (grids and tile sizes).
 
-``triton.cdiv`` and ``triton.next_power_of_2`` are Triton functions; called from Python they
-cost a few µs each (3.3–3.8 µs on the CPU machine, Triton 3.9), and a decode step or a small
-chunk call makes several to dozens of them. These are the same functions on Python ints.
+``triton.cdiv`` and ``triton.next_power_of_2`` are Triton functions whose Python calls cost
+microseconds each, and a decode step or a small chunk call makes several to dozens of them.
+These are the same functions on Python ints.
 """
 
 from __future__ import annotations

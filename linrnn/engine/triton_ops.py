@@ -1,14 +1,14 @@
 """The Triton engine as ``torch.library`` custom ops, for ``torch.compile``.
 
-Why opaque ops. The Triton autograd Functions (``triton_chunk._ChunkFn``,
-``triton_recurrent_bwd._RecurrentFn``) do host work on every call — chunk tables built from the
-packed offsets, tile choices, kernel launches with Python-computed grids — that Dynamo cannot
-trace into a graph. Each Function therefore becomes two custom ops, a forward and a backward,
-each with a fake (meta) implementation that gives the output shapes from the input shapes
-(symbolically: a new sequence length T does not recompile), linked by
-``torch.library.register_autograd``. The ops run the *same* host code and kernels as eager
-calls (the Functions' static ``forward``/``backward``, called with a stand-in ``ctx``), so
-compiled and eager results are bitwise the same.
+Why opaque ops. The Triton hosts do work on every call — chunk tables built from the packed
+offsets, tile choices, kernel launches with Python-computed grids — that Dynamo cannot trace
+into a graph. Each host's forward and backward therefore become two custom ops, each with a
+fake (meta) implementation that gives the output shapes from the input shapes (symbolically: a
+new sequence length T does not recompile), linked by ``torch.library.register_autograd``. The
+ops run the *same* host code and kernels as eager calls (the scalar host's
+``forward``/``backward`` over named tensors; the vector and recurrent hosts' autograd
+Functions, called with a stand-in ``ctx``), so compiled and eager results are bitwise the
+same.
 
 Eager calls do not go through these ops: ``linrnn.ops._generic`` routes to them only while
 ``torch.compile`` traces (an op call costs a dispatcher round trip, and the eager recurrent
@@ -18,16 +18,19 @@ Optional outputs (a normalizer state without ``track_n``, saved tensors a varian
 use) are returned as empty tensors, since an op cannot return None; outputs never alias the
 inputs or each other (a custom op's contract).
 
-A new Triton implementation registered in ``_generic._TRITON`` needs its own op pair here (see
-:func:`traced`) before it can be compiled.
+A new Triton entry point needs its own op pair here before it can be compiled.
 """
-
-import functools
 
 import torch
 from torch import Tensor
 
-from linrnn.engine import triton_chunk, triton_chunk_vec, triton_recurrent, triton_recurrent_bwd
+from linrnn.engine import (
+    config,
+    scalar,
+    triton_chunk_vec,
+    triton_recurrent,
+    triton_recurrent_bwd,
+)
 
 
 class _Ctx:
@@ -67,20 +70,18 @@ def _norm_code(normalizer: str) -> str | None:
 
 
 def _chunk_config(q, k, v, g, gi, scale, eps, L, fused, stabilize, track_n, normalizer, offsets):
-    return triton_chunk.Config(
-        q, k, v, scale=scale, has_decay=g is not None, has_igate=gi is not None,
-        stabilize=stabilize, track_n=track_n, normalizer=_norm_code(normalizer), eps=eps,
-        chunk_size=L, fused=fused, offsets=offsets,
+    return scalar.config(
+        q, k, v, scale=scale, g=g, gi=gi, stabilize=stabilize, track_n=track_n,
+        normalizer=_norm_code(normalizer), eps=eps, chunk_size=L, fused=fused, offsets=offsets,
     )  # fmt: skip
 
 
-def _chunk_counts(B: int, T, L: int, offsets):
-    """(N states, NT chunk rows, NSEQ sequences per row) as triton_chunk.Config computes them."""
-    if offsets is None:
-        return B, (T + L - 1) // L, 1
-    N = len(offsets) - 1
-    rows = sum((offsets[n + 1] - offsets[n] + L - 1) // L for n in range(N))
-    return N, max(rows, 1), N
+_chunk_counts = config.chunk_counts  # (N states, NT chunk rows, NSEQ sequences per row)
+
+# linrnn::chunk_fwd returns the outputs and what scalar.forward saved besides the inputs and
+# outputs, by these names; linrnn::chunk_bwd takes the inputs, then these (less m_T).
+_CHUNK_OUT = ("o", "S_T", "n_T", "m_T", *scalar.PRODUCED)
+_CHUNK_SAVED = scalar.OUTPUTS + scalar.PRODUCED
 
 
 @torch.library.custom_op("linrnn::chunk_fwd", mutates_args=())
@@ -90,19 +91,12 @@ def _chunk_fwd(
     chunk_size: int, fused: bool, stabilize: bool, track_n: bool, normalizer: str,
     offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
-    """[o, S_T, n_T, m_T, states, ns, mc, den, m_row] (empty where unused)."""
+    """The tensors of :data:`_CHUNK_OUT` (empty where the call makes none)."""
     c = _chunk_config(q, k, v, g, gi, scale, eps, chunk_size, fused, stabilize, track_n,
                       normalizer, offsets)  # fmt: skip
-    ctx = _Ctx()
-    o, S_T, n_T, m_T = triton_chunk._ChunkFn.forward(ctx, q, k, v, g, gi, S0, n0, m0, c)
-    saved = ctx.saved_tensors[13:]
-    states, ns, mc, den, m_row = (None, None, *saved) if fused else saved
-    e = lambda x, used: x if used else _empty(q)  # noqa: E731
-    outs = [
-        o, S_T, e(n_T, track_n), e(m_T, stabilize), e(states, not fused),
-        e(ns, track_n and not fused), e(mc, stabilize), e(den, normalizer != "none"),
-        e(m_row, stabilize),
-    ]  # fmt: skip
+    outputs, saved = scalar.forward(q, k, v, g, gi, S0, n0, m0, c)
+    named = dict(saved, m_T=outputs[3])
+    outs = [_empty(q) if named[name] is None else named[name] for name in _CHUNK_OUT]
     return _distinct(outs, (q, k, v, g, gi, S0, n0, m0))
 
 
@@ -117,8 +111,9 @@ def _chunk_fwd_fake(q, k, v, g, gi, S0, n0, m0, scale, eps, chunk_size, fused, s
     e = lambda used, *shape: f(*shape) if used else f(0)  # noqa: E731
     return [
         q.new_empty(v.shape), f(N, H, K, V), e(track_n, N, H, K), e(stabilize, N, H),
-        e(not fused, BH, NT, K, V), e(track_n and not fused, BH, NT, K),
-        e(stabilize, BH, NT + NSEQ), e(normalizer != "none", BH, T), e(stabilize, BH, T),
+        e(g is not None, BH, T), e(gi is not None, BH, T), e(not fused, BH, NT, K, V),
+        e(track_n and not fused, BH, NT, K), e(stabilize, BH, NT + NSEQ),
+        e(normalizer != "none", BH, T), e(stabilize, BH, T),
     ]  # fmt: skip
 
 
@@ -126,32 +121,22 @@ def _chunk_fwd_fake(q, k, v, g, gi, S0, n0, m0, scale, eps, chunk_size, fused, s
 def _chunk_bwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, gi: Tensor | None,
     S0: Tensor | None, n0: Tensor | None, m0: Tensor | None, o: Tensor, S_T: Tensor,
-    n_T: Tensor, states: Tensor, ns: Tensor, mc: Tensor, den: Tensor, m_row: Tensor,
-    do: Tensor, dS_T: Tensor | None, dn_T: Tensor | None, dm_T: Tensor | None,
+    n_T: Tensor, b: Tensor, a: Tensor, states: Tensor, ns: Tensor, mc: Tensor, den: Tensor,
+    m_row: Tensor, do: Tensor, dS_T: Tensor | None, dn_T: Tensor | None, dm_T: Tensor | None,
     scale: float, eps: float, chunk_size: int, fused: bool, stabilize: bool, track_n: bool,
     normalizer: str, offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
     """[dq, dk, dv, dg, dgi, dS0, dn0, dm0] (empty where the input was None)."""
     c = _chunk_config(q, k, v, g, gi, scale, eps, chunk_size, fused, stabilize, track_n,
                       normalizer, offsets)  # fmt: skip
-    dummy = torch.empty(1, device=q.device)
-    d = lambda x, used: x if used else dummy  # noqa: E731
-    b = triton_chunk._chunk_cumsum(g, c.L, c) if g is not None else dummy
-    a = triton_chunk._rows(gi) if gi is not None else dummy
-    norm = normalizer != "none"
-    saved = (d(mc, stabilize), d(den, norm), d(m_row, stabilize))
-    if not fused:
-        saved = (states, d(ns, track_n), *saved)
-    ctx = _Ctx()
-    ctx.c = c
-    ctx.saved_tensors = (
-        q.contiguous(), k.contiguous(), v.contiguous(), g, gi, b, a, o, S0, n0, m0, S_T,
-        n_T if track_n else None, *saved,
-    )  # fmt: skip
-    grads = triton_chunk._ChunkFn.backward(ctx, do, dS_T, dn_T, dm_T)[:8]
+    has = scalar.kept(c)
+    tensors = (o, S_T, n_T, b, a, states, ns, mc, den, m_row)
+    saved = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g, gi=gi, S0=S0,
+                 n0=n0, m0=m0)  # fmt: skip
+    saved.update({n: x if has[n] else None for n, x in zip(_CHUNK_SAVED, tensors)})
+    grads = scalar.backward(saved, c, do, dS_T, dn_T, dm_T)
     outs = [_empty(q) if x is None else x for x in grads]
-    return _distinct(outs, (q, k, v, g, gi, S0, n0, m0, o, S_T, n_T, states, ns, mc, den,
-                            m_row, do, dS_T, dn_T, dm_T))  # fmt: skip
+    return _distinct(outs, (q, k, v, g, gi, S0, n0, m0, *tensors, do, dS_T, dn_T, dm_T))
 
 
 @_chunk_bwd.register_fake
@@ -169,8 +154,8 @@ def _chunk_setup(ctx, inputs, output):
     q, k, v, g, gi, S0, n0, m0, *opts = inputs
     ctx.opts = dict(zip(_CHUNK_OPTS, opts))
     ctx.has = [x is not None for x in (g, gi, S0, n0, m0)]
-    o, S_T, n_T, _, states, ns, mc, den, m_row = output
-    ctx.save_for_backward(q, k, v, g, gi, S0, n0, m0, o, S_T, n_T, states, ns, mc, den, m_row)
+    out = dict(zip(_CHUNK_OUT, output))
+    ctx.save_for_backward(q, k, v, g, gi, S0, n0, m0, *(out[n] for n in _CHUNK_SAVED))
     ctx.set_materialize_grads(False)
 
 
@@ -178,7 +163,7 @@ def _chunk_backward(ctx, grads):
     do, dS_T, dn_T, dm_T = grads[:4]
     opts = ctx.opts
     if do is None:
-        do = torch.zeros_like(ctx.saved_tensors[8])
+        do = torch.zeros_like(ctx.saved_tensors[8])  # (o)
     dn_T = dn_T if opts["track_n"] else None
     dm_T = dm_T if opts["stabilize"] else None
     dq, dk, dv, *rest = torch.ops.linrnn.chunk_bwd(
@@ -293,16 +278,11 @@ torch.library.register_autograd("linrnn::chunk_vec_fwd", _chunk_vec_backward,
 def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, normalizer=None,
           eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False,
           offsets=None, gv=None, u=None):  # fmt: skip
-    """:func:`linrnn.engine.triton_chunk.chunk` through the custom ops (same arguments and
-    result)."""
+    """The chunk engine through the custom ops: :func:`linrnn.engine.scalar.chunk`, or for
+    per-channel decays the vector host's ``chunk`` (same arguments and result)."""
     K, V = q.shape[3], v.shape[3]
     vector = (g is not None and g.dim() == 4) or gv is not None or u is not None
-    L = int(chunk_size or triton_chunk.default_chunk_size(K, V, fused, vector))
-    if fused and L > triton_chunk.FUSED_MAX_CHUNK:
-        raise ValueError(
-            f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
-            f"{triton_chunk.FUSED_MAX_CHUNK}, got {L} (mode='chunk' takes any chunk size)"
-        )
+    L = config.resolve_chunk_size(chunk_size, K, V, triton=True, fused=fused, vector=vector)
     offs = None if offsets is None else [int(x) for x in offsets]
     if vector:
         if gi is not None or stabilize or track_n or normalizer is not None:
@@ -315,14 +295,7 @@ def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, no
             q, k, v, f32(g), f32(gv), f32(u), S0, float(scale), L, fused, offs
         )
         return out[0], out[1], None, None
-    if S0 is not None:  # as triton_chunk.chunk and _ChunkFn.forward prepare it
-        if track_n and n0 is None:
-            n0 = S0.new_zeros(S0.shape[:3])
-        if stabilize and m0 is None:
-            m0 = S0.new_zeros(S0.shape[:2])
-        S0 = S0.float().contiguous()
-        n0 = n0.float().contiguous() if track_n else None
-        m0 = m0.float().contiguous() if stabilize else None
+    S0, n0, m0 = scalar.prepare_state(S0, n0, m0, track_n, stabilize)
     out = torch.ops.linrnn.chunk_fwd(
         q, k, v, g, gi, S0, n0, m0, float(scale), float(eps), L, fused, stabilize, track_n,
         normalizer or "none", offs,
@@ -462,19 +435,3 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
     )  # fmt: skip
     o, S_T, n_T, m_T = out[:4]
     return o, S_T, (n_T if track_n else None), (m_T if stabilize else None)
-
-
-def traced(fn):
-    """The custom-op version of a Triton implementation registered in ``_generic._TRITON``."""
-    if fn is triton_chunk.chunk:
-        return chunk
-    if isinstance(fn, functools.partial) and fn.func is triton_chunk.chunk:
-        return functools.partial(chunk, *fn.args, **fn.keywords)
-    if fn is triton_recurrent.recurrent:
-        return functools.partial(recurrent, save=False)
-    if fn is triton_recurrent_bwd.recurrent:
-        return recurrent
-    raise NotImplementedError(
-        f"{getattr(fn, '__name__', fn)} has no torch.library op for torch.compile yet; add one "
-        "to linrnn/engine/triton_ops.py"
-    )

@@ -12,56 +12,77 @@ every implementation only ever sees the plain matrix recurrence.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
-import numbers
 import os
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from linrnn import _runtime
 from linrnn import _validation as check
-from linrnn.engine import torch_chunk
+from linrnn.engine import config, torch_chunk
 from linrnn.reference import parallel, recurrent
 
 MODES = ("reference", "recurrent", "parallel", "chunk", "fused_chunk")
 BACKENDS = (None, "torch", "triton")
-DEFAULT_CHUNK_SIZE = 64
 
-# Triton implementations, by mode. Their signature is the engine's (see triton_chunk.chunk):
-# they take the inputs in their own dtype and fuse the normalizer, so run() hands them the
-# family's switches instead of the generic matrix recurrence.
-_TRITON: dict[str, Callable] = {}
-try:
-    from linrnn.engine import triton_chunk, triton_ops, triton_recurrent, triton_recurrent_bwd
-except ImportError:  # no Triton: the PyTorch path serves every call
-    triton_chunk = triton_ops = triton_recurrent = triton_recurrent_bwd = None
-else:
-    _TRITON["chunk"] = triton_chunk.chunk
-    _TRITON["fused_chunk"] = functools.partial(triton_chunk.chunk, fused=True)
-    _TRITON["recurrent"] = triton_recurrent.recurrent
+try:  # the Triton engine; without Triton the PyTorch path serves every call
+    from linrnn.engine import (
+        scalar,
+        triton_chunk_vec,
+        triton_ops,
+        triton_recurrent,
+        triton_recurrent_bwd,
+    )
+except ImportError:
+    scalar = triton_chunk_vec = triton_ops = triton_recurrent = triton_recurrent_bwd = None
 
+# The modes with a Triton kernel (they take the inputs in their own dtype and fuse the
+# normalizer, so run() hands them the family's switches instead of the generic recurrence).
+TRITON_MODES = ("chunk", "fused_chunk", "recurrent") if scalar is not None else ()
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-def _chunk_size(value) -> int:
-    if value is None:
-        return DEFAULT_CHUNK_SIZE
-    if value == "auto":  # resolved per call in run(); validation only here
-        return DEFAULT_CHUNK_SIZE
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"chunk_size must be a positive int, 'auto' or None, got {value!r}")
-    if value < 1:
-        raise ValueError(f"chunk_size must be ≥ 1, got {value}")
-    return int(value)
+# mode=None picks the recurrent kernel for sequences up to this long (decoding, short prompts).
+RECURRENT_MAX_T = 64
 
 
-def select(family: str, mode, backend, device: torch.device, chunk_size) -> Callable:
-    """Resolve ``(mode, backend)`` to an implementation of the generic recurrence."""
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """Where one call goes: the mode, the backend ("torch" or "triton") and, in the chunk
+    modes, the chunk length L (None otherwise)."""
+
+    mode: str
+    backend: str
+    chunk_size: int | None
+
+
+def _vector(g, gv, u) -> bool:
+    """Whether the gates are per-channel (GLA, RWKV6): the vector host serves them."""
+    return (g is not None and g.dim() == 4) or gv is not None or u is not None
+
+
+def _gpu(device: torch.device) -> bool:
+    """Whether backend=None prefers the Triton kernels on ``device``."""
+    return device.type == "cuda"
+
+
+def route(family: str, q: Tensor, v: Tensor, *, g=None, gv=None, u=None, grad: bool = False,
+          cu_seqlens=None, mode=None, backend=None, chunk_size=None) -> Route:  # fmt: skip
+    """Decide mode, backend and chunk size of one call, once: mode=None by
+    :func:`_default_mode`; backend=None the Triton kernel on a GPU where one serves the inputs
+    (fp16/bf16/fp32), else PyTorch; the chunk size by :func:`linrnn.engine.config.
+    resolve_chunk_size`. Raises for a combination nothing can run."""
     check.choice("mode", mode, (None, *MODES))
     check.choice("backend", backend, BACKENDS)
-    mode = mode or "chunk"
+    device = q.device
+    if mode is None:
+        mode = _default_mode(q, backend, cu_seqlens, grad)
     if backend is None:
-        backend = "triton" if device.type == "cuda" and mode in _TRITON else "torch"
+        serves = mode in TRITON_MODES and q.dtype in TRITON_DTYPES
+        if mode != "recurrent" and u is not None and gv is not None:
+            serves = False  # the one combination no family makes: no chunk kernel for it
+        backend = "triton" if _gpu(device) and serves else "torch"
     if backend == "triton":
         if mode in ("reference", "parallel"):
             raise ValueError(f"mode={mode!r} is a PyTorch reference; use backend='torch' or None")
@@ -70,27 +91,30 @@ def select(family: str, mode, backend, device: torch.device, chunk_size) -> Call
                 "backend='triton' on CPU tensors needs the Triton interpreter: set "
                 "TRITON_INTERPRET=1 before importing triton, or use backend='torch'"
             )
-        if mode not in _TRITON:
+        if mode not in TRITON_MODES:
             raise NotImplementedError(
                 f"{family}: the Triton kernel for mode={mode!r} is not implemented yet; "
                 "use backend='torch' (modes 'chunk', 'recurrent', 'parallel', 'reference')"
             )
-        return _TRITON[mode]
-    if mode in ("reference", "recurrent"):
-        return recurrent
-    if mode == "parallel":
-        return parallel
-    if mode == "chunk":
-        L = _chunk_size(chunk_size)
-
-        def _chunk(*args, **kwargs):
-            return torch_chunk.chunk(*args, chunk_size=L, **kwargs)
-
-        return _chunk
-    raise NotImplementedError(
-        f"{family}: mode={mode!r} exists only as a Triton kernel; with backend='torch' use "
-        "'chunk' (fast), 'recurrent', 'parallel' or 'reference'"
-    )
+    elif mode == "fused_chunk":
+        raise NotImplementedError(
+            f"{family}: mode={mode!r} exists only as a Triton kernel; with backend='torch' use "
+            "'chunk' (fast), 'recurrent', 'parallel' or 'reference'"
+        )
+    elif mode == "recurrent" and _runtime.tracing() and q.shape[1] != 1:
+        # Traced, the step loop would unroll T steps and recompile for every new length: the
+        # chunk engine computes the same recurrence with one graph for all T (T = 1, a decode
+        # step, keeps the loop of one step).
+        mode, chunk_size = "chunk", None
+    if mode not in ("chunk", "fused_chunk"):
+        return Route(mode, backend, None)
+    K, V = q.shape[-1], v.shape[-1]
+    L = config.resolve_chunk_size(
+        chunk_size, K, V, triton=backend == "triton", fused=mode == "fused_chunk",
+        vector=_vector(g, gv, u),
+        family=family, dtype=q.dtype, device=device,
+    )  # fmt: skip
+    return Route(mode, backend, L)
 
 
 def run(
@@ -119,31 +143,21 @@ def run(
     """Run the generic recurrence; returns ``(o, (S_T, n_T, m_T))`` with o in q's dtype and the
     states in fp32 (fp64 for fp64 inputs). ``n_T`` is None unless ``track_n``, ``m_T`` unless
     ``stabilize``. Inputs are assumed validated."""
-    if mode is None:
-        mode = _default_mode(q, backend, cu_seqlens, (q, k, v, g, gv, gi, u, S0, n0, m0))
-    if isinstance(chunk_size, str):  # "auto" (validated in prepare)
-        chunk_size = _auto_chunk_size(family, q, v, mode)
-    impl = select(family, mode, backend, q.device, chunk_size)
-    if backend is None and impl in _TRITON.values() and not _triton_takes(impl, q, g, gv, u):
-        impl = select(family, mode, "torch", q.device, chunk_size)  # e.g. fp64 on CUDA
-    if impl is recurrent and mode == "recurrent" and _runtime.tracing() and q.shape[1] != 1:
-        # Traced, the step loop would unroll T steps and recompile for every new length: the
-        # chunk engine computes the same recurrence with one graph for all T (T = 1, a decode
-        # step, keeps the loop of one step).
-        impl = select(family, "chunk", "torch", q.device, None)
-    if impl is _TRITON.get("recurrent"):
-        grad = _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0)
-        return _run_triton_recurrent(
-            triton_recurrent_bwd.recurrent if grad else impl, family, q, k, v, scale=scale,
-            g=g, gv=gv, gi=gi, u=u, stabilize=stabilize, track_n=track_n,
-            normalizer=normalizer, eps=eps, S0=S0, n0=n0, m0=m0, cu_seqlens=cu_seqlens,
-        )  # fmt: skip
-    elif impl in _TRITON.values():
-        return _run_triton(
-            impl, family, q, k, v, scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize,
-            track_n=track_n, normalizer=normalizer, eps=eps, S0=S0, n0=n0, m0=m0,
-            cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-        )  # fmt: skip
+    grad = _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0)
+    r = route(family, q, v, g=g, gv=gv, u=u, grad=grad, cu_seqlens=cu_seqlens, mode=mode,
+              backend=backend, chunk_size=chunk_size)  # fmt: skip
+    switches = dict(scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize, track_n=track_n,
+                    normalizer=normalizer, eps=eps, S0=S0, n0=n0, m0=m0)  # fmt: skip
+    if r.backend == "triton":
+        if r.mode == "recurrent":
+            return _run_triton_recurrent(family, q, k, v, grad=grad, cu_seqlens=cu_seqlens,
+                                         **switches)  # fmt: skip
+        return _run_triton_chunk(family, q, k, v, cu_seqlens=cu_seqlens, chunk_size=r.chunk_size,
+                                 fused=r.mode == "fused_chunk", **switches)  # fmt: skip
+    if r.mode == "chunk":
+        impl = functools.partial(torch_chunk.chunk, chunk_size=r.chunk_size)
+    else:
+        impl = parallel if r.mode == "parallel" else recurrent
     cdt = compute_dtype(q)
     cast = lambda x: None if x is None else x.to(cdt)  # noqa: E731
     qc, kc, vc, g, gv, gi, u, S0, n0, m0 = map(cast, (q, k, v, g, gv, gi, u, S0, n0, m0))
@@ -184,20 +198,16 @@ def run(
 OUT_STATE: contextvars.ContextVar = contextvars.ContextVar("linrnn_out_state", default=None)
 
 
-# mode=None picks the recurrent kernel for sequences up to this long (decoding, short prompts).
-RECURRENT_MAX_T = 64
-
-
-def _default_mode(q: Tensor, backend, cu_seqlens, tensors) -> str:
+def _default_mode(q: Tensor, backend, cu_seqlens, grad: bool) -> str:
     """``mode=None``: ``"recurrent"`` when the Triton recurrent kernel can serve the call (CUDA
     or backend="triton", no gradient needed) and every sequence has at most
     :data:`RECURRENT_MAX_T` steps — one launch, no chunk states, the fastest for decoding and
     short prompts; ``"chunk"`` otherwise (on the PyTorch path a Python loop over steps never
     beats the chunked matmuls)."""
-    triton_ok = "recurrent" in _TRITON and (
-        backend == "triton" or (backend is None and q.device.type == "cuda")
+    triton_ok = "recurrent" in TRITON_MODES and (
+        backend == "triton" or (backend is None and _gpu(q.device))
     )
-    if not triton_ok or _needs_grad(*tensors):
+    if not triton_ok or grad:
         return "chunk"
     if cu_seqlens is None:
         longest = q.shape[1]
@@ -206,62 +216,30 @@ def _default_mode(q: Tensor, backend, cu_seqlens, tensors) -> str:
     return "recurrent" if longest <= RECURRENT_MAX_T else "chunk"
 
 
-def _auto_chunk_size(family: str, q: Tensor, v: Tensor, mode) -> int:
-    """``chunk_size="auto"``: linrnn.bench.autotune's choice for this family, head dims, dtype
-    and device — measured timings cached by ``linrnn bench --suite chunksize --save-cache``,
-    else seed 003 App. G's runtime-optimal estimate; fused_chunk keeps L ≤ 128 (≤ 64 for head
-    dims above 128)."""
-    from linrnn.bench.autotune import choose_chunk_size
-
-    B, T, H, K = q.shape
-    L = choose_chunk_size(family, K, v.shape[-1], q.dtype, q.device, shape=(B, T, H))
-    if mode != "fused_chunk":
-        return L
-    # One fused chunk is one register tile: at K = V = 256 on an H200, L = 128 ran 3–8× slower
-    # than L = 64 (spills; benchmarks/results/2026-11-21-h200-s3-notes.md §3).
-    return min(L, 64 if max(K, v.shape[-1]) > 128 else 128)
-
-
-# Whether backend=None serves per-channel decays (gla, rwkv6) in mode="chunk" with the Triton
-# kernels (else the PyTorch path). On since their chunk mode passed the GPU correctness check
-# (H200, Triton 3.6: gla, gla[gv], rwkv6 × bf16/fp16/fp32, every gradient; session 4).
-TRITON_VECTOR_CHUNK_BY_DEFAULT = True
-
-
-def _triton_takes(impl, q, g, gv, u) -> bool:
-    """Whether the Triton implementation ``impl`` serves these inputs by default (backend=None
-    picks the PyTorch path where it does not: fp64; per-channel decays in mode="chunk", see
-    :data:`TRITON_VECTOR_CHUNK_BY_DEFAULT`)."""
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return False
-    if impl is _TRITON.get("recurrent"):
-        return True
-    vector = (g is not None and g.dim() == 4) or gv is not None
-    if vector and impl is _TRITON.get("chunk") and not TRITON_VECTOR_CHUNK_BY_DEFAULT:
-        return False  # (fused_chunk exists only in Triton: it keeps the kernel)
-    return not (u is not None and gv is not None)  # the one combination no family makes
-
-
 def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _run_triton_recurrent(fn, family, q, k, v, *, cu_seqlens, **kw):
-    """The Triton recurrent kernel: every family, packed sequences native; with gradients the
-    autograd Function of triton_recurrent_bwd (no in-place final state then)."""
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+def _triton_dtype(family: str, q: Tensor) -> None:
+    if q.dtype not in TRITON_DTYPES:
         raise TypeError(
             f"{family}: the Triton kernels take float16, bfloat16 or float32 inputs, got "
             f"{q.dtype}; use backend='torch' for float64"
         )
+
+
+def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
+    """The Triton recurrent kernel: every family, packed sequences native; with gradients the
+    autograd Function of triton_recurrent_bwd (no in-place final state then)."""
+    _triton_dtype(family, q)
     f32 = lambda x: None if x is None else x.float()  # noqa: E731
     for name in ("g", "gv", "gi", "u"):
         kw[name] = f32(kw[name])
     if _runtime.tracing():  # torch.compile: the custom ops (no in-place state: step() copies)
-        o, S, n, m = triton_ops.traced(fn)(q, k, v, offsets=cu_seqlens, **kw)
+        o, S, n, m = triton_ops.recurrent(q, k, v, offsets=cu_seqlens, save=grad, **kw)
         return o, (S, n, m)
-    if fn is not triton_recurrent.recurrent:  # with gradients: the autograd Function
-        o, S, n, m = fn(q, k, v, offsets=cu_seqlens, **kw)
+    if grad:  # the autograd Function
+        o, S, n, m = triton_recurrent_bwd.recurrent(q, k, v, offsets=cu_seqlens, **kw)
         return o, (S, n, m)
     out = OUT_STATE.get()
     if out is not None:  # an in-place step: write where the caller's state lives
@@ -272,26 +250,37 @@ def _run_triton_recurrent(fn, family, q, k, v, *, cu_seqlens, **kw):
         parts = list(out) + [None] * 3
         out = [p if (w and p is not None and tuple(p.shape) == s and p.is_contiguous())
                else None for p, s, w in zip(parts, shapes, want)]  # fmt: skip
-    o, S, n, m = fn(q, k, v, offsets=cu_seqlens, out_state=out, **kw)
+    o, S, n, m = triton_recurrent.recurrent(q, k, v, offsets=cu_seqlens, out_state=out, **kw)
     return o, (S, n, m)
 
 
-def _run_triton(fn, family, q, k, v, *, g, gv, gi, u, S0, n0, m0, cu_seqlens, **switches):
-    """A Triton engine call: inputs stay in their dtype, gates go in as fp32."""
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(
-            f"{family}: the Triton kernels take float16, bfloat16 or float32 inputs, got "
-            f"{q.dtype}; use backend='torch' for float64"
-        )
+def _run_triton_chunk(family, q, k, v, *, g, gv, gi, u, cu_seqlens, **switches):
+    """A Triton chunk-engine call: inputs stay in their dtype, gates go in as fp32; scalar
+    gates to :mod:`linrnn.engine.scalar`, per-channel ones to the vector host; while
+    torch.compile traces, the same kernels as opaque custom ops."""
+    _triton_dtype(family, q)
     f32 = lambda x: None if x is None else x.float()  # noqa: E731
     g, gi, gv, u = f32(g), f32(gi), f32(gv), f32(u)
     offsets = None if cu_seqlens is None else [int(x) for x in cu_seqlens]
-    vec = {n: x for n, x in (("gv", gv), ("u", u)) if x is not None}
-    if _runtime.tracing():  # torch.compile: the same kernels as opaque custom ops
-        fn = triton_ops.traced(fn)
-    o, S, n, m = fn(q, k, v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, offsets=offsets, **vec,
-                    **switches)  # fmt: skip
+    if _runtime.tracing():
+        o, S, n, m = triton_ops.chunk(q, k, v, g=g, gi=gi, gv=gv, u=u, offsets=offsets,
+                                      **switches)  # fmt: skip
+    elif _vector(g, gv, u):
+        o, S, n, m = _vector_chunk(q, k, v, g=g, gi=gi, gv=gv, u=u, offsets=offsets, **switches)
+    else:
+        o, S, n, m = scalar.chunk(q, k, v, g=g, gi=gi, offsets=offsets, **switches)
     return o, (S, n, m)
+
+
+def _vector_chunk(q, k, v, *, scale, g, gi, gv, u, stabilize, track_n, normalizer, eps, S0,
+                  n0, m0, chunk_size, fused, offsets):  # fmt: skip
+    if gi is not None or stabilize or track_n or normalizer is not None:
+        raise NotImplementedError("vector gates with input gate / normalizer: no kernel")
+    o, S_T = triton_chunk_vec.chunk(
+        q, k, v, scale=scale, g=g, gv=gv, u=u, S0=S0, chunk_size=chunk_size, fused=fused,
+        offsets=offsets,
+    )  # fmt: skip
+    return o, S_T, None, None
 
 
 def _packed(impl, q, k, v, scale, gates, S0, m0, offsets):
@@ -389,7 +378,7 @@ def prepare(
     check.choice("mode", mode, (None, *MODES))
     check.choice("backend", backend, BACKENDS)
     check.flag("output_final_state", output_final_state)
-    _chunk_size(chunk_size)
+    config.check_chunk_size(chunk_size)
     B, T, H, K, V = check.qkv(q, k, v, names)
     offsets = None if cu_seqlens is None else check.cu_seqlens(cu_seqlens, B, T, q)
     N = B if offsets is None else len(offsets) - 1
@@ -416,7 +405,8 @@ scale: multiplier of the query, default ``K ** -0.5``.
             when no gradient is needed and every sequence has ≤ 64 steps, else ``"chunk"``.
         chunk_size: chunk length L (any L ≥ 1; T need not be a multiple), or ``"auto"`` (the
             fastest L measured by ``linrnn bench --suite chunksize --save-cache`` for this
-            family, head dims, dtype and GPU, else the analytical optimum of TFLA App. G).
+            family, head dims, dtype and GPU, else linrnn's measurement on this GPU model,
+            else the analytical optimum of the TFLA paper's runtime model, App. G).
             Default 64 on the PyTorch path; on the Triton path 128 when K or V ≥ 128 (GLA,
             RWKV6: when K or V ≥ 256), else 64;
             ``fused_chunk`` takes L ≤ 128 (default 64).

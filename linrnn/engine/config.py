@@ -1,0 +1,375 @@
+"""The configuration of one engine call: its compile-time flags (:class:`ChunkConfig`), the
+packing tables of variable-length batches, the scalar-gate tile table, and the one rule that
+picks the chunk length L (:func:`resolve_chunk_size`).
+
+Chunk size. ``chunk_size`` is an int ≥ 1, None or ``"auto"``:
+
+* an int is taken as it is (``fused_chunk`` holds one chunk in one register tile, so it takes
+  L ≤ :data:`FUSED_MAX_CHUNK`);
+* None is :func:`default_chunk_size`: 64 on the PyTorch path and in ``fused_chunk``; on the
+  Triton chunk path 128 for head dims ≥ 128 (≥ 256 for per-channel decays), else 64;
+* ``"auto"`` is :func:`auto_chunk_size`: the fastest L the user measured on this GPU
+  (``linrnn bench --suite chunksize --save-cache`` writes ``~/.cache/linrnn/chunk_size.json``,
+  ``$LINRNN_CACHE_DIR`` moves it), else the fastest L measured for linrnn on this GPU model
+  (:data:`MEASURED_CHUNK_SIZES`), else the runtime-optimal L of the TFLA runtime model
+  (the TFLA paper, App. G: :func:`runtime_optimal_chunk`), capped for ``fused_chunk``.
+
+This module imports neither Triton nor the benchmark harness: the PyTorch path uses the same
+rule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from linrnn.engine.host_math import cdiv, next_pow2
+
+# --------------------------------------------------------------------------------------------
+# Chunk size
+
+FUSED_MAX_CHUNK = 128  # fused_chunk keeps one chunk in one register tile
+TORCH_CHUNK_SIZE = 64  # the PyTorch path's default
+
+
+def check_chunk_size(value) -> None:
+    """Raise for anything but a positive int, ``"auto"`` or None (the message names them)."""
+    if value is None or value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"chunk_size must be a positive int, 'auto' or None, got {value!r}")
+    if value < 1:
+        raise ValueError(f"chunk_size must be ≥ 1, got {value}")
+
+
+def default_chunk_size(K: int, V: int, *, triton: bool = True, fused: bool = False,
+                       vector: bool = False) -> int:  # fmt: skip
+    """L when the caller gives none. Triton chunk path: 128 for head dims ≥ 128, where fewer
+    chunk states save more memory traffic than the longer intra-chunk products cost; per-channel
+    decays (``vector``: GLA, RWKV6) 128 only from head dims of 256. fused_chunk: 64 (one chunk
+    is one register tile). PyTorch path: 64."""
+    if not triton or fused:
+        return 64 if fused else TORCH_CHUNK_SIZE
+    if vector:
+        return 128 if max(K, V) >= 256 else 64
+    return 128 if max(K, V) >= 128 else 64
+
+
+def fused_cap(K: int, V: int) -> int:
+    """The largest L ``"auto"`` gives ``fused_chunk``: 128, and 64 above head dim 128 (a chunk
+    of 128 steps spills registers there)."""
+    return 64 if max(K, V) > 128 else FUSED_MAX_CHUNK
+
+
+def resolve_chunk_size(value, K: int, V: int, *, triton: bool, fused: bool = False,
+                       vector: bool = False, family: str | None = None, dtype=None,
+                       device=None) -> int:  # fmt: skip
+    """The chunk length L of one call (see the module docstring): ``value`` validated, None
+    replaced by the default and ``"auto"`` by :func:`auto_chunk_size` (which needs ``family``,
+    ``dtype`` and ``device``). ``fused`` rejects L > :data:`FUSED_MAX_CHUNK`."""
+    check_chunk_size(value)
+    if value is None:
+        L = default_chunk_size(K, V, triton=triton, fused=fused, vector=vector)
+    elif value == "auto":
+        L = auto_chunk_size(family, K, V, dtype, device)
+        if fused:
+            L = min(L, fused_cap(K, V))
+    else:
+        L = int(value)
+    if fused and L > FUSED_MAX_CHUNK:
+        raise ValueError(
+            f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
+            f"{FUSED_MAX_CHUNK}, got {L} (mode='chunk' takes any chunk size)"
+        )
+    return L
+
+
+# "auto": measured choices, first the user's own (a cache file), then linrnn's.
+
+CACHE_NAME = "chunk_size.json"
+CACHE_FORMAT = 1
+CANDIDATES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+FAMILY_OPS = {"mlstm": "mlstm[exp]"}  # the op a family's chunk size is looked up as
+DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+# The fastest L (forward + backward, mode "chunk", bf16, B8-T8192-H16 and, for rwkv6, H64)
+# measured with ``linrnn bench --suite chunksize`` on each GPU model: {(GPU, dtype, K, V):
+# {op: L}}. The GPU is matched as a substring of the device name.
+MEASURED_CHUNK_SIZES = {
+    ("H200", "bf16", 256, 256): {
+        "linear_attn": 128, "linear_attn[normalize]": 128, "retention": 128,
+        "simple_gla": 128, "mlstm[sigmoid]": 128, "mlstm[sigmoid,normalize]": 128,
+        "mlstm[exp]": 128, "gla": 128, "gla[gv]": 64,
+    },
+    ("H200", "bf16", 64, 64): {"rwkv6": 64},
+}  # fmt: skip
+
+_loaded: dict = {}  # cache path -> parsed file
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """``override``, else ``$LINRNN_CACHE_DIR``, else ``~/.cache/linrnn``."""
+    if override is not None:
+        return Path(override)
+    env = os.environ.get("LINRNN_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "linrnn"
+
+
+def dtype_name(dtype) -> str:
+    """ "bf16", "fp16", "fp32" or "fp64" for a torch dtype or such a string."""
+    text = str(dtype).replace("torch.", "")
+    name = DTYPE_NAMES.get(text, text)
+    if name not in DTYPE_NAMES.values():
+        raise ValueError(f"dtype must be bf16, fp16, fp32 or fp64, got {dtype!r}")
+    return name
+
+
+def device_name(device) -> str:
+    """The GPU's name for a CUDA device ("NVIDIA H200"), "cpu" otherwise."""
+    device = torch.device(device if device is not None else "cpu")
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device.index or 0)
+    return device.type
+
+
+def cache_key(op: str, K: int, V: int, dtype, gpu: str, version: str | None = None) -> str:
+    """The user cache's key: ``op|K..|V..|dtype|device name|linrnn version``."""
+    import linrnn
+
+    version = version or linrnn.__version__
+    return f"{op}|K{K}|V{V}|{dtype_name(dtype)}|{gpu}|linrnn {version}"
+
+
+def load_cache(directory=None, reload: bool = False) -> dict:
+    """The parsed user cache (``{"format": 1, "entries": {key: entry}}``), read once per
+    process; empty when the file is missing or unreadable."""
+    path = cache_dir(directory) / CACHE_NAME
+    if reload or str(path) not in _loaded:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != CACHE_FORMAT or not isinstance(data.get("entries"), dict):
+                data = None
+        except (OSError, ValueError):
+            data = None
+        _loaded[str(path)] = data or {"format": CACHE_FORMAT, "entries": {}}
+    return _loaded[str(path)]
+
+
+def cached_timings(op: str, K: int, V: int, dtype, gpu: str, objective: str = "fwdbwd",
+                   directory=None) -> tuple[dict, dict | None]:  # fmt: skip
+    """``(measured, entry)``: the user cache's figures by L for this key (those with a time for
+    ``objective`` or a forward time), and the raw entry (None when there is none)."""
+    entry = load_cache(directory)["entries"].get(cache_key(op, K, V, dtype, gpu))
+    if not entry:
+        return {}, None
+    figures = entry["measured"].items()
+    measured = {int(L): f for L, f in figures if f.get(f"{objective}_ms") or f.get("fwd_ms")}
+    return measured, entry
+
+
+def fastest(measured: dict, objective: str = "fwdbwd", among=None) -> int:
+    """The L of ``measured`` (or of ``among``) with the least time for ``objective``."""
+    t = lambda L: measured[L].get(f"{objective}_ms") or measured[L]["fwd_ms"]  # noqa: E731
+    return min(among if among is not None else measured, key=t)
+
+
+def shipped_chunk_size(op: str, K: int, V: int, dtype, gpu: str) -> int | None:
+    """L from :data:`MEASURED_CHUNK_SIZES` for this GPU model, or None."""
+    name = dtype_name(dtype)
+    for (model, dt, k, v), table in MEASURED_CHUNK_SIZES.items():
+        if model.lower() in gpu.lower() and (dt, k, v) == (name, K, V) and op in table:
+            return table[op]
+    return None
+
+
+# The analytical fallback: the runtime model of the TFLA paper (App. G).
+
+F_CAUSAL = 0.5  # the causal fraction of a chunk's intra-chunk products
+STATE_BYTES = 4  # fp32 states (bytes_C)
+
+# Spec-sheet numbers (NVIDIA datasheets): HBM bandwidth in B/s and dense (no sparsity) BF16
+# tensor-core throughput in FLOP/s. Matched in order against the device name, so "H100" (SXM5)
+# comes after the PCIe and NVL variants.
+GPU_SPECS = (
+    ("H200", 4.8e12, 989e12),
+    ("H100 NVL", 3.9e12, 835e12),
+    ("H100 PCIe", 2.0e12, 756e12),
+    ("H100", 3.35e12, 989e12),
+    ("A100", 2.0e12, 312e12),
+)
+
+# Accelerator intensity (FLOP/byte) assumed for a CPU in the analytical chunk-size estimate
+# only: ~1 TFLOP/s fp32 over ~100 GB/s, a nominal server CPU.
+NOMINAL_CPU_INTENSITY = 10.0
+
+
+def accelerator_intensity(gpu: str | None) -> float:
+    """The device's FLOP/byte ratio α/β from :data:`GPU_SPECS` (nominal for anything else)."""
+    for key, bandwidth, peak in GPU_SPECS:
+        if gpu and key.lower() in gpu.lower():
+            return peak / bandwidth
+    return NOMINAL_CPU_INTENSITY
+
+
+def runtime_optimal_chunk(K: int, V: int, intensity_acc: float, state_bytes: int = STATE_BYTES,
+                          f_causal: float = F_CAUSAL) -> float:  # fmt: skip
+    """Runtime-optimal chunk size of the TFLA runtime model (dτ/dL = 0 for
+    τ = FLOPs/α + Bytes/β, with d_hv² p_qk = K·V)::
+
+        L_opt = sqrt( (2KV + 5 + 2·I_acc·KV·bytes_C) / (2·F_c·(K + V + 3) + 1) )
+
+    ``I_acc = α/β`` is the accelerator's FLOP/byte ratio. With ``I_acc = 0`` this is the
+    FLOP-optimal L. The model ignores the slower pointwise work, so it overestimates the
+    measured optimum."""
+    num = 2 * K * V + 5 + 2 * intensity_acc * K * V * state_bytes
+    den = 2 * f_causal * (K + V + 3) + 1
+    return math.sqrt(num / den)
+
+
+def analytical_chunk_size(K: int, V: int, gpu: str | None) -> tuple[int, float, float]:
+    """``(L, L_opt, I_acc)``: the runtime-optimal L for this device, rounded to the nearest
+    power of two (in log scale) within [16, 4096]."""
+    intensity = accelerator_intensity(gpu)
+    L_opt = runtime_optimal_chunk(K, V, intensity)
+    L = 2 ** round(math.log2(L_opt))
+    return int(min(max(L, CANDIDATES[0]), CANDIDATES[-1])), L_opt, intensity
+
+
+def auto_chunk_size(family: str, K: int, V: int, dtype, device=None, *, cache=None) -> int:
+    """``chunk_size="auto"`` for mode "chunk": the user's fastest measured L on this device
+    (forward + backward), else linrnn's measurement on this GPU model, else the analytical
+    estimate. ``cache`` overrides the user cache's folder."""
+    op = FAMILY_OPS.get(family, family)
+    gpu = device_name(device)
+    measured, _ = cached_timings(op, K, V, dtype, gpu, directory=cache)
+    if measured:
+        return fastest(measured)
+    shipped = shipped_chunk_size(op, K, V, dtype, gpu)
+    if shipped is not None:
+        return shipped
+    return analytical_chunk_size(K, V, gpu)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Tiles of the scalar-gate kernels
+
+# Per kernel: (time tile, depth tile, output tile, num_warps, num_stages), each clipped to the
+# problem. Depth/output are K/V for the forward kernels, V/K for dq and dk.
+TILES = {
+    "states_fwd": (64, 64, 256, 4, 2),
+    "rows_fwd": (64, 32, 256, 4, 3),
+    "states_bwd": (64, 32, 256, 4, 2),
+    "rows_dq": (64, 64, 128, 4, 2),
+    "cols_dk": (64, 64, 256, 8, 3),
+    "cols_dv": (64, 32, 256, 8, 3),
+    "fused": (0, 0, 0, 4, 1),
+}
+
+# Normalizer codes of the kernels' NORM constexpr.
+NORM_NONE, NORM_SUM, NORM_MAX1, NORM_MAXM = 0, 1, 2, 3
+
+
+def norm_code(normalizer: str | None, stabilize: bool) -> int:
+    """The kernels' NORM code of a normalizer (None, "sum" or "mlstm")."""
+    if normalizer == "mlstm":
+        return NORM_MAXM if stabilize else NORM_MAX1
+    return {None: NORM_NONE, "sum": NORM_SUM}[normalizer]
+
+
+# --------------------------------------------------------------------------------------------
+# The configuration of one call
+
+
+class ChunkConfig:
+    """Compile-time flags, sizes, packing tables and tile sizes of one chunk-engine call.
+    ``chunk_size`` None takes the Triton default (:func:`default_chunk_size`)."""
+
+    def __init__(self, q, k, v, *, scale, has_decay, has_igate, stabilize, track_n,
+                 normalizer, eps, chunk_size, fused=False, offsets=None,
+                 vector=False):  # fmt: skip
+        B, T, H, K, V = q.shape[0], q.shape[1], q.shape[2], q.shape[3], v.shape[3]
+        self.fused = fused
+        self.scale, self.eps = float(scale), float(eps)
+        self.has_decay, self.has_igate = has_decay, has_igate
+        self.stab, self.track_n = stabilize, track_n
+        self.norm = norm_code(normalizer, stabilize)
+        self.L = resolve_chunk_size(chunk_size, K, V, triton=True, fused=fused, vector=vector)
+        self.NT = cdiv(T, self.L)
+        self.varlen = offsets is not None
+        self.N, self.NSEQ = B, 1  # states (sequences) and sequences per row of B·H
+        ints = dict(device=q.device, dtype=torch.int32)
+        self.CO = self.CHUNKS = torch.zeros(3, **ints)
+        if self.varlen:
+            self._pack(list(offsets), T, q.device)
+        self.rows = B * H  # rows of the gates and chunk states (B = 1 when packed)
+        self.walkers = self.N * H  # programs of the walking kernels: one per state
+        if fused:  # one chunk = one tile; one dimension whole, the other tiled to fit
+            nw, ns = TILES["fused"][3:]
+            self.launch = dict(num_warps=nw, num_stages=ns)
+            self.BT = max(16, next_pow2(self.L))
+            self.KP = max(16, next_pow2(K))
+            self.VP = max(16, next_pow2(V))
+            self.BVf = max(16, min(64, 8192 // self.KP, self.VP))
+            self.BKf = max(16, min(64, 8192 // self.VP, self.KP))
+        self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
+        self.dtype = q.dtype
+
+    def _pack(self, offsets, T, device):
+        """Packed sequences: chunk table rows (start, end, sequence), each sequence's first
+        chunk CO[n], the per-token chunk start and chunk index. Vectorized: a Python loop over
+        tokens would cost more host time than the kernels of a long packed call."""
+        L, N = self.L, len(offsets) - 1
+        bounds = torch.tensor(offsets, dtype=torch.long)
+        bos, eos = bounds[:-1], bounds[1:]
+        counts = (eos - bos + L - 1).div(L, rounding_mode="floor").clamp_(min=0)  # chunks
+        co = F.pad(counts.cumsum(0), (1, 0))
+        NT = int(co[-1])
+        seq = torch.repeat_interleave(torch.arange(N), counts)  # each chunk's sequence
+        c0 = bos[seq] + (torch.arange(NT) - co[seq]) * L
+        rows = torch.stack([c0, torch.minimum(c0 + L, eos[seq]), seq], 1)
+        ints = dict(device=device, dtype=torch.int32)
+        self.N, self.NSEQ, self.NT = N, N, max(NT, 1)
+        self.offsets = offsets
+        self.CO = co.to(**ints)
+        self.CHUNKS = (rows if NT else torch.zeros(1, 3, dtype=torch.long)).reshape(-1).to(**ints)
+        # Per token (on the device, from the sequence bounds): its sequence, chunk and start
+        ends, t = eos.to(device), torch.arange(T, device=device)
+        tok_seq = torch.searchsorted(ends, t, right=True)
+        pos = t - bos.to(device)[tok_seq]
+        self.tok_chunk = co.to(device)[tok_seq] + pos.div(L, rounding_mode="floor")
+        self.tok_start = t - pos.remainder(L)
+        self.final_slot = (co[1:] + torch.arange(N)).to(device)
+
+    def tiles(self, name: str, D: int, O: int):
+        """(time tile, depth tile, output tile, launch options) of kernel ``name``."""
+        t, d, o, nw, ns = TILES[name]
+        fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
+        return fit(t, self.L), fit(d, D), fit(o, O), dict(num_warps=nw, num_stages=ns)
+
+    def flags(self):
+        return dict(
+            HAS_DECAY=self.has_decay, HAS_IGATE=self.has_igate, STAB=self.stab,
+            TRACK_N=self.track_n, DOT_PREC=self.prec, VARLEN=self.varlen,
+        )  # fmt: skip
+
+    def m_final(self, mc):
+        """The final max state [N, H] from the chunk-boundary table MC [rows, NT + NSEQ]."""
+        if self.varlen:
+            return mc[:, self.final_slot].transpose(0, 1).contiguous()
+        return mc[:, self.NT].reshape(self.N, -1).clone()
+
+
+def chunk_counts(B: int, T, L: int, offsets):
+    """(N states, NT chunk rows, NSEQ sequences per row) as :class:`ChunkConfig` computes them,
+    from Python ints (T may be symbolic: the custom ops' fake implementations use it)."""
+    if offsets is None:
+        return B, (T + L - 1) // L, 1
+    N = len(offsets) - 1
+    rows = sum((offsets[n + 1] - offsets[n] + L - 1) // L for n in range(N))
+    return N, max(rows, 1), N

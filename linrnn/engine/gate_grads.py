@@ -1,0 +1,166 @@
+"""Gate gradients on the host, shared by the scalar, vector and recurrent hosts: cheap
+[B·H, T] reductions in PyTorch over the per-tile partial sums the kernels return.
+
+With the max state m held fixed, every log decay g_t enters through the global cumulative sum
+F_t, with +F_t beside q_t and −F_t beside k_t, so
+
+    ∂L/∂F_t = q_t·dq_t − k_t·dk_t  (+ ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩ at the last step),
+    ∂L/∂g_u = Σ_{t≥u} ∂L/∂F_t,       ∂L/∂a_s = k_s·dk_s  (a: log input gate).
+
+In chunk mode the reverse sum restarts at every chunk end from the exact value
+⟨dC, C⟩ + ⟨dn, n⟩ of the state there (the materialized states and their gradients give it), so
+rounding errors in the largely cancelling terms do not pile up over the sequence
+(:func:`chunk_local`). mLSTM-exp adds the gradient through m itself:
+m_t = F_t + max(m_0, max_{s≤t}(a_s − F_s)) reaches the output only through eps (and the final
+state through its stabilized scale), and routes to F_t and to the argmax (:func:`route_argmax`).
+
+The helpers take a config ``c`` that needs only has_decay, has_igate, stab, track_n, norm,
+varlen, N, L and, when packed, offsets, tok_chunk and CHUNKS (:class:`~linrnn.engine.config.
+ChunkConfig`, or the recurrent host's own).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rows(g: torch.Tensor) -> torch.Tensor:
+    """[B, T, H] → [B·H, T] fp32 contiguous."""
+    B, T, H = g.shape
+    return g.permute(0, 2, 1).reshape(B * H, T).float().contiguous()
+
+
+def final_grads(dS_T, dn_T, q, K, V, c):
+    """The final state's cotangents as fp32 (zeros where only one of them is given)."""
+    f32 = dict(device=q.device, dtype=torch.float32)
+    B, H = c.N, q.shape[2]
+    has_dst = dS_T is not None or dn_T is not None
+    if has_dst:
+        dS_T = torch.zeros(B, H, K, V, **f32) if dS_T is None else dS_T.float().contiguous()
+        if c.track_n:
+            dn_T = torch.zeros(B, H, K, **f32) if dn_T is None else dn_T.float().contiguous()
+    return has_dst, dS_T, dn_T
+
+
+class Seqs:
+    """Per-sequence view of [B·H, T] row tensors: [N·H, Lmax] with zero padding (the identity
+    without packing; packed sequences are spread out by (sequence, position))."""
+
+    def __init__(self, c, B, T, H, device):
+        self.c, self.H, self.T = c, H, T
+        self.N = c.N
+        if c.varlen:
+            off = torch.tensor(c.offsets, device=device)
+            lens = off[1:] - off[:-1]
+            self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens)
+            self.pos = torch.arange(T, device=device) - off[:-1][self.seq]
+            self.Lmax = max(int(lens.max()) if self.N else 0, 1)
+            self.last = (lens - 1).clamp_min(0)
+            self.nonempty = lens > 0
+        else:
+            self.Lmax = T
+            self.last = torch.full((B,), T - 1, device=device)
+            self.nonempty = torch.ones(B, dtype=torch.bool, device=device)
+
+    def spread(self, x, fill=0.0):
+        if not self.c.varlen:
+            return x
+        y = x.new_full((self.N, self.H, self.Lmax), fill)
+        y[self.seq, :, self.pos] = x.transpose(0, 1)
+        return y.view(self.N * self.H, self.Lmax)
+
+    def gather(self, y):
+        if not self.c.varlen:
+            return y
+        return y.view(self.N, self.H, self.Lmax)[self.seq, :, self.pos].transpose(0, 1)
+
+    def add_at_last(self, y, vals):
+        """y[(n, h), last step of n] += vals[n·H + h], for non-empty sequences."""
+        vals = vals.view(self.N, self.H) * self.nonempty[:, None]
+        y.view(self.N, self.H, self.Lmax)[torch.arange(self.N), :, self.last] += vals
+
+
+def chunk_local(dF, bnd, c):
+    """The reverse sum of dF ([rows, T], token layout) restarted at every chunk's end, plus
+    that chunk's exact boundary value bnd ([rows, NT]): fp64."""
+    T = dF.shape[1]
+    G = F.pad(dF.double().flip(-1).cumsum(-1).flip(-1), (0, 1))  # G[:, T] = 0
+    if c.varlen:
+        chunk = c.tok_chunk
+        end = c.CHUNKS.view(-1, 3)[:, 1].long()[chunk]
+    else:
+        chunk = torch.arange(T, device=dF.device) // c.L
+        end = ((chunk + 1) * c.L).clamp_max(T)
+    return G[:, :T] - G[:, end] + bnd.double()[:, chunk]
+
+
+def route_argmax(dm: torch.Tensor, idx: torch.Tensor, width: int) -> torch.Tensor:
+    """dz[p] = Σ_{t: idx_t = p} dm_t ([rows, width] fp32), deterministically: idx (a running
+    argmax) never decreases along a row, so each p collects one contiguous run of t, and its
+    sum is E[p] − E[p−1] with E[p] = Σ_{t: idx_t ≤ p} dm_t, an fp64 prefix sum found by a
+    sorted search (a CUDA scatter_add would add in a varying order)."""
+    rows = dm.shape[0]
+    S = F.pad(dm.double().cumsum(1), (1, 0))  # S[:, t] = Σ_{t' < t} dm_t'
+    p = torch.arange(width, device=dm.device, dtype=idx.dtype).expand(rows, width)
+    E = S.gather(1, torch.searchsorted(idx.contiguous(), p.contiguous(), right=True))
+    return torch.diff(E, dim=1, prepend=E.new_zeros(rows, 1)).float()
+
+
+def gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T, m0, dm0,
+                c, bnd=None):  # fmt: skip
+    """∂L/∂g, ∂L/∂gi ([B, T, H]) and the routed part of ∂L/∂m_0 (see the module docstring).
+    Everything runs per sequence ([N·H, Lmax]), so packed sequences stay independent.
+
+    ``bnd`` ([rows, NT], chunk mode): ⟨dC, C⟩ + ⟨dn, n⟩ of the state leaving each chunk, which
+    equals the reverse sum of q·dq − k·dk from the chunk's end on (final-state term included).
+    With it the long sum restarts at every chunk: its terms largely cancel, so over a whole
+    sequence their rounding errors (bf16 inputs to the kernels' products) would pile up."""
+    B, T, H = b_shape
+    sq = Seqs(c, B, T, H, q_dq.device if q_dq is not None else k_dk.device)
+    NH = sq.N * H
+    local = None
+    if c.has_decay and bnd is not None:
+        local = chunk_local(q_dq.double() - k_dk, bnd, c)
+        dF = sq.spread(torch.zeros_like(local))  # only the max state's routing is left for dF
+    else:
+        dF = sq.spread(q_dq.double() - k_dk) if c.has_decay else None
+    da = sq.spread(k_dk.clone()) if c.has_igate else None
+    end = None  # ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩: the final state's own dependence on its scale
+    if dS_T is not None:
+        end = (dS_T * S_T).sum((-2, -1)).view(NH)
+        if c.track_n:
+            end = end + (dn_T * n_T).sum(-1).view(NH)
+        if dF is not None and local is None:
+            sq.add_at_last(dF, end)
+    if c.stab:
+        dm = sq.spread(R_M.clone()) if c.norm else torch.zeros(dF.shape, device=dF.device)
+        tail = torch.zeros(NH, device=dF.device)
+        if dm_T is not None:
+            tail = tail + dm_T.float().reshape(NH)
+        if end is not None:
+            tail = tail - end
+        sq.add_at_last(dm, tail)
+        Fg = sq.spread(rows(g).double()).cumsum(-1)
+        start = m0.double().reshape(NH, 1) if m0 is not None else Fg.new_full((NH, 1), -torch.inf)
+        a_seq = sq.spread(rows(gi).double(), fill=-torch.inf)
+        z = torch.cat([start, a_seq - Fg], dim=1)
+        idx = z.cummax(dim=1).indices[:, 1:]  # the argmax behind each m_t (0 = m_0)
+        dz = route_argmax(dm, idx, sq.Lmax + 1)
+        dF += dm - dz[:, 1:]
+        da += dz[:, 1:]
+        if m0 is not None:
+            # An empty sequence's final m is its initial m: its tail goes straight to m_0.
+            empty = (~sq.nonempty)[:, None].float()
+            dm0 = dm0 + dz[:, 0].view(sq.N, H) + tail.view(sq.N, H) * empty
+    dg = None
+    if dF is not None:
+        if local is not None and not c.stab:  # dF stayed zero: nothing to add
+            rev = local
+        else:  # a reverse sum over whole sequences (up to 10⁵ terms that largely cancel): fp64
+            rev = sq.gather(dF.double().flip(-1).cumsum(-1).flip(-1))
+            rev = rev if local is None else rev + local
+        dg = rev.float().reshape(B, H, T).transpose(1, 2)
+    if da is not None:
+        da = sq.gather(da).reshape(B, H, T).transpose(1, 2)
+    return dg, da, dm0

@@ -1,0 +1,359 @@
+"""Host of the Triton chunk engine for scalar gates (modes "chunk" and "fused_chunk"): the
+kernel launches of one call and its backward, as plain functions over named tensors, and the
+autograd Function over them.
+
+    (o, S_T, n_T, m_T), saved = forward(q, k, v, g, gi, S0, n0, m0, cfg)
+    dq, dk, dv, dg, dgi, dS0, dn0, dm0 = backward(saved, cfg, do, dS_T, dn_T, dm_T)
+
+``saved`` is a dict of the tensors the backward reads (:data:`SAVED`; None where the call does
+not use one, see :func:`kept`). The gate gradients come from the shared host helpers of
+:mod:`linrnn.engine.gate_grads`. The custom ops of :mod:`linrnn.engine.triton_ops` call the same
+two functions.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from linrnn.engine import triton_fused as fused
+from linrnn.engine import triton_kernels as kern
+from linrnn.engine.config import ChunkConfig
+from linrnn.engine.gate_grads import final_grads, gate_grads, rows
+from linrnn.engine.host_math import cdiv, next_pow2
+
+# What forward() saves for backward(): the inputs (contiguous; states fp32), the outputs, the
+# gate rows (b: chunk-local cumulative log decay, a: log input gate) and the kernels' tables.
+INPUTS = ("q", "k", "v", "g", "gi", "S0", "n0", "m0")
+OUTPUTS = ("o", "S_T", "n_T")
+PRODUCED = ("b", "a", "states", "ns", "mc", "den", "m_row")
+SAVED = INPUTS + OUTPUTS + PRODUCED
+
+
+def kept(cfg: ChunkConfig) -> dict[str, bool]:
+    """Which of :data:`OUTPUTS` + :data:`PRODUCED` (and m_T) a call with ``cfg`` makes."""
+    return dict(
+        o=True, S_T=True, n_T=cfg.track_n, m_T=cfg.stab, b=cfg.has_decay, a=cfg.has_igate,
+        states=not cfg.fused, ns=cfg.track_n and not cfg.fused, mc=cfg.stab,
+        den=cfg.norm != 0, m_row=cfg.stab,
+    )  # fmt: skip
+
+
+def prepare_state(S0, n0, m0, track_n: bool, stabilize: bool):
+    """The initial state as the kernels read it: fp32 contiguous, n0/m0 zeros where the call
+    tracks them but none was given, None where it does not."""
+    if S0 is None:
+        return None, None, None
+    if track_n and n0 is None:
+        n0 = S0.new_zeros(S0.shape[:3])
+    if stabilize and m0 is None:
+        m0 = S0.new_zeros(S0.shape[:2])
+    S0 = S0.float().contiguous()
+    n0 = n0.float().contiguous() if track_n else None
+    m0 = m0.float().contiguous() if stabilize else None
+    return S0, n0, m0
+
+
+def gate_rows(g, gi, cfg: ChunkConfig):
+    """(b, a): the chunk-local cumulative log decay and the log input gate as [B·H, T] fp32
+    rows (None without that gate)."""
+    b = _chunk_cumsum(g, cfg.L, cfg) if cfg.has_decay else None
+    a = rows(gi) if cfg.has_igate else None
+    return b, a
+
+
+def forward(q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig):
+    """One chunk-engine forward: ``((o, S_T, n_T, m_T), saved)``. q, k, v ``[B, T, H, *]``
+    (fp16/bf16/fp32), g, gi ``[B, T, H]`` fp32 or None, the initial state as
+    :func:`prepare_state` makes it (or None)."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    b, a = gate_rows(g, gi, cfg)
+    dummy = torch.empty(1, device=q.device)
+    run = _forward_fused if cfg.fused else _forward
+    o, S_T, n_T, m_T, tables = run(q, k, v, _or(b, dummy), _or(a, dummy), S0, n0, m0, cfg)
+    saved = dict(q=q, k=k, v=v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, o=o, S_T=S_T, n_T=n_T, b=b, a=a)
+    has = kept(cfg)
+    saved.update({name: tables.get(name) if has[name] else None for name in PRODUCED[2:]})
+    return (o, S_T, n_T, m_T), saved
+
+
+def backward(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
+    """The gradients ``(dq, dk, dv, dg, dgi, dS0, dn0, dm0)`` of one chunk-engine call from
+    what :func:`forward` saved and the outputs' cotangents (any of dS_T, dn_T, dm_T may be
+    None; None where an input was None)."""
+    s = saved
+    dummy = torch.empty(1, device=s["q"].device)
+    d = {name: _or(s[name], dummy) for name in PRODUCED}
+    do = do.contiguous()
+    if cfg.fused:
+        grads = _backward_fused(s["q"], s["k"], s["v"], d["b"], d["a"], s["o"],
+                                (d["mc"], d["den"], d["m_row"]), do, dS_T, dn_T, s["S0"],
+                                s["n0"], cfg)  # fmt: skip
+    else:
+        tables = (d["states"], d["ns"], d["mc"], d["den"], d["m_row"])
+        grads = _backward(s["q"], s["k"], s["v"], d["b"], d["a"], s["o"], tables, do, dS_T,
+                          dn_T, s["S_T"], s["n_T"], cfg)  # fmt: skip
+    dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd = grads
+    S0, n0, m0, g, gi = s["S0"], s["n0"], s["m0"], s["g"], s["gi"]
+    dm0 = None
+    if S0 is not None and cfg.stab:
+        dm0 = (dS0 * S0).sum((-2, -1)) + (dn0 * n0).sum(-1)
+    dg = dgi = None
+    if cfg.has_decay or cfg.has_igate:
+        dg, dgi, dm0 = gate_grads(
+            g, gi, g.shape if g is not None else gi.shape, q_dq, k_dk, R_M, s["S_T"],
+            s["n_T"], None, dS_T, dn_T, dm_T, m0, dm0, cfg, bnd=bnd,
+        )  # fmt: skip
+    if S0 is None:
+        dS0 = dn0 = None
+    return dq, dk, dv, dg, dgi, dS0, dn0, dm0
+
+
+def _or(x, default):
+    return default if x is None else x
+
+
+def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig | None = None) -> torch.Tensor:
+    """Chunk-local cumulative sum of the log decays, [B·H, T] fp32."""
+    x = rows(g)
+    if c is not None and c.varlen:  # chunk starts from the table; differences of fp64 sums
+        cs = F.pad(x.double().cumsum(-1), (1, 0))
+        return (cs[:, 1:] - cs[:, c.tok_start]).float().contiguous()
+    BH, T = x.shape
+    NT = cdiv(T, L)
+    x = F.pad(x, (0, NT * L - T)).view(BH, NT, L).cumsum(-1)
+    return x.view(BH, NT * L)[:, :T].contiguous()
+
+
+def _chunk_max(b, a, L, c: ChunkConfig | None = None):
+    """Per chunk, max over its steps of (a_s − b_s): [B·H, NT] (mLSTM-exp's max state)."""
+    BH, T = b.shape
+    if c is not None and c.varlen:
+        out = torch.full((BH, c.NT), -torch.inf, device=b.device)
+        idx = c.tok_chunk.expand(BH, T)
+        return out.scatter_reduce_(1, idx, a - b, "amax", include_self=True)
+    NT = cdiv(T, L)
+    z = F.pad(a - b, (0, NT * L - T), value=-torch.inf)
+    return z.view(BH, NT, L).amax(-1).contiguous()
+
+
+def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
+    T, H, K = q.shape[1:]
+    V = v.shape[3]
+    BH, NT, L, N = c.rows, c.NT, c.L, c.N
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    states = torch.empty(BH, NT, K, V, **f32)
+    ns = torch.empty(BH, NT, K, **f32) if c.track_n else dummy
+    mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else dummy
+    S_T = torch.empty(N, H, K, V, **f32)
+    n_T = torch.empty(N, H, K, **f32) if c.track_n else dummy
+    has_s0 = S0 is not None
+    BS, BK, BV, launch = c.tiles("states_fwd", K, V)
+    kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
+        k, v, states, ns, mc,
+        S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
+        m0 if (has_s0 and c.stab) else dummy, S_T, n_T, b, a,
+        _chunk_max(b, a, L, c) if c.stab else dummy, c.CO, c.CHUNKS, dummy, dummy,
+        T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(), **launch,
+    )  # fmt: skip
+    o = torch.empty_like(v, dtype=q.dtype)
+    den = torch.empty(BH, T, **f32) if c.norm else dummy
+    m_row = torch.empty(BH, T, **f32) if c.stab else dummy
+    BQ, BD, BO, launch = c.tiles("rows_fwd", K, V)
+    NQ = cdiv(L, BQ)
+    kern.rows_kernel[(NT * NQ, cdiv(V, BO), BH)](
+        q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy, c.CHUNKS,
+        *[dummy] * 6, T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
+        BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=False, NORM=c.norm, **c.flags(), **launch,
+    )  # fmt: skip
+    m_T = c.m_final(mc) if c.stab else None
+    tables = dict(states=states, ns=ns, mc=mc, den=den, m_row=m_row)
+    return o, S_T, (n_T if c.track_n else None), m_T, tables
+
+
+def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
+    T, H, K = q.shape[1:]
+    V = v.shape[3]
+    BH, NT, N = c.rows, c.NT, c.N
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else dummy
+    S_T = torch.empty(N, H, K, V, **f32)
+    n_T = torch.empty(N, H, K, **f32) if c.track_n else dummy
+    o = torch.empty_like(v, dtype=q.dtype)
+    den = torch.empty(BH, T, **f32) if c.norm else dummy
+    m_row = torch.empty(BH, T, **f32) if c.stab else dummy
+    has_s0 = S0 is not None
+    fused.fused_fwd_kernel[(cdiv(V, c.BVf), c.walkers)](
+        q, k, v, o, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
+        m0 if (has_s0 and c.stab) else dummy, S_T, n_T, mc, b, a,
+        _chunk_max(b, a, c.L, c) if c.stab else dummy, m_row, den, c.CO, c.CHUNKS,
+        *[dummy] * 4, T, H, K, V, c.L, NT, c.NSEQ, c.scale, c.eps,
+        BT=c.BT, BK=c.KP, BV=c.BVf, NORM=c.norm,
+        HAS_S0=has_s0, **c.flags(), **c.launch,
+    )  # fmt: skip
+    m_T = c.m_final(mc) if c.stab else None
+    return o, S_T, (n_T if c.track_n else None), m_T, dict(mc=mc, den=den, m_row=m_row)
+
+
+def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: ChunkConfig):
+    mc, den, m_row = saved
+    T, H, K = q.shape[1:]
+    V = v.shape[3]
+    BH, NT, L, N = c.rows, c.NT, c.L, c.N
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    R_A, R_D, R_M = _norm_rows(do, o, den, m_row, c)
+    has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, q, K, V, c)
+    has_s0 = S0 is not None
+    nK = cdiv(K, c.BKf)
+    gates = c.has_decay or c.has_igate
+    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
+    k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
+    common = dict(HAS_DECAY=c.has_decay, HAS_IGATE=c.has_igate, STAB=c.stab, NORM=c.norm,
+                  DOT_PREC=c.prec, VARLEN=c.varlen, **c.launch)  # fmt: skip
+    # The log-decay gradient is a whole-sequence sum here: keep the states' products exact.
+    split = c.has_decay and q.dtype != torch.float32
+    dq = torch.empty_like(q)
+    fused.fused_dq_kernel[(nK, c.walkers)](
+        q, k, v, do, dq, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
+        mc, b, a, m_row, R_A, R_D, q_part, c.CO, c.CHUNKS, *[dummy] * 5,
+        T, H, K, V, L, NT, c.NSEQ, c.scale,
+        BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_S0=has_s0, SPLIT=split, **common,
+    )  # fmt: skip
+    dk = torch.empty_like(k)
+    dS0 = torch.empty(N, H, K, V, **f32)
+    dn0 = torch.empty(N, H, K, **f32) if c.track_n else dummy
+    fused.fused_dk_kernel[(nK, c.walkers)](
+        q, k, v, do, dk, dS0, dn0, dS_T if has_dst else dummy,
+        dn_T if (has_dst and c.track_n) else dummy, mc, b, a, m_row, R_A, R_D, k_part,
+        c.CO, c.CHUNKS, *[dummy] * 5, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_DST=has_dst, SPLIT=split, **common,
+    )  # fmt: skip
+    dv = torch.empty_like(v)
+    fused.fused_dv_kernel[(cdiv(V, c.BVf), c.walkers)](
+        q, k, do, dv, dS_T if has_dst else dummy, mc, b, a, m_row, R_A, c.CO, c.CHUNKS,
+        *[dummy] * 9, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
+    )  # fmt: skip
+    k_dk = k_part.sum(0) if gates else None
+    q_dq = q_part.sum(0) if c.has_decay else None
+    return dq, dk, dv, dS0, (dn0 if c.track_n else None), q_dq, k_dk, R_M, dS_T, dn_T, None
+
+
+def _norm_rows(do, o, den, m_row, c: ChunkConfig):
+    """Per-row factors of the normalizer's backward: 1/denominator, ∂L/∂den, ∂L/∂m_r."""
+    dummy = torch.empty(1, device=do.device)
+    if not c.norm:
+        return dummy, dummy, dummy
+    B, T, H, V = do.shape
+    f32 = dict(device=do.device, dtype=torch.float32)
+    R_A, R_D = torch.empty(B * H, T, **f32), torch.empty(B * H, T, **f32)
+    R_M = torch.empty(B * H, T, **f32) if c.stab else dummy
+    BT = 64
+    kern.norm_bwd_kernel[(cdiv(T, BT), B * H)](
+        do, o, den, m_row, R_A, R_D, R_M, T, H, V, c.eps,
+        BT=BT, BV=min(128, max(16, next_pow2(V))), NORM=c.norm, STAB=c.stab,
+    )  # fmt: skip
+    return R_A, R_D, R_M
+
+
+def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: ChunkConfig):
+    states, ns, mc, den, m_row = saved
+    T, H, K = q.shape[1:]
+    V = v.shape[3]
+    BH, NT, L, N = c.rows, c.NT, c.L, c.N
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dummy = torch.empty(1, **f32)
+    R_A, R_D, R_M = _norm_rows(do, o, den, m_row, c)
+    has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, q, K, V, c)
+    dstates = torch.empty(BH, NT, K, V, **f32)
+    dns = torch.empty(BH, NT, K, **f32) if c.track_n else dummy
+    dS0 = torch.empty(N, H, K, V, **f32)
+    dn0 = torch.empty(N, H, K, **f32) if c.track_n else dummy
+    BQ, BK, BV, launch = c.tiles("states_bwd", K, V)
+    grid = (cdiv(K, BK), cdiv(V, BV), c.walkers)
+    bnd = torch.zeros(BH, NT, grid[0] * grid[1], **f32) if c.has_decay else dummy
+    kern.states_bwd_kernel[grid](
+        q, do, dstates, dns, dS0, dn0,
+        dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy,
+        mc, b, m_row, R_A, R_D, c.CO, c.CHUNKS, states, ns, S_T,
+        n_T if c.track_n else dummy, bnd, *[dummy] * 4, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        BK=BK, BV=BV, BQ=BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
+        NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, **launch,
+    )  # fmt: skip
+
+    gates = c.has_decay or c.has_igate
+    common = dict(NORM=c.norm, **c.flags())
+    BQ, BD, BO, launch = c.tiles("rows_dq", V, K)
+    nQ, nK = cdiv(L, BQ), cdiv(K, BO)
+    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
+    dq = torch.empty_like(q)
+    kern.rows_kernel[(NT * nQ, nK, BH)](
+        do, v, k, dq, states, ns, mc, b, a, m_row, dummy, R_A, R_D, q, q_part, c.CHUNKS,
+        *[dummy] * 6, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
+        BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=True, **common, **launch,
+    )  # fmt: skip
+    BS, BD, BO, launch = c.tiles("cols_dk", V, K)
+    nS, nK = cdiv(L, BS), cdiv(K, BO)
+    k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
+    dk = torch.empty_like(k)
+    kern.cols_kernel[(NT * nS, nK, BH)](
+        v, do, q, dk, dstates, dns, mc, b, a, m_row, R_A, R_D, k, k_part, c.CHUNKS,
+        *[dummy] * 6, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
+        BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=True, **common, **launch,
+    )  # fmt: skip
+    BS, BD, BO, launch = c.tiles("cols_dv", K, V)
+    nS = cdiv(L, BS)
+    dv = torch.empty_like(v)
+    kern.cols_kernel[(NT * nS, cdiv(V, BO), BH)](
+        k, q, do, dv, dstates, dns, mc, b, a, m_row, R_A, R_D, dummy, dummy, c.CHUNKS,
+        *[dummy] * 6, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
+        BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=False, **common, **launch,
+    )  # fmt: skip
+    k_dk = k_part.sum(0) if gates else None
+    q_dq = q_part.sum(0) if c.has_decay else None
+    bnd = bnd.sum(-1) if c.has_decay else None
+    return dq, dk, dv, dS0, (dn0 if c.track_n else None), q_dq, k_dk, R_M, dS_T, dn_T, bnd
+
+
+class ChunkFunction(torch.autograd.Function):
+    """The autograd Function of :func:`forward` / :func:`backward` (eager calls)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig):
+        outputs, saved = forward(q, k, v, g, gi, S0, n0, m0, cfg)
+        ctx.cfg, ctx.names = cfg, tuple(saved)
+        ctx.save_for_backward(*saved.values())
+        return outputs
+
+    @staticmethod
+    def backward(ctx, do, dS_T, dn_T, dm_T):
+        saved = dict(zip(ctx.names, ctx.saved_tensors))
+        return (*backward(saved, ctx.cfg, do, dS_T, dn_T, dm_T), None)
+
+
+def config(q, k, v, *, scale, g, gi, stabilize, track_n, normalizer, eps, chunk_size, fused,
+           offsets) -> ChunkConfig:  # fmt: skip
+    """The :class:`ChunkConfig` of a scalar-gate call."""
+    return ChunkConfig(
+        q, k, v, scale=scale, has_decay=g is not None, has_igate=gi is not None,
+        stabilize=stabilize, track_n=track_n, normalizer=normalizer, eps=eps,
+        chunk_size=chunk_size, fused=fused, offsets=offsets,
+    )  # fmt: skip
+
+
+def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, normalizer=None,
+          eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False,
+          offsets=None):  # fmt: skip
+    """Scalar-gate chunkwise forward (autograd-enabled). q, k, v ``[B, T, H, *]`` in one of
+    fp16/bf16/fp32; g, gi ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial
+    state (n0 with ``track_n``, m0 with ``stabilize``; N = B, or the number of sequences).
+    ``fused``: the non-materializing kernels (triton_fused). ``offsets``: ``[N + 1]`` ints of
+    packed sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``."""
+    cfg = config(q, k, v, scale=scale, g=g, gi=gi, stabilize=stabilize, track_n=track_n,
+                 normalizer=normalizer, eps=eps, chunk_size=chunk_size, fused=fused,
+                 offsets=offsets)  # fmt: skip
+    S0, n0, m0 = prepare_state(S0, n0, m0, track_n, stabilize)
+    return ChunkFunction.apply(q, k, v, g, gi, S0, n0, m0, cfg)
