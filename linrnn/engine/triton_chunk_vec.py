@@ -5,7 +5,7 @@ and RWKV6 (w over K, exclusive form with the bonus u). Same kernels as the scala
 Gates. gk and gv enter as chunk-local cumulative sums ``[B, T, H, D]`` fp32 (G^K, inclusive);
 RWKV6's query side reads the state before its own step, so its row gate is the exclusive sum
 G^X_t = G^K_{t−1} (0 at a chunk's first step). Every kernel exponent is a difference that the
-causal order keeps ≤ 0, except in the fast forms (DIAG_SPAN, FAST_CHUNKS: bf16 inputs), whose
+causal order keeps ≤ 0, except in the fast forms (DIAG_SPAN, CHUNK_SPAN: bf16 inputs), whose
 exponents lie within ±30 by the span that selects them.
 
 Gate gradients, per channel. With F_t[k] the global cumulative log decay,
@@ -37,15 +37,9 @@ from linrnn.engine import triton_scores as sc
 from linrnn.engine.host_math import cdiv, next_pow2
 
 # Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
-# num_stages). The diagonal sub-chunk is a [BC, BC, depth or output tile] fp32 product; a kernel
-# whose output dimension carries a gate uses GATED_BO instead. Chosen by the H200 sweep of
-# session 6 (benchmarks/vector_sweep.py, results in benchmarks/results/s6/): the combined best
-# of GLA, GLA+gv and RWKV6 at L = 64, where they agreed; cols at one stage won for all three.
-# Session 7's sweep (s7/): states' V tile 64 -> 128, GLA fwd+bwd 0.97x, GLA+gv 0.99x (RWKV6,
-# V = 64, the same kernel). Session 10's (s10/call6-5f9e4cf/, call7-c5da8fd/): K tile 64 -> 32
-# (twice the walks), GLA fwd+bwd 0.982x at K = 256, 0.985x at K = 128, RWKV6 0.986x; then V
-# tile 128 -> 256, GLA 0.979x at K = 256 (the same at V ≤ 128). GLA+gv keeps the old tile:
-# with the new one its fwd+bwd took 1.064x (172.9 against 162.6 ms, s10/call12-3ee396b/).
+# num_stages); the states kernels: (time tile, K tile, V tile, num_warps, num_stages). A kernel
+# whose output dimension carries a gate uses GATED_BO as its output tile. Tuning history:
+# docs/tuning.md.
 VEC_TILES = {
     "states": (64, 32, 256, 4, 2),  # (time tile, K tile, V tile, ...): gk-only calls
     "states_gv": (64, 64, 128, 4, 2),  # with gv
@@ -53,106 +47,73 @@ VEC_TILES = {
     "cols": (16, 64, 32, 64, 4, 1),
     "fused": (16, 0, 32, 0, 4, 1),
 }
-GATED_BO = 64  # 32 -> 64: GLA+gv fwd+bwd 0.67x, GLA 0.89x, RWKV6 0.92x in the sweep
-# The diagonal sub-chunk's gated products (triton_vector._vec_diag): False, one [BC, BC, tile]
-# fp32 block per depth/output tile; True, a walk over the BC key rows, each a [BC, tile]
-# product (BC× fewer registers, the same exponentials, more and smaller steps). On the H200
-# the walk won (GLA+gv fwd+bwd 0.91x, GLA 0.86x, RWKV6 0.92x of the block), so it is the
-# GPU default. Under the interpreter it is ~8x slower, so there the block form stays the
-# default and the walk is tested by its own cases (tests/test_triton_vector.py).
-DIAG_LOOP = os.environ.get("TRITON_INTERPRET") != "1"
-# The walk's 16 steps as a loop or unrolled (the steps' row loads and exponentials may
-# overlap, for more code and registers). WALK_UNROLL unrolls every call; WALK_UNROLL_GV the
-# calls with gv. The H200 sweep of session 7 (benchmarks/results/s7/): unrolled, GLA+gv
-# fwd+bwd 0.88x (fwd 0.78x) of the loop, but GLA 1.12x and RWKV6 1.20x (their walks run in
-# the scores kernel and the backward, where the loop wins).
-WALK_UNROLL = False
-WALK_UNROLL_GV = True
+GATED_BO = 64
+# Under the Triton interpreter (CPU) the diagonal sub-chunk's gated products take the block form,
+# one [BC, BC, tile] fp32 product per depth/output tile: the interpreter runs the GPU's form, a
+# walk over the BC key rows (each a [BC, tile] product), ~8x slower. The tests run the walk on
+# the CPU too (tests/test_triton_vector.py).
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _walk_form(has_gv: bool) -> int:
+    """The kernels' diagonal form: 0 the block (the interpreter's fallback), else the walk over
+    the key rows, unrolled (2) in calls with gv, a loop (1) in the others."""
+    if INTERPRETER:
+        return 0
+    return 2 if has_gv else 1
 
 
 # The diagonal sub-chunk's fast form (triton_vector, module doc): a depth or output tile whose
 # gates span less than DIAG_SPAN over the sub-chunk's 16 rows (the widest channel's range of
 # cumulative log decays) takes one tensor-core product around the middle of that range, each
-# factor within exp(±DIAG_SPAN/2); a wider tile (strong decays) the fp32 log-space form above.
-# 0 turns the fast form off. 60: factors ≤ e^30 ≈ 1e13 keep every product finite in bf16 and
-# fp32 while a decay of 3.75 per step (e^-3.75 ≈ 0.02) still takes the fast form.
+# factor within exp(±DIAG_SPAN/2); a wider tile (strong decays) the fp32 log-space form.
+# 60: factors ≤ e^30 ≈ 1e13 keep every product finite in bf16 and fp32 while a decay of 3.75
+# per step (e^-3.75 ≈ 0.02) still takes the fast form.
 DIAG_SPAN = 60.0
-# The fast forms (DIAG_SPAN, FAST_CHUNKS) run for these input dtypes only. Their products take
-# tf32 operands (fp32 for fp32 inputs): finer than bf16's own rounding, but on the H200 they
-# gave GLA's decay gradient over a long fp16 sequence 4.5× the fp16 loop's error (q ⊙ dq and
-# k ⊙ dk, rounded differently, no longer cancel), "tf32x3" put RWKV6's output 2.9e-2 off, and
-# fp32 ("ieee") products made the fast chunks slower than the sub-chunk forms (RWKV6 36 ms
-# against 29). So fp16 and fp32 inputs keep the fp32 log-space forms.
-FAST_DTYPES = (torch.bfloat16,)
+# Fast chunks (triton_scores): in gk-only calls in chunk mode, a chunk whose gates span less
+# than CHUNK_SPAN over all its rows (60 is a decay of ≈ 0.94 per step over 64 steps) is formed
+# without sub-chunks: its scores as one product (fast_scores_kernel), its dq and dk finished by
+# apply_kernel's FAST around the chunk's middle, factors within e^±30 and fp32 operands. The
+# other chunks take the sub-chunk forms.
+CHUNK_SPAN = 60.0
 
 
-def _walk_form(has_gv: bool = False) -> int:
-    """The kernels' DIAG_LOOP: 0 the block, 1 the walk, 2 the walk unrolled."""
-    if not DIAG_LOOP:
-        return 0
-    return 2 if WALK_UNROLL or (has_gv and WALK_UNROLL_GV) else 1
+def _fast_forms(dtype: torch.dtype) -> bool:
+    """Whether a call takes the fast forms (DIAG_SPAN, CHUNK_SPAN): bf16 inputs only. Their
+    products take tf32 operands, finer than bf16's own rounding; for fp16 and fp32 inputs the
+    fp32 log-space forms keep the decay gradients' cancellations exact enough (tf32 products
+    put GLA's fp16 decay gradient at 4.5x the fp16 loop's error, fp32 products lose the speed)."""
+    return dtype == torch.bfloat16
 
 
 def _diag(c: tc.Config, has_gv: bool = False) -> dict:
-    """The kernels' diagonal switches: DIAG_LOOP (:func:`_walk_form`) and DIAG_SPAN (0 for
-    inputs outside FAST_DTYPES)."""
-    span = float(DIAG_SPAN) if c.dtype in FAST_DTYPES else 0.0
+    """The kernels' diagonal constexprs: DIAG_LOOP (:func:`_walk_form`) and DIAG_SPAN (0 where
+    the call takes no fast forms)."""
+    span = DIAG_SPAN if _fast_forms(c.dtype) else 0.0
     return dict(DIAG_LOOP=_walk_form(has_gv), DIAG_SPAN=span)
 
 
-# gk-only calls in chunk mode (GLA without gv, RWKV6): store the intra-chunk scores once
-# (triton_scores: [B, T, H, L] in the inputs' dtype, kept for dv) and apply them with wide
-# row tiles, instead of re-forming them per output tile in 16-row programs. On the H200:
-# GLA fwd+bwd 0.47x, RWKV6 0.76x of the row-program form. Tiles: scores (sub-chunk, key
-# tile, depth tile, warps, stages), apply (row tile, key tile, depth tile, output tile,
-# warps, stages).
-SCORES = True
-# The backward of those calls stores its ungated P = do vᵀ once too ("dscores": one
-# [64, 64] product per chunk, fp32) for dq and dk to load, instead of forming it again for
-# every K tile of both (at K = 256 that product was ~80 % of their matmul work).
-# SPLIT_INTER: dq's and dk's inter-chunk parts (do Cᵀ and v dCᵀ, gated over K) formed once per
-# chunk with 64-row tiles (triton_scores.apply_kernel's INTER, "inter" tiles: rows, depth
-# tile, output tile, warps, stages) and loaded by their 16-row programs, which otherwise each
-# read the chunk's state slice and take M = 16 products (dq and dk were 17 of RWKV6's 32.5 ms
-# and 20 of GLA's 41 on the H200, session 7). The H200 sweep of session 8 (d5c17e8,
-# benchmarks/results/s8/): GLA fwd+bwd 0.934x, RWKV6 0.996x of the unsplit form, so it is the
-# default; the unsplit form (each 16-row program against the state, STATE_IN off) stays for
-# the sweep and is tested by its own cases.
-SPLIT_INTER = True
-# Fast chunks (triton_scores): in gk-only calls in chunk mode (the stored scores), a chunk
-# whose gates span less than CHUNK_SPAN over all its rows (the widest channel's range of
-# cumulative log decays: 60 is a decay of ≈ 0.94 per step over 64 steps, or 3.75 per step
-# over 16) is formed without sub-chunks: its scores as one product (fast_scores_kernel), its
-# dq and dk finished by the SPLIT_INTER kernels (apply_kernel's FAST) around the chunk's
-# middle, factors within e^±30 and fp32 operands. The other chunks take the sub-chunk forms.
-FAST_CHUNKS = True
-CHUNK_SPAN = 60.0
-SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998x
+# Tiles of the stored-scores kernels (triton_scores), used by gk-only calls in chunk mode:
+# scores (sub-chunk, key tile, depth tile, warps, stages), apply (row tile, key tile, depth
+# tile, output tile, warps, stages), dscores (the backward's ungated do vᵀ), inter (dq's and
+# dk's inter-chunk parts: rows, depth tile, output tile, warps, stages), fast
+# (fast_scores_kernel: rows, key tile, depth tile, warps, stages).
+SCORE_TILES = {
     "scores": (16, 32, 32, 2, 2),
-    "apply": (64, 64, 32, 64, 4, 1),  # one stage: GLA 0.980x at K = 256 (s10/call7-c5da8fd/)
+    "apply": (64, 64, 32, 64, 4, 1),
     "dscores": (64, 64, 64, 4, 2),
-    # depth tile 32 -> 64 and one stage (session 10, s10/call6-5f9e4cf/): GLA fwd+bwd 0.905x
-    # at K = 256, 0.918x at K = 128; RWKV6 0.998x
     "inter": (64, 64, 64, 4, 1),
-    "fast": (64, 64, 32, 4, 2),  # fast_scores_kernel: rows, key tile, depth tile, ...
+    "fast": (64, 64, 32, 4, 2),
 }
 
 
-# gk-only calls in chunk mode (the stored scores) with V over more than one output tile of the
-# apply kernels: the cumulative-sum pass also stores q ⊙ e^{G^X} and k ⊙ e^{G^K_L − G^K}
-# (triton_cumsum's GATE_QK, the same values bit for bit), which the walking state kernels and
-# the forward's and dv's apply kernels then take as they are, instead of loading gate tiles
-# and exponentiating them (the apply kernels once per output tile). Two more [B, T, H, K]
-# tensors in the inputs' dtype, kept for the backward. On the H200 (session 11,
-# benchmarks/results/s11/call6, call7): GLA fwd+bwd 0.948x at K = V = 256 (19.42 against
-# 20.49 ms), 0.956x at 128; the cumsum pass's extra traffic (0.7 -> 1.7 ms) outweighs the
-# savings at V = 64, one output tile (RWKV6 1.016x), so those calls keep the in-kernel gating.
-PRE_GATE = True
-
-
 def _pre_gate(has_gv: bool, c: tc.Config, V: int) -> bool:
+    """Whether the cumulative-sum pass also stores q ⊙ e^{G^X} and k ⊙ e^{G^K_L − G^K}
+    (triton_cumsum's GATE_QK) for the state and apply kernels to take as they are: gk-only calls
+    in chunk mode whose V spans more than one output tile of the apply kernels (with one tile
+    the pass's extra traffic outweighs the exponentials it saves)."""
     one_tile = V <= _fit(SCORE_TILES["apply"][3], V)
-    return bool(PRE_GATE) and SCORES and not has_gv and not c.fused and not one_tile
+    return not has_gv and not c.fused and not one_tile
 
 
 def _gate_buffers(q, k, v, has_gv: bool, c: tc.Config):
@@ -164,25 +125,19 @@ def _gate_buffers(q, k, v, has_gv: bool, c: tc.Config):
 
 def _fast_chunks(has_gv: bool, c: tc.Config) -> bool:
     """Whether this call has fast chunks (the gates' spans are recorded for them)."""
-    if c.dtype not in FAST_DTYPES:
-        return False
-    return bool(FAST_CHUNKS) and CHUNK_SPAN > 0 and SCORES and not has_gv and not c.fused
-
-
-# Leave dq's and dk's sub-chunk launches out when every chunk is fast (_SlowChunks).
-SKIP_SUB_CHUNKS = True
+    return _fast_forms(c.dtype) and not has_gv and not c.fused
 
 
 class _SlowChunks:
     """Whether a call has chunks that are not fast, for the host. The sub-chunk programs of dq
     and dk (rows_kernel, cols_kernel) exit at once in fast chunks, so when every chunk is fast
-    their launches are all overhead (0.2 ms each at GLA B8-T8192-H16-K256 on the H200: 262,144
-    programs). The forward reduces the spans on the device and copies the answer to pinned host
-    memory behind an event; the backward waits for that event, which lies before everything
-    the forward and the backward queued since (the GPU keeps working meanwhile, so nothing
-    idles), and leaves the two launches out if no chunk is slow. While a CUDA graph is
-    captured there is no flag (the launches stay). The criterion is the kernels' own: a chunk
-    is fast iff span < CHUNK_SPAN, so a NaN span counts as slow."""
+    their launches are all overhead (262,144 programs at GLA B8-T8192-H16-K256). The forward
+    reduces the spans on the device and copies the answer to pinned host memory behind an
+    event; the backward waits for that event, which lies before everything the forward and the
+    backward queued since (the GPU keeps working meanwhile, so nothing idles), and leaves the
+    two launches out if no chunk is slow. While a CUDA graph is captured there is no flag (the
+    launches stay). The criterion is the kernels' own: a chunk is fast iff span < CHUNK_SPAN,
+    so a NaN span counts as slow."""
 
     def __init__(self, spans):
         any_slow = (~(spans < CHUNK_SPAN)).any()
@@ -331,7 +286,7 @@ def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None, gated=None):
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
-    if SCORES and not has_gv:
+    if not has_gv:  # gk alone: the scores stored, applied with wide row tiles
         A = _scores(q, k, bkx, bk, u, c, spans=spans)
         if gated is None:
             _apply(A, v, q, states, bkx, o, c, rev=False)
@@ -433,7 +388,7 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
     has_gv = bv is not None
-    stored = not has_gv and saved[1] is not None  # gk-only with stored forward scores
+    stored = not has_gv  # gk alone: the forward's stored scores
     gv_ = bv if has_gv else dummy
     u_ = u if c.excl else dummy
     has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
@@ -462,8 +417,8 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
     nQ = cdiv(L, BC)
     dq = torch.empty_like(q)
-    qdq = torch.empty(q.shape, **f32)  # SPLIT_INTER: dq's inter-chunk part first
-    split = SPLIT_INTER and stored
+    qdq = torch.empty(q.shape, **f32)  # (stored: dq's inter-chunk part first)
+    split = stored
     fast = split and spans is not None  # the fast chunks' dq and dk in the split kernels
     skip = dict(SKIP=CHUNK_SPAN if fast else 0.0)
     # every chunk fast (_SlowChunks): the 16-row programs would all exit
@@ -535,7 +490,7 @@ class _VecChunkFn(torch.autograd.Function):
         ctx.c, ctx.spans = c, spans
         # (not for the torch.compile custom op's forward, whose ctx has no backward)
         wants_grad = any(getattr(ctx, "needs_input_grad", ()))
-        ctx.slow = _SlowChunks.make(spans) if SKIP_SUB_CHUNKS and wants_grad else None
+        ctx.slow = _SlowChunks.make(spans) if wants_grad else None
         # (saved: two tensors or None; then QG and KG where the call pre-gates)
         ctx.save_for_backward(q, k, v, u, bk, bkx, bv, S0, S_T, *saved, *(gated or ()))
         return o, S_T
