@@ -144,11 +144,11 @@ def test_fast_chunks_over_several_row_tiles(family):
 @pytest.mark.parametrize("case", ["T37-L32", "T200-L160-K80", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_split_inter_matches_reference(monkeypatch, family, case):
-    """gk alone in chunk mode: dq's and dk's inter-chunk parts from triton_scores.apply_kernel
-    (``INTER``; row tiles of 32 at L = 32; three per chunk at L = 160, a partial one included;
-    two output tiles at K = 80; packed sequences), loaded by the 16-row dq/dk programs in every
-    chunk (fp32: no fast chunks). Every gradient against the fp64 reference, the intermediate
-    buffers NaN-poisoned."""
+    """gk alone in chunk mode: dq's and dk's inter-chunk parts from
+    vector_scores_kernels.apply_kernel (``INTER``; row tiles of 32 at L = 32; three per chunk at L =
+    160, a partial one included; two output tiles at K = 80; packed sequences), loaded by the 16-row
+    dq/dk programs in every chunk (fp32: no fast chunks). Every gradient against the fp64 reference,
+    the intermediate buffers NaN-poisoned."""
     _log_space(monkeypatch)
     _check_stored(family, case)
 
@@ -156,10 +156,10 @@ def test_split_inter_matches_reference(monkeypatch, family, case):
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_decay_gradient_over_row_tiles(family, varlen):
-    """Chunks of 160 steps: the log-decay gradient's one-pass kernel (triton_gate_grad) walks
-    each chunk in 64-row tiles from its end, carrying the sum across tiles (T = 200: a full
-    chunk of three tiles, a partial one of 40 steps; packed: sequences across those cases),
-    with K = 80 over two channel tiles."""
+    """Chunks of 160 steps: the log-decay gradient's one-pass kernel (vector_gate_grad_kernels)
+    walks each chunk in 64-row tiles from its end, carrying the sum across tiles (T = 200: a full
+    chunk of three tiles, a partial one of 40 steps; packed: sequences across those cases), with K =
+    80 over two channel tiles."""
     if varlen:
         check_varlen(family, "chunk", True, lens=[130, 1, 69], chunk_size=160)
         return
@@ -187,7 +187,7 @@ def test_stored_scores_are_all_written():
 @pytest.mark.parametrize("family", VECTOR)
 def test_wider_sub_chunk_matches_reference(monkeypatch, family, mode):
     """A 32-step sub-chunk (the first entry of the rows/cols/fused tiles), walked: the tile
-    choice the GPU sweep may pick to get 32-row products; T = 45 leaves a partial one."""
+    choice a tuning run may pick to get 32-row products; T = 45 leaves a partial one."""
     from linrnn.engine import triton_chunk_vec
 
     tiles = {name: (32, *t[1:]) if not name.startswith("states") else t
@@ -278,8 +278,8 @@ def test_varlen_matches_reference(family, mode, init):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_rwkv6_matches_seed_002_naive_loop(mode):
-    """Seed 002's loop ([B, H, T, D] layout, no scale, fp64): o_t = Σ_k r_k (h + u k v)_k,
+def test_rwkv6_matches_naive_loop(mode):
+    """RWKV6's naive loop ([B, H, T, D] layout, no scale, fp64): o_t = Σ_k r_k (h + u k v)_k,
     then h = h·exp(w_t) + k v — the Triton kernels in fp32 against it."""
     B, H, T, K, V = 2, 3, 29, 10, 6
     f64 = dict(dtype=torch.float64, device=DEVICE)
@@ -362,7 +362,7 @@ def test_long_sequence_decay_gradient_float16(family, mode):
 @pytest.mark.parametrize("K, L", [(64, 64), (128, 64), (256, 128)])
 def test_default_chunk_size_of_vector_gates(K, L):
     """Without a chunk size, per-channel decays take 64 below head dims of 256 and 128 from
-    there (the H200's optima for GLA, triton_chunk.default_chunk_size), the scalar engine 128
+    there (the measured optima for GLA, triton_chunk.default_chunk_size), the scalar engine 128
     from head dims of 128."""
     from linrnn.engine import triton_chunk, triton_chunk_vec
 
@@ -376,27 +376,27 @@ def test_default_chunk_size_of_vector_gates(K, L):
 @pytest.mark.parametrize("slow", [False, True], ids=["all-fast", "one-slow-chunk"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_sub_chunk_launches_only_with_slow_chunks(monkeypatch, family, slow):
-    """Chunk mode's backward leaves out dq's and dk's 16-row launches (rows_kernel, cols_kernel)
-    when every chunk is fast (triton_chunk_vec._SlowChunks), and makes them when one is slow
+    """Chunk mode's backward leaves out dq's and dk's 16-row launches (vector_kernels'
+    dq_bwd_kernel, dk_bwd_kernel) when every chunk is fast (triton_chunk_vec._SlowChunks), and
+    makes them when one is slow
     (decays of −5 per step on half the channels: chunk 0's span ≈ 130). Either way every
     gradient matches the fp64 reference; allocations are NaN-poisoned (conftest), so a row
     that only those launches would write fails."""
-    from linrnn.engine import triton_kernels
+    from linrnn.engine import vector_kernels
 
     launched = []
-    for name in ("rows_kernel", "cols_kernel"):
-        real = getattr(triton_kernels, name)
+    for name in ("dq_bwd_kernel", "dk_bwd_kernel"):
+        real = getattr(vector_kernels, name)
 
         class Spy:
             def __getitem__(self, grid, real=real, name=name):
                 def run(*args, **kw):
-                    if kw.get("IS_DQ") or kw.get("IS_DK"):
-                        launched.append(name)
+                    launched.append(name)
                     return real[grid](*args, **kw)
 
                 return run
 
-        monkeypatch.setattr(triton_kernels, name, Spy())
+        monkeypatch.setattr(vector_kernels, name, Spy())
     fam = FAMILIES[family]
     B, T, H, K, V = 1, 45, 1, 40, 40
     inputs = fam.build(B, T, H, K, V, False)
@@ -404,13 +404,13 @@ def test_sub_chunk_launches_only_with_slow_chunks(monkeypatch, family, slow):
         inputs = _mixed_spans(inputs, -5.0)
     h0 = fam.make_state(B, H, K, V, torch.float32)
     _check(fam, inputs, h0, torch.float32, mode="chunk", chunk_size=32)
-    assert sorted(set(launched)) == (["cols_kernel", "rows_kernel"] if slow else [])
+    assert sorted(set(launched)) == (["dk_bwd_kernel", "dq_bwd_kernel"] if slow else [])
 
 
 @pytest.mark.parametrize("case", ["T70-L32-K60-V100", "T150-L96", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
-    """The cumulative-sum pass's gated q and k (triton_cumsum's GATE_QK), which the state
+    """The cumulative-sum pass's gated q and k (vector_cumsum_kernels' GATE_QK), which the state
     kernels and the forward's and dv's apply kernels then take as they are, are the values
     those kernels form themselves: output, final state and every gradient equal bit for bit
     with the in-kernel gating of calls whose V fits one output tile, run on the same inputs
@@ -419,7 +419,7 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
     pre-gates, and checked that it did); and both match the fp64 reference."""
     from helpers import run_with_grads
 
-    from linrnn.engine import triton_chunk_vec, triton_cumsum
+    from linrnn.engine import triton_chunk_vec, vector_cumsum_kernels
 
     fam = FAMILIES[family]
     seq = {}
@@ -434,7 +434,7 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
     inputs, h0 = _on(fam.build(B, T, H, K, V, False)), _on(h0)
     kw = dict(backend="triton", mode="chunk", chunk_size=L, **seq)
     gating = []
-    real = triton_cumsum.chunk_cumsum_kernel
+    real = vector_cumsum_kernels.chunk_cumsum_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -444,7 +444,7 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
 
             return run
 
-    monkeypatch.setattr(triton_cumsum, "chunk_cumsum_kernel", Spy())
+    monkeypatch.setattr(vector_cumsum_kernels, "chunk_cumsum_kernel", Spy())
     on = run_with_grads(fam, inputs, h0, torch.float32, **kw)
     assert gating == [True], gating
     monkeypatch.setattr(triton_chunk_vec, "_pre_gate", lambda *args: False)
