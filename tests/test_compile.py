@@ -315,12 +315,9 @@ def test_triton_custom_ops_opcheck():
 
 
 @triton_only
-def test_triton_stored_scores_compile(monkeypatch):
-    """The gk-only chunk path with stored scores (``SCORES``): its custom op's fake shapes,
-    and a compiled call equal to eager, backward included."""
-    from linrnn.engine import triton_chunk_vec
-
-    monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
+def test_triton_stored_scores_compile():
+    """The gk-only chunk path with stored scores: its custom op's fake shapes, and a compiled
+    call equal to eager, backward included."""
     T = 6
     q, k, v = (torch.randn(B, T, H, K, requires_grad=True) for _ in range(3))
     gk = F.logsigmoid(torch.randn(B, T, H, K)).requires_grad_()

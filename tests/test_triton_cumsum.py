@@ -1,4 +1,4 @@
-"""triton_cumsum.chunk_cumsum_kernel (through triton_chunk_vec._cumsums): the chunk-local
+"""vector_cumsum_kernels.chunk_cumsum_kernel (through triton_chunk_vec._cumsums): the chunk-local
 inclusive and exclusive sums of a log decay against an fp64 loop over each chunk's tokens,
 dense and packed, chunks of one and of several row tiles, a partial last chunk, bf16 input;
 the exclusive sum equal to the inclusive one shifted by one step, bit for bit; each chunk's

@@ -24,12 +24,30 @@ MODES = ["chunk", "fused_chunk"]
 
 @pytest.fixture(autouse=True)
 def _fast_forms_in_fp32(monkeypatch):
-    """The fast forms (DIAG_SPAN, FAST_CHUNKS) for fp32 inputs too (the engine runs them for
-    bf16 alone, FAST_DTYPES), so that the fp32 tests here check them against the references;
-    fp16 keeps the engine's choice (the long-sequence decay-gradient test)."""
+    """The fast forms (DIAG_SPAN, CHUNK_SPAN) for fp32 inputs too (the engine runs them for
+    bf16 alone: triton_chunk_vec._fast_forms), so that the fp32 tests here check the bf16 path's
+    math against the references at fp32 precision; fp16 keeps the engine's choice (the
+    long-sequence decay-gradient test). Tests of the fp32 path undo it (:func:`_log_space`)."""
     from linrnn.engine import triton_chunk_vec
 
-    monkeypatch.setattr(triton_chunk_vec, "FAST_DTYPES", (torch.bfloat16, torch.float32))
+    fast = lambda dtype: dtype in (torch.bfloat16, torch.float32)  # noqa: E731
+    monkeypatch.setattr(triton_chunk_vec, "_fast_forms", fast)
+
+
+def _log_space(monkeypatch):
+    """fp32 inputs as the engine runs them: no fast forms, every diagonal tile in log space and
+    every chunk in sub-chunks."""
+    from linrnn.engine import triton_chunk_vec
+
+    monkeypatch.setattr(triton_chunk_vec, "_fast_forms", lambda dtype: dtype == torch.bfloat16)
+
+
+def _gpu_diagonal(monkeypatch, walk: bool = True):
+    """The diagonal in the GPU's form, the walk over the key rows (a loop, unrolled with gv),
+    instead of the interpreter's block form (``walk`` False: the block form, as the CPU runs)."""
+    from linrnn.engine import triton_chunk_vec
+
+    monkeypatch.setattr(triton_chunk_vec, "INTERPRETER", not walk)
 
 
 @pytest.mark.parametrize("init", [False, True], ids=["h0=None", "h0"])
@@ -62,43 +80,14 @@ def test_tiling_shapes(family, mode, shape):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", VECTOR)
 def test_diagonal_walk_matches_reference(monkeypatch, family, mode, shape):
-    """The diagonal sub-chunk as a walk over its key rows (``DIAG_LOOP``), the other form of
-    the same products: forward (depth gate), dq (output gate), dk and dv (transposed pairs),
-    RWKV6's bonus, gv's two gates, a partial tile and depth tiles beyond one (K=40)."""
-    from linrnn.engine import triton_chunk_vec
-
-    monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", True)
-    monkeypatch.setattr(triton_chunk_vec, "DIAG_SPAN", 0.0)  # the walk on every tile
-    monkeypatch.setattr(triton_chunk_vec, "FAST_CHUNKS", False)  # in every chunk
+    """The diagonal sub-chunk in the GPU's form, a walk over its key rows (a loop for gk
+    alone, unrolled with gv), on every tile (fp32: no fast forms): forward (depth gate), dq
+    (output gate), dk and dv (transposed pairs), the stored scores, RWKV6's bonus, gv's two
+    gates, a partial tile and depth tiles beyond one (K=40)."""
+    _gpu_diagonal(monkeypatch)
+    _log_space(monkeypatch)
     fam = FAMILIES[family]
     B, T, H, K, V, L = shape
-    h0 = fam.make_state(B, H, K, V, torch.float32)
-    _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
-
-
-UNROLL_CASES = [(f, m, False) for f in VECTOR for m in MODES] + [
-    ("gla", "chunk", True),
-    ("rwkv6", "chunk", True),
-]
-
-
-UNROLL_IDS = [f"{f}-{m}{'-scores' if s else ''}" for f, m, s in UNROLL_CASES]
-
-
-@pytest.mark.parametrize(("family", "mode", "scores"), UNROLL_CASES, ids=UNROLL_IDS)
-def test_unrolled_walk_matches_reference(monkeypatch, family, mode, scores):
-    """The walk unrolled (``WALK_UNROLL``: static steps), in every kernel that walks: forward,
-    dq, dk, dv, and with stored scores (gk-only, chunk mode) their walk and the loaded do vᵀ
-    columns."""
-    from linrnn.engine import triton_chunk_vec
-
-    monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", True)
-    monkeypatch.setattr(triton_chunk_vec, "WALK_UNROLL", True)
-    monkeypatch.setattr(triton_chunk_vec, "DIAG_SPAN", 0.0)
-    monkeypatch.setattr(triton_chunk_vec, "FAST_CHUNKS", False)
-    monkeypatch.setattr(triton_chunk_vec, "SCORES", scores)
-    fam = FAMILIES[family]
-    B, T, H, K, V, L = 2, 37, 2, 20, 12, 32
     h0 = fam.make_state(B, H, K, V, torch.float32)
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
 
@@ -107,15 +96,11 @@ def test_unrolled_walk_matches_reference(monkeypatch, family, mode, scores):
 @pytest.mark.parametrize("case", ["T37-L32", "T70-L64-K60-V100", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_stored_scores_match_reference(monkeypatch, family, case, diag_loop):
-    """Chunk mode with the intra-chunk scores stored (``SCORES``, gk-only families): forward
-    and dv from the scores with 64-row tiles (a partial last chunk, head dims over several
-    tiles, packed sequences), every gradient against the fp64 reference."""
-    from linrnn.engine import triton_chunk_vec
-
-    monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
-    monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", diag_loop)
-    monkeypatch.setattr(triton_chunk_vec, "DIAG_SPAN", 0.0)  # the log-space diagonal
-    monkeypatch.setattr(triton_chunk_vec, "FAST_CHUNKS", False)  # in every chunk
+    """Chunk mode with gk alone, the intra-chunk scores stored: forward and dv from the scores
+    with 64-row tiles (a partial last chunk, head dims over several tiles, packed sequences),
+    the log-space diagonal in both forms, every gradient against the fp64 reference."""
+    _gpu_diagonal(monkeypatch, walk=diag_loop)
+    _log_space(monkeypatch)
     _check_stored(family, case)
 
 
@@ -158,29 +143,23 @@ def test_fast_chunks_over_several_row_tiles(family):
 
 @pytest.mark.parametrize("case", ["T37-L32", "T200-L160-K80", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
-@pytest.mark.parametrize("split", [True, False], ids=["split", "unsplit"])
-def test_split_inter_matches_reference(monkeypatch, family, case, split):
-    """``SPLIT_INTER`` on (the default): dq's and dk's inter-chunk parts from
-    triton_scores.apply_kernel (``INTER``; row tiles of 32 at L = 32; three per chunk at
-    L = 160, a partial one included; two output tiles at K = 80; packed sequences), loaded by
-    the dq/dk programs (``STATE_IN``). Off: each dq/dk program forms its rows' part against the
-    chunk's state. Every gradient against the fp64 reference, the intermediate buffers
-    NaN-poisoned."""
-    from linrnn.engine import triton_chunk_vec
-
-    monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
-    monkeypatch.setattr(triton_chunk_vec, "SPLIT_INTER", split)
-    monkeypatch.setattr(triton_chunk_vec, "FAST_CHUNKS", False)  # the dq/dk programs in all
+def test_split_inter_matches_reference(monkeypatch, family, case):
+    """gk alone in chunk mode: dq's and dk's inter-chunk parts from
+    vector_scores_kernels.apply_kernel (``INTER``; row tiles of 32 at L = 32; three per chunk at L =
+    160, a partial one included; two output tiles at K = 80; packed sequences), loaded by the 16-row
+    dq/dk programs in every chunk (fp32: no fast chunks). Every gradient against the fp64 reference,
+    the intermediate buffers NaN-poisoned."""
+    _log_space(monkeypatch)
     _check_stored(family, case)
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_decay_gradient_over_row_tiles(family, varlen):
-    """Chunks of 160 steps: the log-decay gradient's one-pass kernel (triton_gate_grad) walks
-    each chunk in 64-row tiles from its end, carrying the sum across tiles (T = 200: a full
-    chunk of three tiles, a partial one of 40 steps; packed: sequences across those cases),
-    with K = 80 over two channel tiles."""
+    """Chunks of 160 steps: the log-decay gradient's one-pass kernel (vector_gate_grad_kernels)
+    walks each chunk in 64-row tiles from its end, carrying the sum across tiles (T = 200: a full
+    chunk of three tiles, a partial one of 40 steps; packed: sequences across those cases), with K =
+    80 over two channel tiles."""
     if varlen:
         check_varlen(family, "chunk", True, lens=[130, 1, 69], chunk_size=160)
         return
@@ -190,12 +169,9 @@ def test_decay_gradient_over_row_tiles(family, varlen):
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode="chunk", chunk_size=160)
 
 
-def test_stored_scores_are_all_written(monkeypatch):
+def test_stored_scores_are_all_written():
     """Every entry of the stored scores is written (allocations are NaN-poisoned in tests):
     causal scores below and on the diagonal, zeros above, a partial last chunk included."""
-    from linrnn.engine import triton_chunk_vec
-
-    monkeypatch.setattr(triton_chunk_vec, "SCORES", True)
     B, T, H, K, V, L = 1, 37, 2, 20, 12, 16
     q, k, v = (torch.randn(B, T, H, d, device=DEVICE) for d in (K, K, V))
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device=DEVICE))
@@ -211,13 +187,13 @@ def test_stored_scores_are_all_written(monkeypatch):
 @pytest.mark.parametrize("family", VECTOR)
 def test_wider_sub_chunk_matches_reference(monkeypatch, family, mode):
     """A 32-step sub-chunk (the first entry of the rows/cols/fused tiles), walked: the tile
-    choice the GPU sweep may pick to get 32-row products; T = 45 leaves a partial one."""
+    choice a tuning run may pick to get 32-row products; T = 45 leaves a partial one."""
     from linrnn.engine import triton_chunk_vec
 
     tiles = {name: (32, *t[1:]) if not name.startswith("states") else t
              for name, t in triton_chunk_vec.VEC_TILES.items()}  # fmt: skip
     monkeypatch.setattr(triton_chunk_vec, "VEC_TILES", tiles)
-    monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", True)
+    _gpu_diagonal(monkeypatch)
     fam = FAMILIES[family]
     B, T, H, K, V = 1, 45, 2, 24, 20
     h0 = fam.make_state(B, H, K, V, torch.float32)
@@ -261,28 +237,20 @@ def _mixed_spans(d: dict, strong: float) -> dict:
     return d
 
 
-MIXED_CASES = [(f, m, fc) for f in VECTOR for m in MODES for fc in (True, False)
-               if fc or (m == "chunk" and f != "gla_gv")]  # fmt: skip
-
-
 @pytest.mark.parametrize("diag_loop", [False, True], ids=["block", "walk"])
-@pytest.mark.parametrize(
-    ("family", "mode", "fast_chunks"),
-    MIXED_CASES,
-    ids=[f"{f}-{m}{'' if fc else '-subchunks'}" for f, m, fc in MIXED_CASES],
-)
-def test_fast_forms_mixed_spans(monkeypatch, family, mode, fast_chunks, diag_loop):
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", VECTOR)
+def test_fast_forms_mixed_spans(monkeypatch, family, mode, diag_loop):
     """The fast forms beside the log-space one in one call, chunks of 32: decays of −5 per
     step on the second depth/output tile's channels give chunk 0 a span of ≈ 130 (sub-chunks:
     the first, ≈ 80, in log space, the second, ≈ 50, in the diagonal's fast form, factors up
     to e^25) and chunk 1 one of ≈ 50 (a fast chunk in chunk mode for gk-only calls, factors
-    up to e^25; with ``FAST_CHUNKS`` off, sub-chunks). Every kernel that has a diagonal
-    (forward, dq, dk, dv, gv's output gate, RWKV6's bonus). Any overflowing exp or inf·0, even
-    in a masked lane, raises under the interpreter."""
+    up to e^25). Every kernel that has a diagonal (forward, dq, dk, dv, gv's output gate,
+    RWKV6's bonus). Any overflowing exp or inf·0, even in a masked lane, raises under the
+    interpreter."""
     from linrnn.engine import triton_chunk_vec
 
-    monkeypatch.setattr(triton_chunk_vec, "DIAG_LOOP", diag_loop)
-    monkeypatch.setattr(triton_chunk_vec, "FAST_CHUNKS", fast_chunks)
+    _gpu_diagonal(monkeypatch, walk=diag_loop)
     assert triton_chunk_vec.DIAG_SPAN == 60.0 and triton_chunk_vec.CHUNK_SPAN == 60.0
     fam = FAMILIES[family]
     B, T, H, K, V = 1, 45, 1, 40, 40
@@ -310,8 +278,8 @@ def test_varlen_matches_reference(family, mode, init):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_rwkv6_matches_seed_002_naive_loop(mode):
-    """Seed 002's loop ([B, H, T, D] layout, no scale, fp64): o_t = Σ_k r_k (h + u k v)_k,
+def test_rwkv6_matches_naive_loop(mode):
+    """RWKV6's naive loop ([B, H, T, D] layout, no scale, fp64): o_t = Σ_k r_k (h + u k v)_k,
     then h = h·exp(w_t) + k v — the Triton kernels in fp32 against it."""
     B, H, T, K, V = 2, 3, 29, 10, 6
     f64 = dict(dtype=torch.float64, device=DEVICE)
@@ -394,7 +362,7 @@ def test_long_sequence_decay_gradient_float16(family, mode):
 @pytest.mark.parametrize("K, L", [(64, 64), (128, 64), (256, 128)])
 def test_default_chunk_size_of_vector_gates(K, L):
     """Without a chunk size, per-channel decays take 64 below head dims of 256 and 128 from
-    there (the H200's optima for GLA, triton_chunk.default_chunk_size), the scalar engine 128
+    there (the measured optima for GLA, triton_chunk.default_chunk_size), the scalar engine 128
     from head dims of 128."""
     from linrnn.engine import triton_chunk, triton_chunk_vec
 
@@ -408,27 +376,27 @@ def test_default_chunk_size_of_vector_gates(K, L):
 @pytest.mark.parametrize("slow", [False, True], ids=["all-fast", "one-slow-chunk"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_sub_chunk_launches_only_with_slow_chunks(monkeypatch, family, slow):
-    """Chunk mode's backward leaves out dq's and dk's 16-row launches (rows_kernel, cols_kernel)
-    when every chunk is fast (triton_chunk_vec._SlowChunks), and makes them when one is slow
+    """Chunk mode's backward leaves out dq's and dk's 16-row launches (vector_kernels'
+    dq_bwd_kernel, dk_bwd_kernel) when every chunk is fast (triton_chunk_vec._SlowChunks), and
+    makes them when one is slow
     (decays of −5 per step on half the channels: chunk 0's span ≈ 130). Either way every
     gradient matches the fp64 reference; allocations are NaN-poisoned (conftest), so a row
     that only those launches would write fails."""
-    from linrnn.engine import triton_kernels
+    from linrnn.engine import vector_kernels
 
     launched = []
-    for name in ("rows_kernel", "cols_kernel"):
-        real = getattr(triton_kernels, name)
+    for name in ("dq_bwd_kernel", "dk_bwd_kernel"):
+        real = getattr(vector_kernels, name)
 
         class Spy:
             def __getitem__(self, grid, real=real, name=name):
                 def run(*args, **kw):
-                    if kw.get("IS_DQ") or kw.get("IS_DK"):
-                        launched.append(name)
+                    launched.append(name)
                     return real[grid](*args, **kw)
 
                 return run
 
-        monkeypatch.setattr(triton_kernels, name, Spy())
+        monkeypatch.setattr(vector_kernels, name, Spy())
     fam = FAMILIES[family]
     B, T, H, K, V = 1, 45, 1, 40, 40
     inputs = fam.build(B, T, H, K, V, False)
@@ -436,22 +404,22 @@ def test_sub_chunk_launches_only_with_slow_chunks(monkeypatch, family, slow):
         inputs = _mixed_spans(inputs, -5.0)
     h0 = fam.make_state(B, H, K, V, torch.float32)
     _check(fam, inputs, h0, torch.float32, mode="chunk", chunk_size=32)
-    assert sorted(set(launched)) == (["cols_kernel", "rows_kernel"] if slow else [])
+    assert sorted(set(launched)) == (["dk_bwd_kernel", "dq_bwd_kernel"] if slow else [])
 
 
 @pytest.mark.parametrize("case", ["T70-L32-K60-V100", "T150-L96", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
-    """The cumulative-sum pass's gated q and k (PRE_GATE, triton_cumsum's GATE_QK), which the
-    state kernels and the forward's and dv's apply kernels then take as they are, are the
-    values those kernels formed themselves: output, final state and every gradient equal
-    bit for bit with PRE_GATE off (several chunks and tiles, an initial state, packed
-    sequences; chunks of one row tile and of two, L = 96; V over one output tile of the apply
-    kernels, where the engine pre-gates, and checked that it did); and both match the fp64
-    reference."""
+    """The cumulative-sum pass's gated q and k (vector_cumsum_kernels' GATE_QK), which the state
+    kernels and the forward's and dv's apply kernels then take as they are, are the values
+    those kernels form themselves: output, final state and every gradient equal bit for bit
+    with the in-kernel gating of calls whose V fits one output tile, run on the same inputs
+    (several chunks and tiles, an initial state, packed sequences; chunks of one row tile and
+    of two, L = 96; V over more than one output tile of the apply kernels, where the engine
+    pre-gates, and checked that it did); and both match the fp64 reference."""
     from helpers import run_with_grads
 
-    from linrnn.engine import triton_chunk_vec, triton_cumsum
+    from linrnn.engine import triton_chunk_vec, vector_cumsum_kernels
 
     fam = FAMILIES[family]
     seq = {}
@@ -466,7 +434,7 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
     inputs, h0 = _on(fam.build(B, T, H, K, V, False)), _on(h0)
     kw = dict(backend="triton", mode="chunk", chunk_size=L, **seq)
     gating = []
-    real = triton_cumsum.chunk_cumsum_kernel
+    real = vector_cumsum_kernels.chunk_cumsum_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -476,10 +444,10 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
 
             return run
 
-    monkeypatch.setattr(triton_cumsum, "chunk_cumsum_kernel", Spy())
+    monkeypatch.setattr(vector_cumsum_kernels, "chunk_cumsum_kernel", Spy())
     on = run_with_grads(fam, inputs, h0, torch.float32, **kw)
     assert gating == [True], gating
-    monkeypatch.setattr(triton_chunk_vec, "PRE_GATE", False)
+    monkeypatch.setattr(triton_chunk_vec, "_pre_gate", lambda *args: False)
     off = run_with_grads(fam, inputs, h0, torch.float32, **kw)
     assert torch.equal(on[0], off[0])
     for s, t in zip(on[1], off[1]):

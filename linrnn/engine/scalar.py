@@ -154,7 +154,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
         k, v, states, ns, mc,
         S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
         m0 if (has_s0 and c.stab) else dummy, S_T, n_T, b, a,
-        _chunk_max(b, a, L, c) if c.stab else dummy, c.CO, c.CHUNKS, dummy, dummy,
+        _chunk_max(b, a, L, c) if c.stab else dummy, c.CO, c.CHUNKS,
         T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(), **launch,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
@@ -164,7 +164,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     NQ = cdiv(L, BQ)
     kern.rows_kernel[(NT * NQ, cdiv(V, BO), BH)](
         q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy, c.CHUNKS,
-        *[dummy] * 6, T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
+        T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=False, NORM=c.norm, **c.flags(), **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
@@ -279,7 +279,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: ChunkConfig)
         q, do, dstates, dns, dS0, dn0,
         dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy,
         mc, b, m_row, R_A, R_D, c.CO, c.CHUNKS, states, ns, S_T,
-        n_T if c.track_n else dummy, bnd, *[dummy] * 4, T, H, K, V, L, NT, c.NSEQ, c.scale,
+        n_T if c.track_n else dummy, bnd, T, H, K, V, L, NT, c.NSEQ, c.scale,
         BK=BK, BV=BV, BQ=BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
         NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, **launch,
     )  # fmt: skip
@@ -292,7 +292,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: ChunkConfig)
     dq = torch.empty_like(q)
     kern.rows_kernel[(NT * nQ, nK, BH)](
         do, v, k, dq, states, ns, mc, b, a, m_row, dummy, R_A, R_D, q, q_part, c.CHUNKS,
-        *[dummy] * 6, T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
+        T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
         BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dk", V, K)
@@ -301,7 +301,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: ChunkConfig)
     dk = torch.empty_like(k)
     kern.cols_kernel[(NT * nS, nK, BH)](
         v, do, q, dk, dstates, dns, mc, b, a, m_row, R_A, R_D, k, k_part, c.CHUNKS,
-        *[dummy] * 6, T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
+        T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=True, **common, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("cols_dv", K, V)
@@ -309,7 +309,7 @@ def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: ChunkConfig)
     dv = torch.empty_like(v)
     kern.cols_kernel[(NT * nS, cdiv(V, BO), BH)](
         k, q, do, dv, dstates, dns, mc, b, a, m_row, R_A, R_D, dummy, dummy, c.CHUNKS,
-        *[dummy] * 6, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
+        T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
         BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=False, **common, **launch,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None

@@ -5,7 +5,7 @@ and RWKV6 (w over K, exclusive form with the bonus u). Same kernels as the scala
 Gates. gk and gv enter as chunk-local cumulative sums ``[B, T, H, D]`` fp32 (G^K, inclusive);
 RWKV6's query side reads the state before its own step, so its row gate is the exclusive sum
 G^X_t = G^K_{t−1} (0 at a chunk's first step). Every kernel exponent is a difference that the
-causal order keeps ≤ 0, except in the fast forms (DIAG_SPAN, FAST_CHUNKS: bf16 inputs), whose
+causal order keeps ≤ 0, except in the fast forms (DIAG_SPAN, CHUNK_SPAN: bf16 inputs), whose
 exponents lie within ±30 by the span that selects them.
 
 Gate gradients, per channel. With F_t[k] the global cumulative log decay,
@@ -29,23 +29,17 @@ import torch
 import torch.nn.functional as F
 
 from linrnn.engine import triton_chunk as tc
-from linrnn.engine import triton_cumsum as cs
 from linrnn.engine import triton_fused as fused
-from linrnn.engine import triton_gate_grad as gg
-from linrnn.engine import triton_kernels as kern
-from linrnn.engine import triton_scores as sc
+from linrnn.engine import vector_cumsum_kernels as cs
+from linrnn.engine import vector_gate_grad_kernels as gg
+from linrnn.engine import vector_kernels as vk
+from linrnn.engine import vector_scores_kernels as sc
 from linrnn.engine.host_math import cdiv, next_pow2
 
 # Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
-# num_stages). The diagonal sub-chunk is a [BC, BC, depth or output tile] fp32 product; a kernel
-# whose output dimension carries a gate uses GATED_BO instead. Chosen by the H200 sweep of
-# session 6 (benchmarks/vector_sweep.py, results in benchmarks/results/s6/): the combined best
-# of GLA, GLA+gv and RWKV6 at L = 64, where they agreed; cols at one stage won for all three.
-# Session 7's sweep (s7/): states' V tile 64 -> 128, GLA fwd+bwd 0.97x, GLA+gv 0.99x (RWKV6,
-# V = 64, the same kernel). Session 10's (s10/call6-5f9e4cf/, call7-c5da8fd/): K tile 64 -> 32
-# (twice the walks), GLA fwd+bwd 0.982x at K = 256, 0.985x at K = 128, RWKV6 0.986x; then V
-# tile 128 -> 256, GLA 0.979x at K = 256 (the same at V ≤ 128). GLA+gv keeps the old tile:
-# with the new one its fwd+bwd took 1.064x (172.9 against 162.6 ms, s10/call12-3ee396b/).
+# num_stages); the states kernels: (time tile, K tile, V tile, num_warps, num_stages). A kernel
+# whose output dimension carries a gate uses GATED_BO as its output tile. Tuning history:
+# docs/tuning.md.
 VEC_TILES = {
     "states": (64, 32, 256, 4, 2),  # (time tile, K tile, V tile, ...): gk-only calls
     "states_gv": (64, 64, 128, 4, 2),  # with gv
@@ -53,106 +47,64 @@ VEC_TILES = {
     "cols": (16, 64, 32, 64, 4, 1),
     "fused": (16, 0, 32, 0, 4, 1),
 }
-GATED_BO = 64  # 32 -> 64: GLA+gv fwd+bwd 0.67x, GLA 0.89x, RWKV6 0.92x in the sweep
-# The diagonal sub-chunk's gated products (triton_vector._vec_diag): False, one [BC, BC, tile]
-# fp32 block per depth/output tile; True, a walk over the BC key rows, each a [BC, tile]
-# product (BC× fewer registers, the same exponentials, more and smaller steps). On the H200
-# the walk won (GLA+gv fwd+bwd 0.91x, GLA 0.86x, RWKV6 0.92x of the block), so it is the
-# GPU default. Under the interpreter it is ~8x slower, so there the block form stays the
-# default and the walk is tested by its own cases (tests/test_triton_vector.py).
-DIAG_LOOP = os.environ.get("TRITON_INTERPRET") != "1"
-# The walk's 16 steps as a loop or unrolled (the steps' row loads and exponentials may
-# overlap, for more code and registers). WALK_UNROLL unrolls every call; WALK_UNROLL_GV the
-# calls with gv. The H200 sweep of session 7 (benchmarks/results/s7/): unrolled, GLA+gv
-# fwd+bwd 0.88x (fwd 0.78x) of the loop, but GLA 1.12x and RWKV6 1.20x (their walks run in
-# the scores kernel and the backward, where the loop wins).
-WALK_UNROLL = False
-WALK_UNROLL_GV = True
+GATED_BO = 64
+# The diagonal sub-chunk's gated products walk its BC key rows, each a [BC, tile] product (a loop,
+# unrolled in calls with gv). Under the Triton interpreter (CPU) that walk is ~8x slower, so
+# there they take the block form, one [BC, BC, tile] fp32 product per depth/output tile (the
+# kernels' BLOCK_DIAG). The tests run the walk on the CPU too (tests/test_triton_vector.py).
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-# The diagonal sub-chunk's fast form (triton_vector, module doc): a depth or output tile whose
+# The diagonal sub-chunk's fast form (vector_common, module doc): a depth or output tile whose
 # gates span less than DIAG_SPAN over the sub-chunk's 16 rows (the widest channel's range of
 # cumulative log decays) takes one tensor-core product around the middle of that range, each
-# factor within exp(±DIAG_SPAN/2); a wider tile (strong decays) the fp32 log-space form above.
-# 0 turns the fast form off. 60: factors ≤ e^30 ≈ 1e13 keep every product finite in bf16 and
-# fp32 while a decay of 3.75 per step (e^-3.75 ≈ 0.02) still takes the fast form.
+# factor within exp(±DIAG_SPAN/2); a wider tile (strong decays) the fp32 log-space form.
+# 60: factors ≤ e^30 ≈ 1e13 keep every product finite in bf16 and fp32 while a decay of 3.75
+# per step (e^-3.75 ≈ 0.02) still takes the fast form.
 DIAG_SPAN = 60.0
-# The fast forms (DIAG_SPAN, FAST_CHUNKS) run for these input dtypes only. Their products take
-# tf32 operands (fp32 for fp32 inputs): finer than bf16's own rounding, but on the H200 they
-# gave GLA's decay gradient over a long fp16 sequence 4.5× the fp16 loop's error (q ⊙ dq and
-# k ⊙ dk, rounded differently, no longer cancel), "tf32x3" put RWKV6's output 2.9e-2 off, and
-# fp32 ("ieee") products made the fast chunks slower than the sub-chunk forms (RWKV6 36 ms
-# against 29). So fp16 and fp32 inputs keep the fp32 log-space forms.
-FAST_DTYPES = (torch.bfloat16,)
-
-
-def _walk_form(has_gv: bool = False) -> int:
-    """The kernels' DIAG_LOOP: 0 the block, 1 the walk, 2 the walk unrolled."""
-    if not DIAG_LOOP:
-        return 0
-    return 2 if WALK_UNROLL or (has_gv and WALK_UNROLL_GV) else 1
-
-
-def _diag(c: tc.Config, has_gv: bool = False) -> dict:
-    """The kernels' diagonal switches: DIAG_LOOP (:func:`_walk_form`) and DIAG_SPAN (0 for
-    inputs outside FAST_DTYPES)."""
-    span = float(DIAG_SPAN) if c.dtype in FAST_DTYPES else 0.0
-    return dict(DIAG_LOOP=_walk_form(has_gv), DIAG_SPAN=span)
-
-
-# gk-only calls in chunk mode (GLA without gv, RWKV6): store the intra-chunk scores once
-# (triton_scores: [B, T, H, L] in the inputs' dtype, kept for dv) and apply them with wide
-# row tiles, instead of re-forming them per output tile in 16-row programs. On the H200:
-# GLA fwd+bwd 0.47x, RWKV6 0.76x of the row-program form. Tiles: scores (sub-chunk, key
-# tile, depth tile, warps, stages), apply (row tile, key tile, depth tile, output tile,
-# warps, stages).
-SCORES = True
-# The backward of those calls stores its ungated P = do vᵀ once too ("dscores": one
-# [64, 64] product per chunk, fp32) for dq and dk to load, instead of forming it again for
-# every K tile of both (at K = 256 that product was ~80 % of their matmul work).
-# SPLIT_INTER: dq's and dk's inter-chunk parts (do Cᵀ and v dCᵀ, gated over K) formed once per
-# chunk with 64-row tiles (triton_scores.apply_kernel's INTER, "inter" tiles: rows, depth
-# tile, output tile, warps, stages) and loaded by their 16-row programs, which otherwise each
-# read the chunk's state slice and take M = 16 products (dq and dk were 17 of RWKV6's 32.5 ms
-# and 20 of GLA's 41 on the H200, session 7). The H200 sweep of session 8 (d5c17e8,
-# benchmarks/results/s8/): GLA fwd+bwd 0.934x, RWKV6 0.996x of the unsplit form, so it is the
-# default; the unsplit form (each 16-row program against the state, STATE_IN off) stays for
-# the sweep and is tested by its own cases.
-SPLIT_INTER = True
-# Fast chunks (triton_scores): in gk-only calls in chunk mode (the stored scores), a chunk
-# whose gates span less than CHUNK_SPAN over all its rows (the widest channel's range of
-# cumulative log decays: 60 is a decay of ≈ 0.94 per step over 64 steps, or 3.75 per step
-# over 16) is formed without sub-chunks: its scores as one product (fast_scores_kernel), its
-# dq and dk finished by the SPLIT_INTER kernels (apply_kernel's FAST) around the chunk's
-# middle, factors within e^±30 and fp32 operands. The other chunks take the sub-chunk forms.
-FAST_CHUNKS = True
+# Fast chunks (vector_scores_kernels): in gk-only calls in chunk mode, a chunk whose gates span less
+# than CHUNK_SPAN over all its rows (60 is a decay of ≈ 0.94 per step over 64 steps) is formed
+# without sub-chunks: its scores as one product (fast_scores_kernel), its dq and dk finished by
+# apply_kernel's FAST around the chunk's middle, factors within e^±30 and fp32 operands. The
+# other chunks take the sub-chunk forms.
 CHUNK_SPAN = 60.0
-SCORE_TILES = {  # scores at 2 warps: session 7's sweep, GLA 0.985x, RWKV6 0.998x
+
+
+def _fast_forms(dtype: torch.dtype) -> bool:
+    """Whether a call takes the fast forms (DIAG_SPAN, CHUNK_SPAN): bf16 inputs only. Their
+    products take tf32 operands, finer than bf16's own rounding. fp16 and fp32 inputs keep the
+    fp32 log-space forms: with tf32 products their decay gradients (q ⊙ dq − k ⊙ dk, rounded
+    differently, no longer cancelling) lose precision, and fp32 products lose the speed."""
+    return dtype == torch.bfloat16
+
+
+def _diag(c: tc.Config) -> dict:
+    """The kernels' diagonal constexprs: BLOCK_DIAG (the interpreter's fallback) and DIAG_SPAN
+    (0 where the call takes no fast forms)."""
+    return dict(BLOCK_DIAG=INTERPRETER, DIAG_SPAN=DIAG_SPAN if _fast_forms(c.dtype) else 0.0)
+
+
+# Tiles of the stored-scores kernels (vector_scores_kernels), used by gk-only calls in chunk mode:
+# scores (sub-chunk, key tile, depth tile, warps, stages), apply (row tile, key tile, depth
+# tile, output tile, warps, stages), dscores (the backward's ungated do vᵀ), inter (dq's and
+# dk's inter-chunk parts: rows, depth tile, output tile, warps, stages), fast
+# (fast_scores_kernel: rows, key tile, depth tile, warps, stages).
+SCORE_TILES = {
     "scores": (16, 32, 32, 2, 2),
-    "apply": (64, 64, 32, 64, 4, 1),  # one stage: GLA 0.980x at K = 256 (s10/call7-c5da8fd/)
+    "apply": (64, 64, 32, 64, 4, 1),
     "dscores": (64, 64, 64, 4, 2),
-    # depth tile 32 -> 64 and one stage (session 10, s10/call6-5f9e4cf/): GLA fwd+bwd 0.905x
-    # at K = 256, 0.918x at K = 128; RWKV6 0.998x
     "inter": (64, 64, 64, 4, 1),
-    "fast": (64, 64, 32, 4, 2),  # fast_scores_kernel: rows, key tile, depth tile, ...
+    "fast": (64, 64, 32, 4, 2),
 }
 
 
-# gk-only calls in chunk mode (the stored scores) with V over more than one output tile of the
-# apply kernels: the cumulative-sum pass also stores q ⊙ e^{G^X} and k ⊙ e^{G^K_L − G^K}
-# (triton_cumsum's GATE_QK, the same values bit for bit), which the walking state kernels and
-# the forward's and dv's apply kernels then take as they are, instead of loading gate tiles
-# and exponentiating them (the apply kernels once per output tile). Two more [B, T, H, K]
-# tensors in the inputs' dtype, kept for the backward. On the H200 (session 11,
-# benchmarks/results/s11/call6, call7): GLA fwd+bwd 0.948x at K = V = 256 (19.42 against
-# 20.49 ms), 0.956x at 128; the cumsum pass's extra traffic (0.7 -> 1.7 ms) outweighs the
-# savings at V = 64, one output tile (RWKV6 1.016x), so those calls keep the in-kernel gating.
-PRE_GATE = True
-
-
 def _pre_gate(has_gv: bool, c: tc.Config, V: int) -> bool:
+    """Whether the cumulative-sum pass also stores q ⊙ e^{G^X} and k ⊙ e^{G^K_L − G^K}
+    (vector_cumsum_kernels' GATE_QK) for the state and apply kernels to take as they are: gk-only
+    calls in chunk mode whose V spans more than one output tile of the apply kernels (with one tile
+    the pass's extra traffic outweighs the exponentials it saves)."""
     one_tile = V <= _fit(SCORE_TILES["apply"][3], V)
-    return bool(PRE_GATE) and SCORES and not has_gv and not c.fused and not one_tile
+    return not has_gv and not c.fused and not one_tile
 
 
 def _gate_buffers(q, k, v, has_gv: bool, c: tc.Config):
@@ -164,25 +116,19 @@ def _gate_buffers(q, k, v, has_gv: bool, c: tc.Config):
 
 def _fast_chunks(has_gv: bool, c: tc.Config) -> bool:
     """Whether this call has fast chunks (the gates' spans are recorded for them)."""
-    if c.dtype not in FAST_DTYPES:
-        return False
-    return bool(FAST_CHUNKS) and CHUNK_SPAN > 0 and SCORES and not has_gv and not c.fused
-
-
-# Leave dq's and dk's sub-chunk launches out when every chunk is fast (_SlowChunks).
-SKIP_SUB_CHUNKS = True
+    return _fast_forms(c.dtype) and not has_gv and not c.fused
 
 
 class _SlowChunks:
-    """Whether a call has chunks that are not fast, for the host. The sub-chunk programs of dq
-    and dk (rows_kernel, cols_kernel) exit at once in fast chunks, so when every chunk is fast
-    their launches are all overhead (0.2 ms each at GLA B8-T8192-H16-K256 on the H200: 262,144
-    programs). The forward reduces the spans on the device and copies the answer to pinned host
-    memory behind an event; the backward waits for that event, which lies before everything
-    the forward and the backward queued since (the GPU keeps working meanwhile, so nothing
-    idles), and leaves the two launches out if no chunk is slow. While a CUDA graph is
-    captured there is no flag (the launches stay). The criterion is the kernels' own: a chunk
-    is fast iff span < CHUNK_SPAN, so a NaN span counts as slow."""
+    """Whether a call has chunks that are not fast, for the host. The sub-chunk programs of dq and
+    dk (vector_kernels.dq_bwd_kernel, dk_bwd_kernel) exit at once in fast chunks, so when every
+    chunk is fast their launches are all overhead (262,144 programs at GLA B8-T8192-H16-K256). The
+    forward reduces the spans on the device and copies the answer to pinned host memory behind an
+    event; the backward waits for that event, which lies before everything the forward and the
+    backward queued since (the GPU keeps working meanwhile, so nothing idles), and leaves the two
+    launches out if no chunk is slow. While a CUDA graph is captured there is no flag (the launches
+    stay). The criterion is the kernels' own: a chunk is fast iff span < CHUNK_SPAN, so a NaN span
+    counts as slow."""
 
     def __init__(self, spans):
         any_slow = (~(spans < CHUNK_SPAN)).any()
@@ -217,21 +163,22 @@ def _fit(x: int, n: int) -> int:
 
 def _cumsums(g, c: tc.Config, exclusive: bool, span: bool = False, gate=None):
     """Chunk-local inclusive (and, ``exclusive``, exclusive) cumulative sums of a [B, T, H, D]
-    log decay, fp32, in one Triton pass (triton_cumsum; packed sequences: chunks from the
-    table). The exclusive sum holds exactly the inclusive one's values, shifted by one step.
+    log decay, fp32, in one Triton pass (vector_cumsum_kernels; packed sequences: chunks from
+    the table). The exclusive sum holds exactly the inclusive one's values, shifted by one step.
     Returns (inc, exc, spans), exc = inc when not ``exclusive``; spans ([NT, B·H] fp32, the
-    chunks' gate spans: triton_cumsum) with ``span``, else None. ``gate`` = (q, k, QG, KG)
-    (:func:`_gate_buffers`): the pass also fills QG and KG (triton_cumsum's GATE_QK)."""
+    chunks' gate spans) with ``span``, else None. ``gate`` = (q, k, QG, KG)
+    (:func:`_gate_buffers`): the pass also fills QG and KG (its GATE_QK)."""
     T, H, D = g.shape[1:]
     g = g.contiguous()
     inc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
     exc = torch.empty_like(inc) if exclusive else inc
     spans = torch.zeros(c.NT, c.rows, device=g.device, dtype=torch.float32) if span else None
     BT, BD = _fit(64, c.L), _fit(64, D)
-    qk = gate if gate is not None else (inc,) * 4  # unused without GATE_QK
+    q, k, qg, kg = gate if gate is not None else (None,) * 4
     cs.chunk_cumsum_kernel[(c.NT, cdiv(D, BD), c.rows)](
-        g, inc, exc, spans if span else inc, c.CHUNKS, *qk, T, H, D, c.L, BT=BT, BD=BD,
-        VARLEN=c.varlen, EXCL=exclusive, HAS_SPAN=span, GATE_QK=gate is not None, num_warps=4,
+        G=g, INC=inc, EXC=exc if exclusive else None, SPAN=spans, CHUNKS=c.CHUNKS, Q=q, K_=k,
+        QG=qg, KG=kg, T=T, H=H, D=D, L=c.L, BT=BT, BD=BD, VARLEN=c.varlen, EXCL=exclusive,
+        HAS_SPAN=span, GATE_QK=gate is not None, num_warps=4,
     )  # fmt: skip
     return inc, exc, spans
 
@@ -284,29 +231,28 @@ def _dov(do, v):
 def _bonus(q, k, v, do, scale):
     """RWKV6 in fused_chunk: W = scale·q ⊙ k (do·v) per token ([B, T, H, K] fp32; the bonus
     part of q ⊙ dq is u ⊙ W) and du = Σ_{B,T} W. In place on one fp32 buffer: at 65,536
-    tokens × H·K = 4096 each full-size temporary is 1 GB. (Chunk mode: triton_gate_grad.)"""
+    tokens × H·K = 4096 each full-size temporary is 1 GB. (Chunk mode: vector_gate_grad_kernels.)"""
     w = q.to(torch.float32, copy=True)  # a fresh buffer: q.float() may be q itself
     w = w.mul_(k).mul_(_dov(do, v).mul_(scale)[..., None])
     return w, w.sum((0, 1))
 
 
 def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
-    """Chunk mode's gk gradient and RWKV6's du in one pass (triton_gate_grad): q ⊙ dq − k ⊙ dk
-    reverse-summed in each chunk from the exact tail W ([B·H, NT, K]), with the bonus terms
-    for the exclusive form. ``dov``: do·v per token when the backward stored it, else formed
-    here. Returns (dg [B, T, H, K] fp32, du [H, K] fp32 or None)."""
+    """Chunk mode's gk gradient and RWKV6's du in one pass (vector_gate_grad_kernels): q ⊙ dq − k ⊙
+    dk reverse-summed in each chunk from the exact tail W ([B·H, NT, K]), with the bonus terms for
+    the exclusive form. ``dov``: do·v per token when the backward stored it, else formed here.
+    Returns (dg [B, T, H, K] fp32, du [H, K] fp32 or None)."""
     T, H, K = q.shape[1:]
     f32 = dict(device=q.device, dtype=torch.float32)
-    dummy = torch.empty(1, **f32)
     dg = torch.empty(q.shape, **f32)
-    du_rows = torch.empty(c.rows, c.NT, K, **f32) if c.excl else dummy
+    du_rows = torch.empty(c.rows, c.NT, K, **f32) if c.excl else None
     if c.excl and dov is None:
         dov = _dov(do, v)
     BT, BD = _fit(64, c.L), _fit(64, K)
     gg.decay_grad_kernel[(c.NT, cdiv(K, BD), c.rows)](
-        qdq, kdk, W, q, k, dov if c.excl else dummy, u if c.excl else dummy, dg, du_rows,
-        c.CHUNKS, T, H, K, c.L, c.NT, c.scale, BT=BT, BD=BD, VARLEN=c.varlen, EXCL=c.excl,
-        num_warps=4,
+        QD=qdq, KD=kdk, W=W, Q=q, K=k, DOV=dov if c.excl else None, U=u if c.excl else None,
+        DG=dg, DU=du_rows, CHUNKS=c.CHUNKS, T=T, H=H, D=K, L=c.L, NT=c.NT, scale=c.scale, BT=BT,
+        BD=BD, VARLEN=c.varlen, EXCL=c.excl, num_warps=4,
     )  # fmt: skip
     du = du_rows.view(-1, H, c.NT, K).sum((0, 2)) if c.excl else None
     return dg, du
@@ -315,46 +261,40 @@ def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
 def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None, gated=None):
     T, H, K = q.shape[1:]
     V = v.shape[3]
-    BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
-    dummy = torch.empty(1, **f32)
-    has_gv, has_s0 = bv is not None, S0 is not None
-    states = torch.empty(BH, NT, K, V, **f32)
-    S_T = torch.empty(N, H, K, V, **f32)
+    has_gv = bv is not None
+    states = torch.empty(c.rows, c.NT, K, V, **f32)
+    S_T = torch.empty(c.N, H, K, V, **f32)
     BS, BK, BV, nw, ns = VEC_TILES["states_gv" if has_gv else "states"]
-    BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
-    kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
-        k if gated is None else gated[1], v, states, dummy, dummy, S0 if has_s0 else dummy,
-        dummy, dummy, S_T, dummy, dummy, dummy, dummy, c.CO, c.CHUNKS, bk,
-        bv if has_gv else dummy, T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS,
-        HAS_S0=has_s0, **c.flags(), VEC=True, VEC_V=has_gv, PRE_GATED=gated is not None,
-        num_warps=nw, num_stages=ns,
+    BS, BK, BV = _fit(BS, c.L), _fit(BK, K), _fit(BV, V)
+    vk.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
+        k=k if gated is None else gated[1], v=v, gk=bk, gv=bv, h0=S0, h=states, ht=S_T,
+        co=c.CO, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=c.L, NT=c.NT, NSEQ=c.NSEQ, BK=BK, BV=BV,
+        BS=BS, USE_GV=has_gv, HAS_H0=S0 is not None, PRE_GATED=gated is not None,
+        DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
-    if SCORES and not has_gv:
+    if not has_gv:  # gk alone: the scores stored, applied with wide row tiles
         A = _scores(q, k, bkx, bk, u, c, spans=spans)
         if gated is None:
             _apply(A, v, q, states, bkx, o, c, rev=False)
         else:
             _apply(A, v, gated[0], states, bkx, o, c, rev=False, pre_gated=True)
         return o, S_T, (states, A)
-    BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
-    BS, BD, BO = _fit(BS, L), _fit(BD, K), _fit(GATED_BO if has_gv else BO, V)
-    NQ = cdiv(L, BC)
-    gv_ = bv if has_gv else dummy
-    o32 = torch.empty(v.shape, **f32) if has_gv else dummy  # for gv's gradient
-    kern.rows_kernel[(NT * NQ, cdiv(V, BO), BH)](
-        q, k, v, o, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy,
-        o32, c.CHUNKS, bkx, bk, gv_, gv_, u if c.excl else dummy, dummy,
-        T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, 0.0,
-        BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=False, NORM=0, **c.flags(), VEC=True, VEC_D=True,
-        VEC_O=has_gv, EXCL=c.excl, **_diag(c, has_gv), num_warps=nw, num_stages=ns,
+    BC, BS, BD, _, nw, ns = VEC_TILES["rows"]
+    BS, BD, BO = _fit(BS, c.L), _fit(BD, K), _fit(GATED_BO, V)
+    NQ = cdiv(c.L, BC)
+    o32 = torch.empty(v.shape, **f32)  # for gv's gradient
+    vk.out_fwd_kernel[(c.NT * NQ, cdiv(V, BO), c.rows)](
+        q=q, k=k, v=v, h=states, gkx=bkx, gk=bk, gv=bv, o=o, o32=o32, chunks=c.CHUNKS, T=T, H=H,
+        K=K, V=V, L=c.L, NT=c.NT, NQ=NQ, scale=c.scale, BQ=BC, BS=BS, BD=BD, BO=BO, **_diag(c),
+        DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    return o, S_T, (states, o32 if has_gv else None)
+    return o, S_T, (states, o32)
 
 
 def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True, spans=None):
-    """The intra-chunk scores A ([B, T, H, L], q's dtype; triton_scores.scores_kernel), or
+    """The intra-chunk scores A ([B, T, H, L], q's dtype; vector_scores_kernels), or
     (``gated`` False; q, k = do, v) the backward's ungated do vᵀ in fp32, diagonal included.
     ``spans`` (the chunks' gate spans): the fast chunks' scores by fast_scores_kernel."""
     B, T, H, K = q.shape
@@ -367,20 +307,21 @@ def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True, spans=None):
         BC = _fit(BC, L)
     NQ = cdiv(L, BC)
     fast = gated and spans is not None
+    excl = c.excl and gated  # (the ungated P's mask holds the diagonal either way)
     sc.scores_kernel[(c.NT * NQ, c.rows)](
-        q, k, bkx, bk, u if c.excl and gated else bk, A, spans if fast else A, c.CHUNKS, T, H,
-        K, L, c.NT, NQ, BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, **_diag(c),
-        DOT_PREC=c.prec, GATED=gated, SKIP=CHUNK_SPAN if fast else 0.0, num_warps=nw,
-        num_stages=ns,
+        X=q, Y=k, GX=bkx if gated else None, GK=bk if gated else None, U=u if excl else None,
+        A=A, SPAN=spans if fast else None, CHUNKS=c.CHUNKS, T=T, H=H, D=K, L=L, NT=c.NT, NQ=NQ,
+        BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=excl, **_diag(c), DOT_PREC=c.prec,
+        GATED=gated, SKIP=CHUNK_SPAN if fast else 0.0, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     if fast:
         BQ, BS, BD, nw, ns = SCORE_TILES["fast"]
         BQ, BS, BD = _fit(BQ, L), _fit(BS, L), _fit(BD, K)
         NQ = cdiv(L, BQ)
         sc.fast_scores_kernel[(c.NT * NQ, c.rows)](
-            q, k, bkx, bk, u if c.excl else bk, A, spans, c.CHUNKS, T, H, K, L, c.NT, NQ,
-            BQ=BQ, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=c.excl, DOT_PREC=c.prec,
-            LIM=CHUNK_SPAN, num_warps=nw, num_stages=ns,
+            X=q, Y=k, GX=bkx, GK=bk, U=u if c.excl else None, A=A, SPAN=spans, CHUNKS=c.CHUNKS,
+            T=T, H=H, D=K, L=L, NT=c.NT, NQ=NQ, BQ=BQ, BS=BS, BD=BD, VARLEN=c.varlen,
+            EXCL=c.excl, DOT_PREC=c.prec, LIM=CHUNK_SPAN, num_warps=nw, num_stages=ns,
         )  # fmt: skip
     return A
 
@@ -396,31 +337,33 @@ def _diagonal(P, c: tc.Config):
 def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fast=None,
            pre_gated: bool = False):  # fmt: skip
     """out = scale·(A z + (x ⊙ e^g) S), or (``rev``, dv) scale·Aᵀ z + (x ⊙ e^{g_L − g}) dS
-    (triton_scores.apply_kernel). ``inter`` (A, z None): dq's inter-chunk part (x = do, S the
-    states entering the chunks, g = G^X) or, ``rev``, dk's (x = v, S the state gradients
+    (vector_scores_kernels.apply_kernel). ``inter`` (A, z None): dq's inter-chunk part (x = do,
+    S the states entering the chunks, g = G^X) or, ``rev``, dk's (x = v, S the state gradients
     leaving them, g = G^K), gated over the output, fp32, unscaled ("inter" tiles); with
     ``fast`` = (P, z, other gate, u, dq or dk, q or k, spans) the fast chunks' whole dq / dk
     too (apply_kernel's FAST). ``pre_gated``: x is q ⊙ e^g (``rev``: k ⊙ e^{g_L − g}) already
-    (triton_cumsum's GATE_QK)."""
+    (vector_cumsum_kernels' GATE_QK)."""
     T, H, D = x.shape[1:]
     O = out.shape[3]
     if inter:
         BQ, BD, BO, nw, ns = SCORE_TILES["inter"]
-        BS, A, z, strides = 16, out, out, (1, D)  # A, z unused; S = Cᵀ / dCᵀ
+        BS, s_sd, s_so = 16, 1, D  # S = Cᵀ / dCᵀ
     else:
         BQ, BS, BD, BO, nw, ns = SCORE_TILES["apply"]
-        strides = (O, 1)
-    extra = (out,) * 5  # GO, U, FOUT, FD, SPAN: unused
+        s_sd, s_so = O, 1
+    go = u = fout = fd = spans = None
     if fast is not None:
-        A, z, *extra = fast
+        A, z, go, u, fout, fd, spans = fast
         BS = 64  # the fast chunks' key (dk: query) tile
     BQ, BS, BD, BO = _fit(BQ, c.L), _fit(BS, c.L), _fit(BD, D), _fit(BO, O)
     NQ = cdiv(c.L, BQ)
+    excl = c.excl and fast is not None
     sc.apply_kernel[(c.NT * NQ, cdiv(O, BO), c.rows)](
-        A, z, x, st, g, out, c.CHUNKS, *extra, T, H, D, O, c.L, c.NT, NQ, c.scale, *strides,
-        BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen, DOT_PREC=c.prec, INTER=inter,
-        FAST=CHUNK_SPAN if fast is not None else 0.0, EXCL=c.excl, PRE_GATED=pre_gated,
-        num_warps=nw, num_stages=ns,
+        A=A, Z=z, X=x, ST=st, G=g, OUT=out, CHUNKS=c.CHUNKS, GO=go, U=u if excl else None,
+        FOUT=fout, FD=fd, SPAN=spans, T=T, H=H, D=D, O=O, L=c.L, NT=c.NT, NQ=NQ, scale=c.scale,
+        s_sd=s_sd, s_so=s_so, BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen,
+        DOT_PREC=c.prec, INTER=inter, FAST=CHUNK_SPAN if fast is not None else 0.0, EXCL=excl,
+        PRE_GATED=pre_gated, num_warps=nw, num_stages=ns,
     )  # fmt: skip
 
 
@@ -429,91 +372,85 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     states = saved[0]
     T, H, K = q.shape[1:]
     V = v.shape[3]
-    BH, NT, L, N = c.rows, c.NT, c.L, c.N
+    L = c.L
     f32 = dict(device=q.device, dtype=torch.float32)
-    dummy = torch.empty(1, **f32)
     has_gv = bv is not None
-    stored = not has_gv and saved[1] is not None  # gk-only with stored forward scores
-    gv_ = bv if has_gv else dummy
-    u_ = u if c.excl else dummy
     has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
     # Every reader of the state gradients takes them into products in the inputs' dtype
     # (cast on load), so they are stored in it: the same operands, half the bytes for bf16.
-    dstates = torch.empty(BH, NT, K, V, device=q.device, dtype=q.dtype)
-    dS0 = torch.empty(N, H, K, V, **f32)
+    dstates = torch.empty(c.rows, c.NT, K, V, device=q.device, dtype=q.dtype)
+    dS0 = torch.empty(c.N, H, K, V, **f32)
     BS, BK, BV, nw, ns = VEC_TILES["states_gv" if has_gv else "states"]
     BS, BK, BV = _fit(BS, L), _fit(BK, K), _fit(BV, V)
     grid = (cdiv(K, BK), cdiv(V, BV), c.walkers)
-    bndk = torch.zeros(BH, NT, grid[1], K, **f32)
-    bndv = torch.zeros(BH, NT, grid[0], V, **f32) if has_gv else dummy
-    kern.states_bwd_kernel[grid](
-        q if gated is None else gated[0], do, dstates, dummy, dS0, dummy,
-        dS_T if has_dst else dummy, dummy, dummy, dummy, dummy, dummy, dummy, c.CO, c.CHUNKS,
-        states, dummy, S_T, dummy, bndk, bkx, bk, gv_, bndv, T, H, K, V, L, NT, c.NSEQ, c.scale,
-        BK=BK, BV=BV, BQ=BS, HAS_DECAY=False, STAB=False, TRACK_N=False, NORM=0,
-        HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, VEC=True, VEC_V=has_gv,
-        PRE_GATED=gated is not None, num_warps=nw, num_stages=ns,
+    bndk = torch.zeros(c.rows, c.NT, grid[1], K, **f32)
+    bndv = torch.zeros(c.rows, c.NT, grid[0], V, **f32) if has_gv else None
+    vk.states_bwd_kernel[grid](
+        q=q if gated is None else gated[0], do=do, gkx=bkx, gk=bk, gv=bv, h=states, ht=S_T,
+        dht=dS_T if has_dst else None, dh=dstates, dh0=dS0, bnd_k=bndk, bnd_v=bndv, co=c.CO,
+        chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=c.NT, NSEQ=c.NSEQ, scale=c.scale, BK=BK,
+        BV=BV, BS=BS, USE_GV=has_gv, HAS_DHT=has_dst, PRE_GATED=gated is not None,
+        DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    common = dict(NORM=0, **c.flags(), VEC=True, EXCL=c.excl, **_diag(c, has_gv))
-    # gk-only with the forward's stored scores: do vᵀ stored once too, loaded by dq and dk
-    dP = _scores(do, v, bkx, bk, None, c, gated=False) if stored else None
-    p_do, p_dov = (do, v) if dP is None else (dP, dP)  # the P source of dq (Y) and dk (Y)
-    BC, BS, BD, BO, nw, ns = VEC_TILES["rows"]
-    BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
-    nQ = cdiv(L, BC)
-    dq = torch.empty_like(q)
-    qdq = torch.empty(q.shape, **f32)  # SPLIT_INTER: dq's inter-chunk part first
-    split = SPLIT_INTER and stored
-    fast = split and spans is not None  # the fast chunks' dq and dk in the split kernels
-    skip = dict(SKIP=CHUNK_SPAN if fast else 0.0)
-    # every chunk fast (_SlowChunks): the 16-row programs would all exit
+    # gk alone, the forward's scores stored: do vᵀ stored once too, loaded by dq and dk, and
+    # their inter-chunk parts formed first with wide row tiles (into qdq and kdk)
+    dP = _scores(do, v, bkx, bk, None, c, gated=False) if not has_gv else None
+    fast = spans is not None  # the fast chunks' dq and dk in apply_kernel
+    # every chunk fast (_SlowChunks): the sub-chunk programs would all exit
     sub_chunks = not (fast and slow is not None and slow.none())
-    span_ = spans if fast else dummy
-    if split:
+    u_ = u if c.excl else None
+    sub = dict(
+        gv=bv, gkx=bkx, gk=bk, u=u_, spans=spans if fast else None, chunks=c.CHUNKS, T=T, H=H,
+        K=K, V=V, L=L, NT=c.NT, scale=c.scale, USE_GV=has_gv, EXCL=c.excl,
+        SKIP=CHUNK_SPAN if fast else 0.0, **_diag(c), DOT_PREC=c.prec, VARLEN=c.varlen,
+    )  # fmt: skip
+    dq = torch.empty_like(q)
+    qdq = torch.empty(q.shape, **f32)
+    if not has_gv:
         _apply(None, None, do, states, bkx, qdq, c, rev=False, inter=True,
                fast=(dP, k, bk, u_, dq, q, spans) if fast else None)  # fmt: skip
+    BC, BS, BD, _, nw, ns = VEC_TILES["rows"]
+    BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
+    NQ = cdiv(L, BC)
     if sub_chunks:
-        kern.rows_kernel[(NT * nQ, cdiv(K, BO), BH)](
-            do, p_dov, k, dq, states, dummy, dummy, dummy, dummy, dummy, dummy, dummy, dummy,
-            q, qdq, c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nQ, c.NSEQ, 1,
-            V, c.scale, 0.0, BQ=BC, BS=BS, BD=BD, BO=BO, IS_DQ=True, VEC_D=has_gv,
-            VEC_O=True, P_MEM=stored, STATE_IN=split, **skip, **common, num_warps=nw,
-            num_stages=ns,
+        vk.dq_bwd_kernel[(c.NT * NQ, cdiv(K, BO), c.rows)](
+            do=do, v=v if has_gv else None, dp=dP, k=k, q=q, h=states if has_gv else None, dq=dq,
+            qdq=qdq, NQ=NQ, BQ=BC, BS=BS, BD=BD, BO=BO, **sub, num_warps=nw, num_stages=ns,
         )  # fmt: skip
-    BC, BQ, BD, BO, nw, ns = VEC_TILES["cols"]
-    BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
-    nS = cdiv(L, BC)
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
-    if split:
+    if not has_gv:
         _apply(None, None, v, dstates, bk, kdk, c, rev=True, inter=True,
                fast=(dP, q, bkx, u_, dk, k, spans) if fast else None)  # fmt: skip
+    BC, BQ, BD, _, nw, ns = VEC_TILES["cols"]
+    BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
+    NS = cdiv(L, BC)
     if sub_chunks:
-        kern.cols_kernel[(NT * nS, cdiv(K, BO), BH)](
-            v, p_do, q, dk, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, k, kdk,
-            c.CHUNKS, gv_, gv_, bkx, bk, u_, span_, T, H, V, K, L, NT, nS, c.NSEQ, 1, V,
-            c.scale, BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=True, VEC_D=has_gv, VEC_O=True,
-            P_MEM=stored, STATE_IN=split, **skip, **common, num_warps=nw, num_stages=ns,
+        vk.dk_bwd_kernel[(c.NT * NS, cdiv(K, BO), c.rows)](
+            v=v, do=do if has_gv else None, dp=dP, q=q, k=k, dh=dstates if has_gv else None,
+            dk=dk, kdk=kdk, NS=NS, BS=BC, BQ=BQ, BD=BD, BO=BO, **sub, num_warps=nw,
+            num_stages=ns,
         )  # fmt: skip
-    BD, BO = _fit(BD, K), _fit(GATED_BO if has_gv else VEC_TILES["cols"][3], V)
     dv = torch.empty_like(v)
-    vdv = torch.empty(v.shape, **f32) if has_gv else dummy
-    if stored:  # the forward's stored scores: dv = scale·Aᵀ do + …
+    vdv = None
+    if not has_gv:  # the forward's stored scores: dv = scale·Aᵀ do + …
         if gated is None:
             _apply(saved[1], do, k, dstates, bk, dv, c, rev=True)
         else:
             _apply(saved[1], do, gated[1], dstates, bk, dv, c, rev=True, pre_gated=True)
     else:
-        kern.cols_kernel[(NT * nS, cdiv(V, BO), BH)](
-            k, q, do, dv, dstates, dummy, dummy, dummy, dummy, dummy, dummy, dummy, v, vdv,
-            c.CHUNKS, bkx, bk, gv_, gv_, u_, dummy, T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
-            BQ=BQ, BS=BC, BD=BD, BO=BO, IS_DK=False, VEC_D=True, VEC_O=has_gv, **common,
-            num_warps=nw, num_stages=ns,
+        BD, BO = _fit(BD, K), _fit(GATED_BO, V)
+        vdv = torch.empty(v.shape, **f32)
+        vk.dv_bwd_kernel[(c.NT * NS, cdiv(V, BO), c.rows)](
+            k=k, q=q, do=do, v=v, dh=dstates, gkx=bkx, gk=bk, gv=bv, dv=dv, vdv=vdv,
+            chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=c.NT, NS=NS, scale=c.scale, BS=BC,
+            BQ=BQ, BD=BD, BO=BO, **_diag(c), DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw,
+            num_stages=ns,
         )  # fmt: skip
-    Wk = bndk.sum(2)  # [B·H, NT, K]: the rows triton_gate_grad reads
-    Wv = bndv.sum(2).view(-1, H, NT, V).transpose(1, 2) if has_gv else None  # as _revsum
+    Wk = bndk.sum(2)  # [B·H, NT, K]: the rows vector_gate_grad_kernels reads
+    Wv = bndv.sum(2).view(-1, H, c.NT, V).transpose(1, 2) if has_gv else None  # as _revsum
     dov = _diagonal(dP, c) if dP is not None else None  # do_t·v_t, for RWKV6's bonus
-    return dq, dk, dv, dS0, qdq, kdk, vdv if has_gv else None, Wk, Wv, dov
+    return dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov
 
 
 class _VecChunkFn(torch.autograd.Function):
@@ -535,7 +472,7 @@ class _VecChunkFn(torch.autograd.Function):
         ctx.c, ctx.spans = c, spans
         # (not for the torch.compile custom op's forward, whose ctx has no backward)
         wants_grad = any(getattr(ctx, "needs_input_grad", ()))
-        ctx.slow = _SlowChunks.make(spans) if SKIP_SUB_CHUNKS and wants_grad else None
+        ctx.slow = _SlowChunks.make(spans) if wants_grad else None
         # (saved: two tensors or None; then QG and KG where the call pre-gates)
         ctx.save_for_backward(q, k, v, u, bk, bkx, bv, S0, S_T, *saved, *(gated or ()))
         return o, S_T
@@ -599,7 +536,7 @@ def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> tc.Confi
 
 def _fused_common(c: tc.Config, has_gv: bool):
     BC, _, BD, _, nw, ns = VEC_TILES["fused"]
-    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, **_diag(c, has_gv),
+    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, **_diag(c),
                 BC=BC, BD=BD,
                 HAS_DECAY=False,
                 HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen,

@@ -15,8 +15,11 @@ every product it needs reduces over a dimension it holds entirely:
 The per-row values of the forward (normalizer denominator, row max m_r) and the max state at
 chunk boundaries (NT+1 scalars per head) are saved; they are O(T), not O(T·K·V).
 
-``VEC`` (per-channel decays): each walk steps through its chunk in sub-chunks of BC rows with the
-secondary chunking of triton_vector (the state stays whole in registers).
+``VEC`` (per-channel decays, the gate kind of the call): each walk steps through its chunk in
+sub-chunks of BC rows with the secondary chunking of vector_common (the state stays whole in
+registers); ``VEC_V``: with gv. The diagonal sub-chunk is walked over its key rows, unrolled
+with gv (``BLOCK_DIAG``: the interpreter's block form), in the fast form where its gates span
+less than ``DIAG_SPAN`` (0: nowhere; bf16 inputs only).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from linrnn.engine.triton_kernels import (
     _vec,
     _walk,
 )
-from linrnn.engine.triton_vector import (
+from linrnn.engine.vector_common import (
     _ld_row,
     _vec_cols_off,
     _vec_diag,
@@ -70,7 +73,7 @@ def _store_total(TOT, b_tot, i_b, i_c, i_h, NT, H, D, o_d, m_d):
     signs, and cancels only up to rounding, so a whole-sequence sum piles those roundings up
     (~√T). The sum therefore restarts at each chunk end from the tail after it, which is the
     sum over later chunks of the inter-chunk terms alone (their cross-chunk pairs cancel
-    exactly: rounding-matched operands, hi + lo states): triton_chunk_vec._revsum."""
+    exactly: rounding-matched operands, hi + lo states): the vector host's _revsum."""
     p = TOT + ((i_b * NT + i_c) * H + i_h) * D + o_d
     tl.store(p, b_tot, mask=m_d)
 
@@ -126,7 +129,7 @@ def fused_fwd_kernel(
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
+    BLOCK_DIAG: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
     BC: tl.constexpr = 16, BD: tl.constexpr = 32, SPLIT: tl.constexpr = False,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -147,7 +150,7 @@ def fused_fwd_kernel(
     first = i_v == 0
     for i_c in range(c_lo, c_hi):
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-        if VEC:  # per-channel decays: sub-chunks of BC steps (triton_vector)
+        if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
             p_gk = GK + (i_b * T * H + i_h) * K
             p_gkx = GKX + (i_b * T * H + i_h) * K
             p_gv = GV + (i_b * T * H + i_h) * V
@@ -161,7 +164,8 @@ def fused_fwd_kernel(
                 b_x = _dot_state(b_q, b_C, SPLIT, DOT_PREC)  # the inter-chunk part [BC, BV]
                 b_in = _vec_diag(
                     p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, p_u, o_r, m_r, o_v, m_v, K, H * K,
-                    H * V, BC, BD, False, True, VEC_V, EXCL, DOT_PREC, DIAG_LOOP, False, DIAG_SPAN,
+                    H * V, BC, BD, False, True, VEC_V, EXCL, DOT_PREC, BLOCK_DIAG, VEC_V, False,
+                    DIAG_SPAN,
                 )  # fmt: skip
                 b_in += _vec_rows_off(
                     p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, o_r, m_r, r0, c0, o_v, m_v, K, H * K,
@@ -244,7 +248,7 @@ def fused_dq_kernel(
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, SPLIT: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
+    BLOCK_DIAG: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
     BC: tl.constexpr = 16, BD: tl.constexpr = 32,
 ):  # fmt: skip
     """dq_r = scale·[e_r (A_r dh_r Cᵀ + dd_r n) + Σ_{s≤r} D_rs (A_r dh_r·v_s + dd_r) k_s]."""
@@ -261,7 +265,7 @@ def fused_dq_kernel(
     b_C, b_n = _start_state(S0, N0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_S0, TRACK_N, BK, BV)
     for i_c in range(c_lo, c_hi):
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-        if VEC:  # per-channel decays: sub-chunks of BC steps (triton_vector)
+        if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
             p_gk = GK + (i_b * T * H + i_h) * K
             p_gkx = GKX + (i_b * T * H + i_h) * K
             p_gv = GV + (i_b * T * H + i_h) * V
@@ -278,7 +282,8 @@ def fused_dq_kernel(
                 f = _xp(_tile(p_gkx, o_r, o_k, H * K, m_r, m_k), m_rk)  # exp(G^X_r) [BC, BK]
                 b_dq = _vec_diag(
                     p_dh, p_v, p_k, p_gv, p_gv, p_gkx, p_gk, p_u, o_r, m_r, o_k, m_k, V, H * V,
-                    H * K, BC, BD, False, VEC_V, True, EXCL, DOT_PREC, DIAG_LOOP, False, DIAG_SPAN,
+                    H * K, BC, BD, False, VEC_V, True, EXCL, DOT_PREC, BLOCK_DIAG, VEC_V, False,
+                    DIAG_SPAN,
                 )  # fmt: skip
                 b_dq += _vec_rows_off(
                     p_dh, p_v, p_k, p_gv, p_gv, p_gkx, p_gk, o_r, m_r, r0, c0, o_k, m_k, V, H * V,
@@ -365,7 +370,7 @@ def fused_dk_kernel(
     TRACK_N: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, SPLIT: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
+    BLOCK_DIAG: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
     BC: tl.constexpr = 16, BD: tl.constexpr = 32,
 ):  # fmt: skip
     """dk_s = w_s (v_s dCᵀ + dn) + scale·Σ_{r≥s} D_rs (A_r v_s·dh_r + dd_r) q_r, walking back;
@@ -385,7 +390,7 @@ def fused_dk_kernel(
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-        if VEC:  # per-channel decays: sub-chunks of BC steps (triton_vector)
+        if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
             p_gk = GK + (i_b * T * H + i_h) * K
             p_gkx = GKX + (i_b * T * H + i_h) * K
             p_gv = GV + (i_b * T * H + i_h) * V
@@ -403,7 +408,8 @@ def fused_dk_kernel(
                 w = _xp(g_last[None, :] - _tile(p_gk, o_s, o_k, H * K, m_s, m_k), m_sk)  # [BC, BK]
                 b_in = _vec_diag(
                     p_v, p_dh, p_q, p_gv, p_gv, p_gkx, p_gk, p_u, o_s, m_s, o_k, m_k, V, H * V,
-                    H * K, BC, BD, True, VEC_V, True, EXCL, DOT_PREC, DIAG_LOOP, False, DIAG_SPAN,
+                    H * K, BC, BD, True, VEC_V, True, EXCL, DOT_PREC, BLOCK_DIAG, VEC_V, False,
+                    DIAG_SPAN,
                 )  # fmt: skip
                 b_in += _vec_cols_off(
                     p_v, p_dh, p_q, p_gv, p_gv, p_gkx, p_gk, o_s, m_s, tl.minimum(s0 + BC, c1),
@@ -483,7 +489,7 @@ def fused_dv_kernel(
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     NORM: tl.constexpr, HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
+    BLOCK_DIAG: tl.constexpr = False, DIAG_SPAN: tl.constexpr = 0.0,
     BC: tl.constexpr = 16, BD: tl.constexpr = 32, SPLIT: tl.constexpr = False,
 ):  # fmt: skip
     """dv_s = w_s k_s dC + scale·Σ_{r≥s} D_rs A_r (k_s·q_r) dh_r, walking back."""
@@ -501,7 +507,7 @@ def fused_dv_kernel(
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
         c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
-        if VEC:  # per-channel decays: sub-chunks of BC steps (triton_vector)
+        if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
             p_gk = GK + (i_b * T * H + i_h) * K
             p_gkx = GKX + (i_b * T * H + i_h) * K
             p_gv = GV + (i_b * T * H + i_h) * V
@@ -520,7 +526,8 @@ def fused_dv_kernel(
                     b_dv = b_y
                 b_in = _vec_diag(
                     p_k, p_q, p_dh, p_gkx, p_gk, p_gv, p_gv, p_u, o_s, m_s, o_v, m_v, K, H * K,
-                    H * V, BC, BD, True, True, VEC_V, EXCL, DOT_PREC, DIAG_LOOP, False, DIAG_SPAN,
+                    H * V, BC, BD, True, True, VEC_V, EXCL, DOT_PREC, BLOCK_DIAG, VEC_V, False,
+                    DIAG_SPAN,
                 )  # fmt: skip
                 b_in += _vec_cols_off(
                     p_k, p_q, p_dh, p_gkx, p_gk, p_gv, p_gv, o_s, m_s, tl.minimum(s0 + BC, c1),

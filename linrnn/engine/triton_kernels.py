@@ -23,11 +23,10 @@ Five kernels serve every family through compile-time switches:
   (k, q, dh, dC) and dk with (v, dh, q, dCᵀ).
 * ``norm_bwd_kernel`` — per-row factors of the normalizer's backward.
 
-Per-channel decays (GLA's gk/gv, RWKV6's w and u) run the same kernels under ``VEC``, with
-GLA's secondary chunking inside each chunk (triton_vector; host side triton_chunk_vec).
+Per-channel decays (GLA's gk/gv, RWKV6's w and u) have kernels of their own: vector_kernels.
 
 Layouts: q, k, v, o and their gradients ``[B, T, H, D]`` contiguous; gates and per-row values
-``[B·H, T]`` fp32 (per-channel gate cumsums ``[B, T, H, D]`` fp32); chunk states
+``[B·H, T]`` fp32; chunk states
 ``[B·H, NT(+1), K, V]``. Offsets are int64.
 """
 
@@ -37,15 +36,6 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.triton_tiles import _tile, _tile_t
-from linrnn.engine.triton_vector import (
-    _vec_cols_off,
-    _vec_diag,
-    _vec_rows_off,
-    _vec_scale_rows,
-    _vec_state_bwd,
-    _vec_state_fwd,
-    _vec_to_end,
-)
 
 # Normalizer kinds (the NORM switch).
 NORM_NONE, NORM_SUM, NORM_MAX1, NORM_MAXM = 0, 1, 2, 3
@@ -61,71 +51,6 @@ def _state_tile(ptr, o_d, o_o, s_d, s_o, m_d, m_o):
     """A [len(o_d), len(o_o)] block of a state with element strides (s_d, s_o)."""
     p = ptr + o_d[:, None] * s_d + o_o[None, :] * s_o
     return tl.load(p, mask=m_d[:, None] & m_o[None, :], other=0.0)
-
-
-@triton.jit
-def _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O, VEC_D: tl.constexpr):
-    """Per-channel decays at (b, h): the cumulative gates over the depth (G^X, G^K) and over the
-    output (G^X, G^K), and u [H, ·] on the dimension that carries the decay."""
-    base = i_b * T * H + i_h
-    if VEC_D:
-        p_u = U + i_h * D
-    else:
-        p_u = U + i_h * O
-    return GDX + base * D, GDK + base * D, GOX + base * O, GOK + base * O, p_u
-
-
-@triton.jit
-def _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM: tl.constexpr):
-    """Where the vector helpers read P from, and its row stride: the key-side tensor Y at
-    (b, h) (P formed from it, stride H·D), or (``P_MEM``) the stored P ([B, T, H, L]) at
-    (b, h), moved back by the chunk start c0 so that P[r, s] sits at r·H·L + s."""
-    if P_MEM:
-        return Y + (i_b * T * H + i_h) * L - c0, H * L
-    else:
-        return p_y, H * D
-
-
-@triton.jit
-def _vec_state_part(p_x, p_st, p_gd, p_go, o_t, m_t, o_o, m_o, c1, D, sD, sO, s_sd, s_so,
-                    BT: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, TO_END: tl.constexpr,
-                    VEC_D: tl.constexpr, VEC_O: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
-    """The inter-chunk part of a tile with per-channel decays, (X_t ⊙ Γ_t) S ⊙ Γ_t with the
-    gates on the depth (``VEC_D``) and output (``VEC_O``) sides: Γ_t = exp(G_t) against the
-    state entering the chunk, or (``TO_END``) exp(G_{c1−1} − G_t) against the one leaving it.
-    [BT, BO] fp32."""
-    b_acc = tl.zeros([BT, BO], dtype=tl.float32)
-    for d0 in range(0, D, BD):
-        o_d = d0 + tl.arange(0, BD)
-        m_d = o_d < D
-        b_x = _tile(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
-        if VEC_D and TO_END:
-            b_x = _vec_to_end(b_x, p_gd, o_t, m_t, o_d, m_d, sD, c1)
-        elif VEC_D:
-            b_x = _vec_scale_rows(b_x, p_gd, o_t, m_t, o_d, m_d, sD)
-        b_s = _state_tile(p_st, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
-        b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
-    if VEC_O and TO_END:
-        b_acc = _vec_to_end(b_acc, p_go, o_t, m_t, o_o, m_o, sO, c1)
-    elif VEC_O:
-        b_acc = _vec_scale_rows(b_acc, p_go, o_t, m_t, o_o, m_o, sO)
-    return b_acc
-
-
-@triton.jit
-def _vec_inter(PART, p_x, p_st, p_gd, p_go, o_t, m_t, o_o, m_o, c1, D, O, H, base, s_sd, s_so,
-               BT: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, TO_END: tl.constexpr,
-               VEC_D: tl.constexpr, VEC_O: tl.constexpr, DOT_PREC: tl.constexpr,
-               STATE_IN: tl.constexpr):  # fmt: skip
-    """The rows' inter-chunk part for the dq/dk programs: loaded from PART (``STATE_IN``: what
-    SPLIT_INTER's apply_kernel stored, [B, T, H, O] fp32 at row offset ``base``), else formed
-    here against the chunk's state (:func:`_vec_state_part`). [BT, BO] fp32."""
-    if STATE_IN:
-        b_int = _tile(PART + base * O, o_t, o_o, H * O, m_t, m_o)
-    else:
-        b_int = _vec_state_part(p_x, p_st, p_gd, p_go, o_t, m_t, o_o, m_o, c1, D, H * D, H * O,
-                                s_sd, s_so, BT, BD, BO, TO_END, VEC_D, VEC_O, DOT_PREC)  # fmt: skip
-    return b_int
 
 
 @triton.jit
@@ -212,29 +137,18 @@ def _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ: tl.constexpr, VARLEN: tl.constexpr):
     return i_c, c0, c1, i_n, r0, o_r, o_r < c1
 
 
-@triton.jit
-def _fast_chunk(SPAN, i_c, i_bh, n_bh, LIM: tl.constexpr):
-    """Whether chunk i_c of row b·h is a fast chunk: its span (SPAN [NT, B·H] fp32,
-    triton_cumsum) below LIM (triton_scores' fast chunks; LIM 0: none is)."""
-    if LIM > 0:
-        return tl.load(SPAN + i_c * n_bh + i_bh) < LIM
-    return i_c < 0
-
-
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_fwd_kernel(
-    K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A, CMAX, CO, CHUNKS, GK, GV,
+    K_, V_, ST, NS, MC, S0, N0, M0, ST_T, NS_T, G_B, G_A, CMAX, CO, CHUNKS,
     T, H, K, V, L, NT, NSEQ,
     BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, STAB: tl.constexpr,
     TRACK_N: tl.constexpr, HAS_S0: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, PRE_GATED: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, B·H). Stores the state entering each chunk (ST [BH,NT,K,V],
     NS [BH,NT,K], MC [BH,NT+1]) and the final state (ST_T, NS_T, MC[:, NT]). CMAX [BH,NT]:
     each chunk's max over s of (a_s − b_s), the chunk's own candidate for the max state. The max
-    state of chunk i_c of sequence n sits at MC[row, i_c + n] (NSEQ + NT slots per row).
-    ``PRE_GATED`` (``VEC``): K_ is k ⊙ exp(G^K_L − G^K) already (triton_cumsum's KG)."""
+    state of chunk i_c of sequence n sits at MC[row, i_c + n] (NSEQ + NT slots per row)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
@@ -261,41 +175,35 @@ def states_fwd_kernel(
         )  # fmt: skip
         if TRACK_N:
             tl.store(NS + (i_bh * NT + i_c) * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
-        if VEC:  # per-channel decays (GLA, RWKV6): no normalizer, no max state
-            b_C = _vec_state_fwd(
-                b_C, p_k, p_v, GK + (i_b * T * H + i_h) * K, GV + (i_b * T * H + i_h) * V,
-                c0, c1, o_k, m_k, o_v, m_v, K, V, H, BS, VEC_V, DOT_PREC, PRE_GATED,
-            )  # fmt: skip
+        b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
+        if STAB:
+            tl.store(p_mc + i_c, b_m, mask=head)
+            m_next = b_last + tl.maximum(b_m, tl.load(CMAX + i_bh * NT + i_c))
+            decay = tl.exp(b_last + b_m - m_next)
+        elif HAS_DECAY:
+            m_next = 0.0
+            decay = tl.exp(b_last)
         else:
-            b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
-            if STAB:
-                tl.store(p_mc + i_c, b_m, mask=head)
-                m_next = b_last + tl.maximum(b_m, tl.load(CMAX + i_bh * NT + i_c))
-                decay = tl.exp(b_last + b_m - m_next)
-            elif HAS_DECAY:
-                m_next = 0.0
-                decay = tl.exp(b_last)
-            else:
-                m_next = 0.0
-                decay = 1.0
-            b_C *= decay
-            b_n *= decay
-            for s0 in range(c0, c1, BS):
-                o_s = s0 + tl.arange(0, BS)
-                m_s = o_s < c1
-                b_kt = _tile_t(p_k, o_s, o_k, H * K, m_s, m_k)  # [BK, BS]
-                b_vs = _tile(p_v, o_s, o_v, H * V, m_s, m_v)  # [BS, BV]
-                w = -m_next + tl.zeros([BS], dtype=tl.float32)
-                if HAS_DECAY:
-                    w += b_last - _vec(G_B, o_s, m_s)
-                if HAS_IGATE:
-                    w += _vec(G_A, o_s, m_s)
-                w = tl.exp(tl.where(m_s, w, float("-inf")))  # [BS], ≤ 1
-                b_kw = b_kt.to(tl.float32) * w[None, :]
-                b_C += tl.dot(b_kw.to(b_vs.dtype), b_vs, input_precision=DOT_PREC)
-                if TRACK_N:
-                    b_n += tl.sum(b_kw, 1)
-            b_m = m_next
+            m_next = 0.0
+            decay = 1.0
+        b_C *= decay
+        b_n *= decay
+        for s0 in range(c0, c1, BS):
+            o_s = s0 + tl.arange(0, BS)
+            m_s = o_s < c1
+            b_kt = _tile_t(p_k, o_s, o_k, H * K, m_s, m_k)  # [BK, BS]
+            b_vs = _tile(p_v, o_s, o_v, H * V, m_s, m_v)  # [BS, BV]
+            w = -m_next + tl.zeros([BS], dtype=tl.float32)
+            if HAS_DECAY:
+                w += b_last - _vec(G_B, o_s, m_s)
+            if HAS_IGATE:
+                w += _vec(G_A, o_s, m_s)
+            w = tl.exp(tl.where(m_s, w, float("-inf")))  # [BS], ≤ 1
+            b_kw = b_kt.to(tl.float32) * w[None, :]
+            b_C += tl.dot(b_kw.to(b_vs.dtype), b_vs, input_precision=DOT_PREC)
+            if TRACK_N:
+                b_n += tl.sum(b_kw, 1)
+        b_m = m_next
     tl.store(
         ST_T + i_st * K * V + o_k[:, None] * V + o_v[None, :], b_C.to(ST_T.dtype.element_ty),
         mask=m_k[:, None] & m_v[None, :],
@@ -326,16 +234,11 @@ def _log_weights(b_r, b_s, a_s, m_r, causal, HAS_DECAY: tl.constexpr, HAS_IGATE:
 @triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
 def rows_kernel(
     X, Y, Z, OUT, ST, NS, MC, G_B, G_A, M_ROW, DEN, R_A, R_D, QD, PART, CHUNKS,
-    GDX, GDK, GOX, GOK, U, SPAN,
     T, H, D, O, L, NT, NQ, NSEQ, s_sd, s_so, scale, eps,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     IS_DQ: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
     STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
-    VARLEN: tl.constexpr, VEC: tl.constexpr = False, VEC_D: tl.constexpr = False,
-    VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
-    DIAG_SPAN: tl.constexpr = 0.0,
-    STATE_IN: tl.constexpr = False, SKIP: tl.constexpr = 0.0,
+    VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (chunks × query tiles, output tiles, B·H). Rows r of one query tile:
 
@@ -343,23 +246,11 @@ def rows_kernel(
 
     forward: (X, Y, Z, S) = (q, k, v, C), A = 1, dd = 0, then the normalizer; dq: (dh, v, k,
     Cᵀ) with A = 1/denominator and dd the normalizer's row gradient. e_r = exp(b_r+m_c−m_r).
-    The state's element strides (s_sd, s_so) pick C or Cᵀ.
-
-    ``VEC`` (per-channel decays, triton_vector): cumulative log decays over the depth (GDX query
-    side, GDK key side; ``VEC_D``) and the output dimension (GOX, GOK; ``VEC_O``), u [H, ·] on
-    the gated dimension (``EXCL``); BQ is the sub-chunk, BS the tile of earlier keys; dq also
-    stores QD ⊙ dq elementwise in PART ([B, T, H, O] fp32), the forward with ``VEC_O`` its
-    fp32 output. ``P_MEM`` (ungated depth): Y is the stored P = X Yᵀ ([B, T, H, L], fp32,
-    triton_scores.scores_kernel), loaded instead of formed. ``STATE_IN`` (dq with ``VEC``): the
-    inter-chunk part is loaded from PART, where triton_scores.apply_kernel (``INTER``) put it,
-    unscaled. ``SKIP`` > 0: not the chunks whose span (SPAN) is below it, which that kernel
-    finished (triton_scores' fast chunks)."""
+    The state's element strides (s_sd, s_so) pick C or Cᵀ."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
-        return
-    if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), SKIP):  # done in apply_kernel
         return
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O
@@ -369,110 +260,86 @@ def rows_kernel(
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
     r_end = tl.minimum(r0 + BQ, c1)
 
-    if VEC:
-        p_gdx, p_gdk, p_gox, p_gok, p_u = _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O,
-                                                    VEC_D)  # fmt: skip
-        # The state entering the chunk: (X_r ⊙ exp(G^X_r)) S, then ⊙ exp(G^X_r) over the output.
-        b_acc = _vec_inter(
-            PART, p_x, ST + (i_bh * NT + i_c) * D * O, p_gdx, p_gox, o_r, m_r, o_o, m_o, c1, D,
-            O, H, i_b * T * H + i_h, s_sd, s_so, BQ, BD, BO, False, VEC_D, VEC_O, DOT_PREC,
-            STATE_IN,
-        )  # fmt: skip
-        p_p, s_p = _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM)
-        b_acc += _vec_diag(
-            p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_r, m_r, o_o, m_o, D, s_p, H * O,
-            BQ, BD, False, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP, P_MEM, DIAG_SPAN,
-        )  # fmt: skip
-        b_acc += _vec_rows_off(
-            p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, o_r, m_r, r0, c0, o_o, m_o, D, s_p,
-            H * O, BQ, BS, BD, BO, VEC_D, VEC_O, DOT_PREC, P_MEM,
-        )  # fmt: skip
+    b_br = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+    b_mr = tl.zeros([BQ], dtype=tl.float32)
+    if STAB:
+        m_c = tl.load(MC + i_bh * (NT + NSEQ) + i_c + i_n)
+        if IS_DQ:
+            b_mr = _vec(M_ROW + i_bh * T, o_r, m_r)
+        else:  # the exact row max, from the scalar gates alone (no matmul)
+            b_mr = b_br + m_c
+            for s0 in range(c0, r_end, BS):
+                o_s = s0 + tl.arange(0, BS)
+                m_s = o_s < c1
+                z = b_br[:, None] + (_vec(G_A, o_s, m_s) - _vec(G_B, o_s, m_s))[None, :]
+                causal = (o_r[:, None] >= o_s[None, :]) & m_s[None, :]
+                b_mr = tl.maximum(b_mr, tl.max(tl.where(causal, z, float("-inf")), 1))
+            b_mr = tl.where(m_r, b_mr, 0.0)
+        e_r = tl.exp(b_br + m_c - b_mr)
     else:
-        b_br = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
-        b_mr = tl.zeros([BQ], dtype=tl.float32)
-        if STAB:
-            m_c = tl.load(MC + i_bh * (NT + NSEQ) + i_c + i_n)
-            if IS_DQ:
-                b_mr = _vec(M_ROW + i_bh * T, o_r, m_r)
-            else:  # the exact row max, from the scalar gates alone (no matmul)
-                b_mr = b_br + m_c
-                for s0 in range(c0, r_end, BS):
-                    o_s = s0 + tl.arange(0, BS)
-                    m_s = o_s < c1
-                    z = b_br[:, None] + (_vec(G_A, o_s, m_s) - _vec(G_B, o_s, m_s))[None, :]
-                    causal = (o_r[:, None] >= o_s[None, :]) & m_s[None, :]
-                    b_mr = tl.maximum(b_mr, tl.max(tl.where(causal, z, float("-inf")), 1))
-                b_mr = tl.where(m_r, b_mr, 0.0)
-            e_r = tl.exp(b_br + m_c - b_mr)
-        else:
-            e_r = tl.exp(b_br)
-        if IS_DQ and NORM != 0:
-            b_A = _vec(R_A + i_bh * T, o_r, m_r)
-            b_dd = _vec(R_D + i_bh * T, o_r, m_r)
+        e_r = tl.exp(b_br)
+    if IS_DQ and NORM != 0:
+        b_A = _vec(R_A + i_bh * T, o_r, m_r)
+        b_dd = _vec(R_D + i_bh * T, o_r, m_r)
 
-        # One pass over depth: the inter-chunk product X_r·S_c and the diagonal key tile's X_r·Y_s
-        # share each load of X (the key tile s = r0 is the query tile itself: BS == BQ).
-        b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
-        b_den = tl.zeros([BQ], dtype=tl.float32)
-        b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
-        p_st = ST + (i_bh * NT + i_c) * D * O
+    # One pass over depth: the inter-chunk product X_r·S_c and the diagonal key tile's X_r·Y_s
+    # share each load of X (the key tile s = r0 is the query tile itself: BS == BQ).
+    b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
+    b_den = tl.zeros([BQ], dtype=tl.float32)
+    b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
+    p_st = ST + (i_bh * NT + i_c) * D * O
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
+        b_s = _state_tile(p_st, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+        b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
+        b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, H * D, m_r, m_d), input_precision=DOT_PREC)
+        if (not IS_DQ) and NORM != 0:
+            b_n = _vec(NS + (i_bh * NT + i_c) * D, o_d, m_d)
+            b_den += _dot_n(b_x, b_n, DOT_PREC)
+    if IS_DQ and NORM != 0:
+        b_no = _vec(NS + (i_bh * NT + i_c) * O, o_o, m_o)  # [BO]
+        b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
+    b_acc *= e_r[:, None]
+    b_den *= e_r
+
+    # The diagonal tile (causal mask), then the full key tiles before it.
+    if IS_DQ and NORM != 0:
+        b_p = b_p * b_A[:, None] + b_dd[:, None]
+    b_ar = _vec(G_A, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
+    causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
+    b_p *= _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+    if (not IS_DQ) and NORM != 0:
+        b_den += tl.sum(b_p, 1)
+    b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BQ, BO]
+    b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    for s0 in range(c0, r0, BS):
+        o_s = s0 + tl.arange(0, BS)
+        m_s = o_s < c1
+        b_p = tl.zeros([BQ, BS], dtype=tl.float32)
         for d0 in range(0, D, BD):
             o_d = d0 + tl.arange(0, BD)
             m_d = o_d < D
             b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
-            b_s = _state_tile(p_st, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
-            b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
-            b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, H * D, m_r, m_d), input_precision=DOT_PREC)
-            if (not IS_DQ) and NORM != 0:
-                b_n = _vec(NS + (i_bh * NT + i_c) * D, o_d, m_d)
-                b_den += _dot_n(b_x, b_n, DOT_PREC)
-        if IS_DQ and NORM != 0:
-            b_no = _vec(NS + (i_bh * NT + i_c) * O, o_o, m_o)  # [BO]
-            b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
-        b_acc *= e_r[:, None]
-        b_den *= e_r
-
-        # The diagonal tile (causal mask), then the full key tiles before it.
+            b_yt = _tile_t(p_y, o_s, o_d, H * D, m_s, m_d)  # [BD, BS]
+            b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
         if IS_DQ and NORM != 0:
             b_p = b_p * b_A[:, None] + b_dd[:, None]
-        b_ar = _vec(G_A, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
-        causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
-        b_p *= _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+        b_bs = _vec(G_B, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
+        b_as = _vec(G_A, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
+        full = m_r[:, None] & m_s[None, :]  # every s < r0 ≤ r
+        b_p *= _log_weights(b_br, b_bs, b_as, b_mr, full, HAS_DECAY, HAS_IGATE, STAB)
         if (not IS_DQ) and NORM != 0:
             b_den += tl.sum(b_p, 1)
-        b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BQ, BO]
+        b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BS, BO]
         b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
-        for s0 in range(c0, r0, BS):
-            o_s = s0 + tl.arange(0, BS)
-            m_s = o_s < c1
-            b_p = tl.zeros([BQ, BS], dtype=tl.float32)
-            for d0 in range(0, D, BD):
-                o_d = d0 + tl.arange(0, BD)
-                m_d = o_d < D
-                b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
-                b_yt = _tile_t(p_y, o_s, o_d, H * D, m_s, m_d)  # [BD, BS]
-                b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
-            if IS_DQ and NORM != 0:
-                b_p = b_p * b_A[:, None] + b_dd[:, None]
-            b_bs = _vec(G_B, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
-            b_as = _vec(G_A, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
-            full = m_r[:, None] & m_s[None, :]  # every s < r0 ≤ r
-            b_p *= _log_weights(b_br, b_bs, b_as, b_mr, full, HAS_DECAY, HAS_IGATE, STAB)
-            if (not IS_DQ) and NORM != 0:
-                b_den += tl.sum(b_p, 1)
-            b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BS, BO]
-            b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     b_acc *= scale
 
     p_out = OUT + (i_b * T * H + i_h) * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
     m_out = m_r[:, None] & m_o[None, :]
     if IS_DQ:
         tl.store(p_out, b_acc.to(OUT.dtype.element_ty), mask=m_out)
-        if VEC_O:  # q ⊙ dq elementwise, for the per-channel log-decay gradient
-            p_qd = QD + (i_b * T * H + i_h) * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
-            b_q = tl.load(p_qd, mask=m_out, other=0.0).to(tl.float32)
-            p_pt = PART + (i_b * T * H + i_h) * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
-            tl.store(p_pt, b_q * b_acc, mask=m_out)
         if HAS_DECAY:  # q·dq over this output tile, for the log-decay gradient
             b_q = _tile(QD + (i_b * T * H + i_h) * O, o_r, o_o, H * O, m_r, m_o)
             part = tl.sum(b_q.to(tl.float32) * b_acc, 1)
@@ -485,9 +352,6 @@ def rows_kernel(
         if STAB:
             tl.store(M_ROW + i_bh * T + o_r, b_mr, mask=m_r & ((o_r * 0 + i_o) == 0))
         tl.store(p_out, b_acc.to(OUT.dtype.element_ty), mask=m_out)
-        if VEC_O:  # the fp32 output too, for gv's gradient (o ⊙ do)
-            p_pt = PART + (i_b * T * H + i_h) * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
-            tl.store(p_pt, b_acc, mask=m_out)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -530,12 +394,11 @@ def norm_bwd_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_bwd_kernel(
     Q, DH, DST, DNS, DS0, DN0, DS_T, DN_T, MC, G_B, M_ROW, R_A, R_D, CO, CHUNKS,
-    ST, NS, ST_T, NS_T, BND, GKX, GK, GV, BNDV,
+    ST, NS, ST_T, NS_T, BND,
     T, H, K, V, L, NT, NSEQ, scale,
     BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr,
     HAS_DECAY: tl.constexpr, STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
     HAS_DST: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, PRE_GATED: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, B·H). Walks the chunks backwards; stores the gradient of the
     state leaving each chunk (DST [BH,NT,K,V] in its dtype, DNS [BH,NT,K]) and of the initial
@@ -543,10 +406,7 @@ def states_bwd_kernel(
 
     With decay, also this tile's part of ⟨dC, C⟩ + ⟨dn, n⟩ for the state leaving each chunk
     (BND [BH, NT, K tiles · V tiles]): the exact log-decay gradient at the chunk's end (the
-    next chunk's stored state, or the final state ST_T/NS_T after a sequence's last chunk).
-    ``VEC``: per channel instead, Σ_v dC ⊙ C into BND [BH, NT, V tiles, K] and (``VEC_V``)
-    Σ_k into BNDV [BH, NT, K tiles, V]; GKX/GK/GV the query-side and key-side cumsums;
-    ``PRE_GATED``: Q is q ⊙ exp(G^X) already (triton_cumsum's QG)."""
+    next chunk's stored state, or the final state ST_T/NS_T after a sequence's last chunk)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, i_n = _walk(CO, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
@@ -568,7 +428,7 @@ def states_bwd_kernel(
         )  # fmt: skip
         if TRACK_N:
             tl.store(DNS + (i_bh * NT + i_c) * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
-        if HAS_DECAY or VEC:
+        if HAS_DECAY:
             if i_c + 1 < c_hi:
                 p_nx = ST + (i_bh * NT + i_c + 1) * K * V
                 p_nn = NS + (i_bh * NT + i_c + 1) * K
@@ -576,55 +436,40 @@ def states_bwd_kernel(
                 p_nx = ST_T + i_st * K * V
                 p_nn = NS_T + i_st * K
             b_nx = _state_tile(p_nx, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
-            if VEC:
-                b_pr = b_dC * b_nx
-                p_bk = BND + ((i_bh * NT + i_c) * tl.num_programs(1) + i_v) * K + o_k
-                tl.store(p_bk, tl.sum(b_pr, 1), mask=m_k)
-                if VEC_V:
-                    p_bv = BNDV + ((i_bh * NT + i_c) * tl.num_programs(0) + i_k) * V + o_v
-                    tl.store(p_bv, tl.sum(b_pr, 0), mask=m_v)
-            else:
-                bnd = tl.sum(tl.sum(b_dC * b_nx, 1), 0)
-                if TRACK_N:
-                    bnd += tl.where(i_v == 0, tl.sum(b_dn * _vec(p_nn, o_k, m_k), 0), 0.0)
-                n_tiles = tl.num_programs(0) * tl.num_programs(1)
-                tl.store(BND + (i_bh * NT + i_c) * n_tiles + i_k * tl.num_programs(1) + i_v, bnd)
-        if VEC:
-            b_dC = _vec_state_bwd(
-                b_dC, p_q, p_dh, GKX + (i_b * T * H + i_h) * K, GK + (i_b * T * H + i_h) * K,
-                GV + (i_b * T * H + i_h) * V, c0, c1, o_k, m_k, o_v, m_v, K, V, H, scale, BQ,
-                VEC_V, DOT_PREC, PRE_GATED,
-            )  # fmt: skip
+            bnd = tl.sum(tl.sum(b_dC * b_nx, 1), 0)
+            if TRACK_N:
+                bnd += tl.where(i_v == 0, tl.sum(b_dn * _vec(p_nn, o_k, m_k), 0), 0.0)
+            n_tiles = tl.num_programs(0) * tl.num_programs(1)
+            tl.store(BND + (i_bh * NT + i_c) * n_tiles + i_k * tl.num_programs(1) + i_v, bnd)
+        b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
+        if STAB:
+            m_c = tl.load(p_mc + i_c)
+            decay = tl.exp(b_last + m_c - tl.load(p_mc + i_c + 1))
+        elif HAS_DECAY:
+            decay = tl.exp(b_last)
         else:
-            b_last = tl.load(G_B + c1 - 1) if HAS_DECAY else 0.0
+            decay = 1.0
+        b_dC *= decay
+        b_dn *= decay
+        for r0 in range(c0, c1, BQ):
+            o_r = r0 + tl.arange(0, BQ)
+            m_r = o_r < c1
+            lf = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
             if STAB:
-                m_c = tl.load(p_mc + i_c)
-                decay = tl.exp(b_last + m_c - tl.load(p_mc + i_c + 1))
-            elif HAS_DECAY:
-                decay = tl.exp(b_last)
+                lf += m_c - _vec(M_ROW + i_bh * T, o_r, m_r)
+            f = scale * tl.exp(tl.where(m_r, lf, float("-inf")))  # [BQ]
+            b_qt = _tile_t(p_q, o_r, o_k, H * K, m_r, m_k).to(tl.float32)  # [BK, BQ]
+            b_dh = _tile(p_dh, o_r, o_v, H * V, m_r, m_v)  # [BQ, BV]
+            if NORM != 0:
+                b_dC += tl.dot(
+                    (b_qt * (f * _vec(R_A + i_bh * T, o_r, m_r))[None, :]).to(b_dh.dtype), b_dh,
+                    input_precision=DOT_PREC,
+                )  # fmt: skip
+                if TRACK_N:
+                    b_dn += tl.sum(b_qt * (f * _vec(R_D + i_bh * T, o_r, m_r))[None, :], 1)
             else:
-                decay = 1.0
-            b_dC *= decay
-            b_dn *= decay
-            for r0 in range(c0, c1, BQ):
-                o_r = r0 + tl.arange(0, BQ)
-                m_r = o_r < c1
-                lf = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
-                if STAB:
-                    lf += m_c - _vec(M_ROW + i_bh * T, o_r, m_r)
-                f = scale * tl.exp(tl.where(m_r, lf, float("-inf")))  # [BQ]
-                b_qt = _tile_t(p_q, o_r, o_k, H * K, m_r, m_k).to(tl.float32)  # [BK, BQ]
-                b_dh = _tile(p_dh, o_r, o_v, H * V, m_r, m_v)  # [BQ, BV]
-                if NORM != 0:
-                    b_dC += tl.dot(
-                        (b_qt * (f * _vec(R_A + i_bh * T, o_r, m_r))[None, :]).to(b_dh.dtype), b_dh,
-                        input_precision=DOT_PREC,
-                    )  # fmt: skip
-                    if TRACK_N:
-                        b_dn += tl.sum(b_qt * (f * _vec(R_D + i_bh * T, o_r, m_r))[None, :], 1)
-                else:
-                    b_qf = (b_qt * f[None, :]).to(b_dh.dtype)
-                    b_dC += tl.dot(b_qf, b_dh, input_precision=DOT_PREC)
+                b_qf = (b_qt * f[None, :]).to(b_dh.dtype)
+                b_dC += tl.dot(b_qf, b_dh, input_precision=DOT_PREC)
     tl.store(
         DS0 + i_st * K * V + o_k[:, None] * V + o_v[None, :], b_dC,
         mask=m_k[:, None] & m_v[None, :],
@@ -636,34 +481,22 @@ def states_bwd_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NS_", "NSEQ"])
 def cols_kernel(
     X, Y, Z, OUT, DST, DNS, MC, G_B, G_A, M_ROW, R_A, R_D, KD, PART, CHUNKS,
-    GDX, GDK, GOX, GOK, U, SPAN,
     T, H, D, O, L, NT, NS_, NSEQ, s_sd, s_so, scale,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     IS_DK: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
     STAB: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
-    VARLEN: tl.constexpr, VEC: tl.constexpr = False, VEC_D: tl.constexpr = False,
-    VEC_O: tl.constexpr = False, EXCL: tl.constexpr = False,
-    DIAG_LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
-    DIAG_SPAN: tl.constexpr = 0.0,
-    STATE_IN: tl.constexpr = False, SKIP: tl.constexpr = 0.0,
+    VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (chunks × key tiles, output tiles, B·H). Columns s of one key tile:
 
         out_s = w_s (X_s dS_c+1 + [dk] dn_c+1) + scale·Σ_{r≥s} D_rs M_sr Z_r
 
     dv: (X, Y, Z, dS) = (k, q, dh, dC), M_sr = A_r (k_s·q_r); dk: (v, dh, q, dCᵀ),
-    M_sr = A_r (v_s·dh_r) + dd_r. w_s = exp(b_L − b_s + a_s − m_c+1).
-
-    ``VEC``: per-channel decays as in rows_kernel (BS the sub-chunk, BQ the tile of later
-    queries); KD ⊙ out goes elementwise to PART ([B, T, H, O] fp32) with ``VEC_O``;
-    ``P_MEM``: Y is the stored P[r, s] = Y_r·X_s, and ``STATE_IN`` (dk) the inter-chunk part
-    loaded from PART, and ``SKIP``, as in rows_kernel."""
+    M_sr = A_r (v_s·dh_r) + dd_r. w_s = exp(b_L − b_s + a_s − m_c+1)."""
     i_cs, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, c0, c1, i_n, s0, o_s, m_s = _chunk_rows(CHUNKS, i_cs, NS_, L, T, BS, VARLEN)
+    i_c, _, c1, i_n, s0, o_s, m_s = _chunk_rows(CHUNKS, i_cs, NS_, L, T, BS, VARLEN)
     if s0 >= c1:
-        return
-    if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), SKIP):  # done in apply_kernel
         return
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O
@@ -672,82 +505,57 @@ def cols_kernel(
     p_z = Z + (i_b * T * H + i_h) * O
     G_B, G_A = G_B + i_bh * T, G_A + i_bh * T
 
-    if VEC:
-        p_gdx, p_gdk, p_gox, p_gok, p_u = _vec_ptrs(GDX, GDK, GOX, GOK, U, i_b, i_h, T, H, D, O,
-                                                    VEC_D)  # fmt: skip
-        # The state leaving the chunk: (X_s ⊙ exp(G_L − G_s)) dS, ⊙ exp(G_L − G_s) over O.
-        b_int = _vec_inter(
-            PART, p_x, DST + (i_bh * NT + i_c) * D * O, p_gdk, p_gok, o_s, m_s, o_o, m_o, c1, D,
-            O, H, i_b * T * H + i_h, s_sd, s_so, BS, BD, BO, True, VEC_D, VEC_O, DOT_PREC,
-            STATE_IN,
-        )  # fmt: skip
-        p_p, s_p = _p_source(Y, p_y, i_b, i_h, T, H, D, L, c0, P_MEM)
-        b_acc = _vec_diag(
-            p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_s, m_s, o_o, m_o, D, s_p, H * O,
-            BS, BD, True, VEC_D, VEC_O, EXCL, DOT_PREC, DIAG_LOOP, P_MEM, DIAG_SPAN,
-        )  # fmt: skip
-        b_acc += _vec_cols_off(
-            p_x, p_p, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, tl.minimum(s0 + BS, c1), c1,
-            o_o, m_o, D, s_p, H * O, BS, BQ, BD, BO, VEC_D, VEC_O, DOT_PREC, P_MEM,
-        )  # fmt: skip
-        b_acc = b_acc * scale + b_int
-    else:
-        b_bs = _vec(G_B, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
-        b_as = _vec(G_A, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
-        lw = b_as - b_bs
-        if HAS_DECAY:
-            lw += tl.load(G_B + c1 - 1)
-        if STAB:
-            lw -= tl.load(MC + i_bh * (NT + NSEQ) + i_c + i_n + 1)
-        w_s = tl.exp(tl.where(m_s, lw, float("-inf")))  # [BS], ≤ 1
+    b_bs = _vec(G_B, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
+    b_as = _vec(G_A, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
+    lw = b_as - b_bs
+    if HAS_DECAY:
+        lw += tl.load(G_B + c1 - 1)
+    if STAB:
+        lw -= tl.load(MC + i_bh * (NT + NSEQ) + i_c + i_n + 1)
+    w_s = tl.exp(tl.where(m_s, lw, float("-inf")))  # [BS], ≤ 1
 
-        # One pass over depth: the inter-chunk product X_s·dS_c+1 and the diagonal query tile's
-        # X_s·Y_r share each load of X (the query tile r = s0 is the key tile itself: BQ == BS).
-        b_int = tl.zeros([BS, BO], dtype=tl.float32)
-        b_mt = tl.zeros([BS, BS], dtype=tl.float32)
-        p_dst = DST + (i_bh * NT + i_c) * D * O
-        for d0 in range(0, D, BD):
-            o_d = d0 + tl.arange(0, BD)
-            m_d = o_d < D
-            b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
-            b_st = _state_tile(p_dst, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
-            b_int += tl.dot(b_x, b_st.to(b_x.dtype), input_precision=DOT_PREC)
-            b_mt += tl.dot(b_x, _tile_t(p_y, o_s, o_d, H * D, m_s, m_d), input_precision=DOT_PREC)
-        if IS_DK and TRACK_N:
-            b_int += _vec(DNS + (i_bh * NT + i_c) * O, o_o, m_o)[None, :]
+    # One pass over depth: the inter-chunk product X_s·dS_c+1 and the diagonal query tile's
+    # X_s·Y_r share each load of X (the query tile r = s0 is the key tile itself: BQ == BS).
+    b_int = tl.zeros([BS, BO], dtype=tl.float32)
+    b_mt = tl.zeros([BS, BS], dtype=tl.float32)
+    p_dst = DST + (i_bh * NT + i_c) * D * O
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
+        b_st = _state_tile(p_dst, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+        b_int += tl.dot(b_x, b_st.to(b_x.dtype), input_precision=DOT_PREC)
+        b_mt += tl.dot(b_x, _tile_t(p_y, o_s, o_d, H * D, m_s, m_d), input_precision=DOT_PREC)
+    if IS_DK and TRACK_N:
+        b_int += _vec(DNS + (i_bh * NT + i_c) * O, o_o, m_o)[None, :]
 
-        b_acc = tl.zeros([BS, BO], dtype=tl.float32)
-        for r0 in range(s0, c1, BQ):
-            o_r = r0 + tl.arange(0, BQ)
-            m_r = o_r < c1
-            if r0 > s0:  # a full query tile after the diagonal
-                b_mt = tl.zeros([BS, BQ], dtype=tl.float32)
-                for d0 in range(0, D, BD):
-                    o_d = d0 + tl.arange(0, BD)
-                    m_d = o_d < D
-                    b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
-                    b_yt = _tile_t(p_y, o_r, o_d, H * D, m_r, m_d)  # [BD, BQ]
-                    b_mt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
-            if NORM != 0:
-                b_mt *= _vec(R_A + i_bh * T, o_r, m_r)[None, :]
-                if IS_DK:
-                    b_mt += _vec(R_D + i_bh * T, o_r, m_r)[None, :]
-            b_br = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
-            b_mr = _vec(M_ROW + i_bh * T, o_r, m_r) if STAB else tl.zeros([BQ], dtype=tl.float32)
-            causal = (o_r[:, None] >= o_s[None, :]) & m_r[:, None]  # [BQ, BS]
-            b_d = _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
-            b_mt *= tl.trans(b_d)
-            b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BQ, BO]
-            b_acc += tl.dot(b_mt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
-        b_acc = b_acc * scale + b_int * w_s[:, None]
+    b_acc = tl.zeros([BS, BO], dtype=tl.float32)
+    for r0 in range(s0, c1, BQ):
+        o_r = r0 + tl.arange(0, BQ)
+        m_r = o_r < c1
+        if r0 > s0:  # a full query tile after the diagonal
+            b_mt = tl.zeros([BS, BQ], dtype=tl.float32)
+            for d0 in range(0, D, BD):
+                o_d = d0 + tl.arange(0, BD)
+                m_d = o_d < D
+                b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
+                b_yt = _tile_t(p_y, o_r, o_d, H * D, m_r, m_d)  # [BD, BQ]
+                b_mt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        if NORM != 0:
+            b_mt *= _vec(R_A + i_bh * T, o_r, m_r)[None, :]
+            if IS_DK:
+                b_mt += _vec(R_D + i_bh * T, o_r, m_r)[None, :]
+        b_br = _vec(G_B, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+        b_mr = _vec(M_ROW + i_bh * T, o_r, m_r) if STAB else tl.zeros([BQ], dtype=tl.float32)
+        causal = (o_r[:, None] >= o_s[None, :]) & m_r[:, None]  # [BQ, BS]
+        b_d = _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, STAB)
+        b_mt *= tl.trans(b_d)
+        b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BQ, BO]
+        b_acc += tl.dot(b_mt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    b_acc = b_acc * scale + b_int * w_s[:, None]
 
     p_out = OUT + (i_b * T * H + i_h) * O + o_s.to(tl.int64)[:, None] * H * O + o_o[None, :]
     tl.store(p_out, b_acc.to(OUT.dtype.element_ty), mask=m_s[:, None] & m_o[None, :])
-    if VEC_O:  # KD ⊙ out elementwise, for the per-channel log-decay gradient
-        p_kd = KD + (i_b * T * H + i_h) * O + o_s.to(tl.int64)[:, None] * H * O + o_o[None, :]
-        b_k = tl.load(p_kd, mask=m_s[:, None] & m_o[None, :], other=0.0).to(tl.float32)
-        p_pt = PART + (i_b * T * H + i_h) * O + o_s.to(tl.int64)[:, None] * H * O + o_o[None, :]
-        tl.store(p_pt, b_k * b_acc, mask=m_s[:, None] & m_o[None, :])
     if IS_DK and (HAS_DECAY or HAS_IGATE):  # k·dk over this output tile, for the gate gradients
         b_k = _tile(KD + (i_b * T * H + i_h) * O, o_s, o_o, H * O, m_s, m_o)
         part = tl.sum(b_k.to(tl.float32) * b_acc, 1)

@@ -190,7 +190,7 @@ def _chunk_vec_fwd(
     S0: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
     """[o, S_T, saved0, saved1]: what the backward needs besides the inputs — chunk: the
-    states and (with gv) the fp32 output or (without gv, ``SCORES``) the scores; fused_chunk:
+    states and (with gv) the fp32 output or (without gv) the scores; fused_chunk:
     (with gv) the output's intra- and inter-chunk parts; empty tensors where there is
     nothing."""
     c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
@@ -208,7 +208,7 @@ def _chunk_vec_fwd_fake(q, k, v, g, gv, u, S0, scale, chunk_size, fused, offsets
     N, NT, _ = _chunk_counts(B, T, chunk_size, offsets)
     f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
     by_gv = lambda: f(*v.shape) if gv is not None else f(0)  # noqa: E731  (distinct tensors)
-    if not fused and gv is None and triton_chunk_vec.SCORES:  # the stored scores
+    if not fused and gv is None:  # the stored scores
         return [q.new_empty(v.shape), f(N, H, K, V), f(B * H, NT, K, V),
                 q.new_empty(B, T, H, chunk_size)]  # fmt: skip
     return [q.new_empty(v.shape), f(N, H, K, V), by_gv() if fused else f(B * H, NT, K, V),

@@ -1,6 +1,5 @@
 """The block loads every Triton kernel of the engine shares (int64 row offsets), in a module of
-their own so that triton_kernels and triton_vector, which imports nothing from it, both use
-the same ones."""
+their own so that the scalar and the vector kernels both use the same ones."""
 
 from __future__ import annotations
 

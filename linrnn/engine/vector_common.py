@@ -1,17 +1,20 @@
-"""Vector-gate pieces of the chunk engine (GLA's gk/gv, RWKV6's w with the bonus u): Triton
-helpers that triton_kernels and triton_fused call under their ``VEC`` switch.
+"""The shared @triton.jit helpers of the vector-gate kernels (GLA's gk/gv, RWKV6's w with the
+bonus u): vector_kernels, vector_scores_kernels, vector_cumsum_kernels and the fused chunk
+kernels (triton_fused) build on them.
 
 A per-channel decay sits inside the products. With G the chunk-local cumulative log decay of
 one channel (G^X on the query side: inclusive, or exclusive for RWKV6; G^K on the key side)
 the intra-chunk weight of a pair (r ≥ s) is exp(G^X_r − G^K_s) per channel, so neither a plain
 matmul nor a factorization exp(G^X_r)·exp(−G^K_s) works (the second factor is unbounded). GLA's
-secondary chunking (seed 001 §0x2.3):
+secondary chunking:
 
 * sub-chunk pairs (a query tile r ∈ [r0, r0+BQ) against key tiles s < r0) are tensor-core
   ``tl.dot`` s against the reference point z = G^K_{r0−1}: (x_r·exp(G^X_r − z))·(y_s·exp(z −
   G^K_s))ᵀ, both factors ≤ 1 because the cumulative decay is non-increasing;
-* the diagonal sub-chunk (BQ = 16 positions) is computed in fp32 log space as an explicit
-  [16, 16, BD] product, exp taken only of masked differences ≤ 0;
+* the diagonal sub-chunk (BQ = 16 positions) is computed in fp32 log space, exp taken only
+  of masked differences ≤ 0: on the GPU as a walk over its 16 key rows, each a [16, BD]
+  product; under the Triton interpreter, where that walk is ~8x slower, as one [16, 16, BD]
+  block (the interpreter's fallback, the same exponentials);
 * or (``SPAN`` > 0), per depth or output tile, when the tile's gates span less than ``SPAN``
   (the widest channel's range over every G^X and G^K value of the 16 rows), as one more
   tensor-core product around the reference point z in the middle of that range: every
@@ -22,7 +25,7 @@ secondary chunking (seed 001 §0x2.3):
   rounding (finer than the off-diagonal pairs' bf16); the non-causal pairs it also forms are
   finite and masked away. A tile with a wider span (strong decays) takes the log-space form,
   so extreme gates keep its exactness.
-* a whole chunk (triton_scores' fast chunks) the same way when its gates span less than a
+* a whole chunk (vector_scores_kernels' fast chunks) the same way when its gates span less than a
   limit over all its rows: the chunk's scores, dq and dk as plain products around the
   chunk's middle (:func:`_chunk_ref`, :func:`_chunk_fast_out`), no sub-chunks at all.
 
@@ -33,8 +36,8 @@ Every kernel's product has the same shape,
 with an optional gate on the depth dimension d (E^D) and on the output dimension o (E^O):
 forward (q, k, v) gates K (depth) and V (output, gv); dq (dh, v, k) gates V and K; dk / dv walk
 the transposed pairs (``REV``). RWKV6's exclusive form uses a strict mask and puts u on the
-diagonal (i = j) of whichever dimension carries the decay. Layouts as triton_kernels: token
-tensors and gate cumsums ``[B, T, H, D]`` with row stride H·D, pointers already at (b, h).
+diagonal (i = j) of whichever dimension carries the decay. Token tensors and gate cumsums are
+``[B, T, H, D]`` with row stride H·D, pointers already at (b, h).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from linrnn.engine.triton_kernels import _state_tile
 from linrnn.engine.triton_tiles import _tile, _tile_t
 
 
@@ -181,8 +185,8 @@ def _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, ar,
 @triton.jit
 def _dot32(a, b, DOT_PREC: tl.constexpr):
     """The fast forms' product of fp32 operands: tf32 for 16-bit inputs, fp32 for fp32 ones
-    (DOT_PREC). The host runs the fast forms for bf16 inputs only (triton_chunk_vec's
-    FAST_DTYPES says why)."""
+    (DOT_PREC). The host runs the fast forms for bf16 inputs only (vector._fast_forms says
+    why)."""
     return tl.dot(a, b, input_precision=DOT_PREC)
 
 
@@ -217,13 +221,14 @@ def _span_factors(gx, gk, z, m, REV: tl.constexpr):
 @triton.jit
 def _depth_log(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, ar, t0,
                n_t, BT: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr,
-               LOOP: tl.constexpr):  # fmt: skip
-    """One depth tile of the depth-gated diagonal P in fp32 log space, added to b_p: the
-    [BT, BT, BD] block or (``LOOP``) the walk over the BT columns (2: unrolled)."""
-    if LOOP:
+               BLOCK: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+    """One depth tile of the depth-gated diagonal P in fp32 log space, added to b_p: the walk
+    over the BT columns (``UNROLL``: unrolled) or (``BLOCK``, the interpreter's fallback) the
+    [BT, BT, BD] block."""
+    if not BLOCK:
         b_xf = b_x.to(tl.float32)
         g_t, b_u = _walk_gates(p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, REV, EXCL)
-        if LOOP == 2:  # unrolled: the steps' loads and exponentials can overlap
+        if UNROLL:  # the steps' loads and exponentials can overlap
             for j in tl.static_range(BT):
                 b_p = _depth_step(b_p, b_xf, p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j, ar,
                                   o_t, o_d, m_d, sD, REV, EXCL)  # fmt: skip
@@ -241,7 +246,8 @@ def _depth_log(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, s
 @triton.jit
 def _depth_tile(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, ar, t0,
                 n_t, BT: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr,
-                DOT_PREC: tl.constexpr, LOOP: tl.constexpr, SPAN: tl.constexpr):  # fmt: skip
+                DOT_PREC: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+                SPAN: tl.constexpr):  # fmt: skip
     """One depth tile of the depth-gated diagonal P, added to b_p: the fast form (module doc)
     when its gates span less than ``SPAN``, else :func:`_depth_log`."""
     if SPAN > 0:
@@ -258,10 +264,10 @@ def _depth_tile(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, 
             b_p += b_f
         else:
             b_p = _depth_log(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair,
-                             same, ar, t0, n_t, BT, REV, EXCL, LOOP)  # fmt: skip
+                             same, ar, t0, n_t, BT, REV, EXCL, BLOCK, UNROLL)  # fmt: skip
     else:
         b_p = _depth_log(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same,
-                         ar, t0, n_t, BT, REV, EXCL, LOOP)  # fmt: skip
+                         ar, t0, n_t, BT, REV, EXCL, BLOCK, UNROLL)  # fmt: skip
     return b_p
 
 
@@ -269,18 +275,18 @@ def _depth_tile(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, 
 def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.constexpr,
                      BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
                      EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
-                     LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
+                     BLOCK: tl.constexpr, UNROLL: tl.constexpr, P_MEM: tl.constexpr = False,
                      SPAN: tl.constexpr = 0.0):  # fmt: skip
     """The diagonal sub-chunk's P_ij = Σ_d X_i[d] Y_j[d] E^D_ij[d] on the causal pairs j ≤ i
     (``REV``: j ≥ i), strict with u on the diagonal for ``EXCL`` (E^D only with ``VEC_D``),
     0 elsewhere; also the pair masks. ([BT, BT] fp32, pair, same)
 
     The gated product is, per depth tile, the fast form when the tile's gates span less than
-    ``SPAN`` (module doc), else a [BT, BT, BD] fp32 block, or with ``LOOP`` a walk over the BT
-    columns j, each a [BT, BD] product with row j (no 3-D block: BT× fewer registers, the
-    same exponentials; ``LOOP`` 2: the walk unrolled). ``P_MEM`` (ungated P only): P is
-    loaded from memory instead, p_y pointing at the stored P with row stride sD (see
-    :func:`_ld_p`)."""
+    ``SPAN`` (module doc), else a walk over the BT columns j, each a [BT, BD] product with row j
+    (``UNROLL``: the walk unrolled), or (``BLOCK``, the interpreter's fallback: the walk runs ~8x
+    slower there) a [BT, BT, BD] fp32 block (BT× the registers, the same exponentials). ``P_MEM``
+    (ungated P only): P is loaded from memory instead, p_y pointing at the stored P with row stride
+    sD (see :func:`_ld_p`)."""
     ii = o_t[:, None]
     jj = o_t[None, :]
     valid = m_t[:, None] & m_t[None, :]
@@ -306,7 +312,7 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
             b_x = _tile(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
             if VEC_D:
                 b_p = _depth_tile(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair,
-                                  same, ar, t0, n_t, BT, REV, EXCL, DOT_PREC, LOOP,
+                                  same, ar, t0, n_t, BT, REV, EXCL, DOT_PREC, BLOCK, UNROLL,
                                   SPAN)  # fmt: skip
             else:
                 b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
@@ -318,17 +324,18 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
 
 @triton.jit
 def _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair, same,
-             BT: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr, LOOP: tl.constexpr,
-             P_MEM: tl.constexpr):  # fmt: skip
-    """The output-gated diagonal Σ_j P_ij Z_j[o] E^O_ij[o] in fp32 log space: the [BT, BT, BO]
-    block or (``LOOP``) the walk over the BT rows of Z (2: unrolled). [BT, BO] fp32."""
-    if LOOP:
+             BT: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr, BLOCK: tl.constexpr,
+             UNROLL: tl.constexpr, P_MEM: tl.constexpr):  # fmt: skip
+    """The output-gated diagonal Σ_j P_ij Z_j[o] E^O_ij[o] in fp32 log space: the walk over
+    the BT rows of Z (``UNROLL``: unrolled) or (``BLOCK``, the interpreter's fallback) the
+    [BT, BT, BO] block. [BT, BO] fp32."""
+    if not BLOCK:
         ar = tl.arange(0, BT)
         t0 = tl.min(o_t, 0)
         n_t = tl.sum(m_t.to(tl.int32), 0)
         g_t, b_u = _walk_gates(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, REV, EXCL)
         b_out = tl.zeros_like(g_t)
-        if LOOP == 2:  # unrolled
+        if UNROLL:
             for j in tl.static_range(BT):
                 b_out = _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j,
                                   ar, o_t, o_o, m_o, sO, sD, REV, EXCL, P_MEM)  # fmt: skip
@@ -365,14 +372,14 @@ def _out_fast(b_p, p_z, p_u, gx, gk, z, o_t, m_t, o_o, m_o, sO, pair, same, REV:
 def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, D, sD, sO,
               BT: tl.constexpr, BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
               VEC_O: tl.constexpr, EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
-              LOOP: tl.constexpr = False, P_MEM: tl.constexpr = False,
+              BLOCK: tl.constexpr, UNROLL: tl.constexpr, P_MEM: tl.constexpr = False,
               SPAN: tl.constexpr = 0.0):  # fmt: skip
     """The diagonal sub-chunk of one tile of BT positions o_t: out_i[o] = Σ_j P_ij Z_j[o]
     E^O_ij[o] with P from :func:`_vec_diag_scores`; the output gate E^O (``VEC_O``) in the
     fast form when the output tile's gates span less than ``SPAN`` (module doc), else in
     fp32 log space (:func:`_out_log`). [BT, BO] fp32."""
     b_p, pair, same = _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT, BD,
-                                       REV, VEC_D, EXCL, DOT_PREC, LOOP, P_MEM,
+                                       REV, VEC_D, EXCL, DOT_PREC, BLOCK, UNROLL, P_MEM,
                                        SPAN)  # fmt: skip
     if VEC_O:
         if SPAN > 0:
@@ -382,10 +389,10 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
                                   REV, EXCL, DOT_PREC)  # fmt: skip
             else:
                 b_out = _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD,
-                                 pair, same, BT, REV, EXCL, LOOP, P_MEM)  # fmt: skip
+                                 pair, same, BT, REV, EXCL, BLOCK, UNROLL, P_MEM)  # fmt: skip
         else:
             b_out = _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair,
-                             same, BT, REV, EXCL, LOOP, P_MEM)  # fmt: skip
+                             same, BT, REV, EXCL, BLOCK, UNROLL, P_MEM)  # fmt: skip
     else:
         b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
         b_out = tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
@@ -494,7 +501,7 @@ def _vec_cols_off(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, o_s, m_s, s_end, c1
 @triton.jit
 def _gate(b_x, g, mask):
     """x ⊙ exp(g) where ``mask`` (0 elsewhere), in x's dtype: the one form of a gated operand
-    (also triton_cumsum's QG and KG, which must equal it bit for bit)."""
+    (also vector_cumsum_kernels' QG and KG, which must equal it bit for bit)."""
     return (b_x.to(tl.float32) * _xp(g, mask)).to(b_x.dtype)
 
 
@@ -519,7 +526,7 @@ def _vec_state_fwd(b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, 
                    PRE_GATED: tl.constexpr = False):  # fmt: skip
     """C ← diag(exp(G^K_L)) C diag(exp(G^V_L)) + Σ_s (k_s ⊙ exp(G^K_L − G^K_s))
     (v_s ⊙ exp(G^V_L − G^V_s))ᵀ over the chunk [c0, c1): the state leaving it. ``PRE_GATED``:
-    p_k holds k_s ⊙ exp(G^K_L − G^K_s) already (triton_cumsum's KG)."""
+    p_k holds k_s ⊙ exp(G^K_L − G^K_s) already (vector_cumsum_kernels' KG)."""
     b_C *= tl.exp(_ld_row(p_gk, c1 - 1, o_k, H * K, m_k))[:, None]
     if VEC_V:
         b_C *= tl.exp(_ld_row(p_gv, c1 - 1, o_v, H * V, m_v))[None, :]
@@ -542,7 +549,7 @@ def _vec_state_bwd(b_dC, p_q, p_dh, p_gkx, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_
                    PRE_GATED: tl.constexpr = False):  # fmt: skip
     """dC_c = diag(exp(G^K_L)) dC_c+1 diag(exp(G^V_L)) + scale·Σ_r (q_r ⊙ exp(G^X_r))
     (dh_r ⊙ exp(G^V_r))ᵀ: the gradient of the state entering the chunk [c0, c1).
-    ``PRE_GATED``: p_q holds q_r ⊙ exp(G^X_r) already (triton_cumsum's QG)."""
+    ``PRE_GATED``: p_q holds q_r ⊙ exp(G^X_r) already (vector_cumsum_kernels' QG)."""
     b_dC *= tl.exp(_ld_row(p_gk, c1 - 1, o_k, H * K, m_k))[:, None]
     if VEC_V:
         b_dC *= tl.exp(_ld_row(p_gv, c1 - 1, o_v, H * V, m_v))[None, :]
@@ -564,7 +571,7 @@ def _chunk_ref(p_gx, p_gk, c0, c1, o_c, m_c, s_c):
     """The middle z ([BC]) of a chunk's gate range over channels o_c. Chunk-local cumulative
     log decays never rise (decays ≤ 1, validated), so that range is [min(G^X, G^K) at c1 − 1,
     max(G^X, G^K) at c0], and every G^X_t − z and z − G^K_s of the chunk lies within ±half the
-    chunk's span (triton_cumsum's SPAN)."""
+    chunk's span (vector_cumsum_kernels' SPAN)."""
     top = tl.maximum(_ld_row(p_gx, c0, o_c, s_c, m_c), _ld_row(p_gk, c0, o_c, s_c, m_c))
     bot = tl.minimum(_ld_row(p_gx, c1 - 1, o_c, s_c, m_c), _ld_row(p_gk, c1 - 1, o_c, s_c, m_c))
     return 0.5 * (top + bot)
@@ -624,3 +631,39 @@ def _chunk_fast_out(p_p, p_z, p_gr, p_go, p_u, o_r, m_r, r0, c0, c1, o_o, m_o, s
         b_zr = _tile(p_z, o_r, o_o, sO, m_r, m_o).to(tl.float32)
         b_acc += p_rr[:, None] * b_zr * b_u[None, :]
     return b_acc
+
+
+@triton.jit
+def _vec_state_part(p_x, p_st, p_gd, p_go, o_t, m_t, o_o, m_o, c1, D, sD, sO, s_sd, s_so,
+                    BT: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, TO_END: tl.constexpr,
+                    VEC_D: tl.constexpr, VEC_O: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """The inter-chunk part of a tile with per-channel decays, (X_t ⊙ Γ_t) S ⊙ Γ_t with the
+    gates on the depth (``VEC_D``) and output (``VEC_O``) sides: Γ_t = exp(G_t) against the
+    state entering the chunk, or (``TO_END``) exp(G_{c1−1} − G_t) against the one leaving it.
+    The state's element strides (s_sd, s_so) pick S or Sᵀ. [BT, BO] fp32."""
+    b_acc = tl.zeros([BT, BO], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
+        if VEC_D and TO_END:
+            b_x = _vec_to_end(b_x, p_gd, o_t, m_t, o_d, m_d, sD, c1)
+        elif VEC_D:
+            b_x = _vec_scale_rows(b_x, p_gd, o_t, m_t, o_d, m_d, sD)
+        b_s = _state_tile(p_st, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+        b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
+    if VEC_O and TO_END:
+        b_acc = _vec_to_end(b_acc, p_go, o_t, m_t, o_o, m_o, sO, c1)
+    elif VEC_O:
+        b_acc = _vec_scale_rows(b_acc, p_go, o_t, m_t, o_o, m_o, sO)
+    return b_acc
+
+
+@triton.jit
+def _fast_chunk(spans, i_c, i_bh, n_bh, LIM: tl.constexpr):
+    """Whether chunk i_c of row b·h is a fast chunk: its span (spans [NT, B·H] fp32,
+    vector_cumsum_kernels) below LIM (vector_scores_kernels' fast chunks; LIM 0: none is, and
+    spans is not read)."""
+    if LIM > 0:
+        return tl.load(spans + i_c * n_bh + i_bh) < LIM
+    return i_c < 0

@@ -11,10 +11,10 @@ RWKV6 reads the decay exclusively: its query term is q ⊙ dq less the bonus par
 w_t = scale·q_t ⊙ k_t (do_t·v_t), so dg_t loses QD_t and gains u ⊙ w_t, and ∂L/∂u = Σ w_t.
 
 One program per (chunk, channel tile, b·h) walks its chunk from the end in row tiles, carrying
-the running sum. It replaces a chain of full-size PyTorch passes (the difference, a padded
-copy, two flips, the cumsum, the tail, the bonus terms), each of ~1 GB at 65,536 tokens ×
-4096 channels. The partial sums of w go to one row per program and are summed on the host
-side in a fixed order (no atomics: the result is deterministic).
+the running sum, instead of a chain of full-size PyTorch passes (the difference, a padded copy,
+two flips, the cumsum, the tail, the bonus terms). The partial sums of w go to one row per
+program and are summed on the host side in a fixed order (no atomics: the result is
+deterministic).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def decay_grad_kernel(
 ):  # fmt: skip
     """Grid (chunks, channel tiles, B·H). QD, KD, DG ``[B, T, H, D]`` fp32; W ``[B·H, NT, D]``
     fp32; ``EXCL``: Q, K ``[B, T, H, D]`` (any float dtype), DOV ``[B, T, H]`` fp32 (do·v), U
-    ``[H, D]`` fp32 and DU ``[B·H, NT, D]`` fp32 (the chunk's Σ w)."""
+    ``[H, D]`` fp32 and DU ``[B·H, NT, D]`` fp32 (the chunk's Σ w), else None."""
     i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)

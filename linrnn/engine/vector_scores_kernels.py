@@ -1,29 +1,29 @@
 """Per-channel decays with stored intra-chunk scores (GLA with gk alone, RWKV6; chunk mode).
 
-The rows/cols kernels of triton_kernels apply each gated score as soon as they form it, one
-16-step sub-chunk of rows at a time, so the forward and dv redo the gated products for every
-output tile, take M = 16 products and read each chunk's state once per sub-chunk. Here the
-scores are formed once and stored, then applied with wide row tiles:
+Forming each gated score where it is applied, one 16-step sub-chunk of rows at a time (as
+vector_kernels does for calls with gv), the forward and dv would redo the gated products for
+every output tile, take M = 16 products and read each chunk's state once per sub-chunk. Here
+the scores are formed once and stored, then applied with wide row tiles:
 
 * ``scores_kernel``: A[b, t, h, s − c0] = Σ_d X_t[d] Y_s[d] exp(G^X_t[d] − G^K_s[d]) for the
   keys s ≤ t of t's chunk (RWKV6: s < t, and u on s = t), by sub-chunks of rows: earlier
   keys as tensor-core products around a reference point, the diagonal sub-chunk in log space
-  (triton_vector). A is ``[B, T, H, L]`` in the inputs' dtype, the rounding the fused path
+  (vector_common). A is ``[B, T, H, L]`` in the inputs' dtype, the rounding the fused path
   gives the scores before its product with Z; zeros above the diagonal.
 * the same kernel with ``GATED`` off stores the backward's ungated P = do vᵀ (fp32, diagonal
-  included), which dq and dk then load (triton_kernels' ``P_MEM``) instead of forming it
-  again for every output tile;
+  included), which dq and dk then load (vector_kernels.dq_bwd_kernel, dk_bwd_kernel) instead
+  of forming it again for every output tile;
 * ``apply_kernel``: out = scale·(A Z + (X ⊙ e^{G^X}) S) for the forward (Z = v, S the state
   entering the chunk) and, ``REV``, scale·Aᵀ Z + (X ⊙ e^{G_L − G^K}) dS for dv (Z = do, dS the
   state gradient leaving the chunk);
-* the same kernel with ``INTER`` (``SPLIT_INTER``): the inter-chunk parts of dq and dk,
-  gated over their output dimension, with wide row tiles, for the 16-row dq/dk programs to
-  load (their ``STATE_IN``) instead of each forming its sub-chunk's rows against the state.
+* the same kernel with ``INTER``: the inter-chunk parts of dq and dk, gated over their output
+  dimension, with wide row tiles, for the 16-row dq/dk programs to load instead of each
+  forming its sub-chunk's rows against the state.
 
 Fast chunks (``FAST``, a limit LIM > 0): a chunk whose gates span less than LIM (SPAN,
-triton_cumsum) needs no sub-chunks. ``fast_scores_kernel`` forms its scores with whole row
+vector_cumsum_kernels) needs no sub-chunks. ``fast_scores_kernel`` forms its scores with whole row
 tiles as one product around the chunk's middle (factors within exp(±LIM/2)), and
-apply_kernel's ``INTER`` finishes its dq or dk there (triton_vector._chunk_fast_out) instead
+apply_kernel's ``INTER`` finishes its dq or dk there (vector_common._chunk_fast_out) instead
 of storing the inter-chunk part alone; scores_kernel and the dq/dk programs skip those chunks
 (their ``SKIP``). The others keep the sub-chunk forms, so strong decays stay exact.
 """
@@ -33,14 +33,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _chunk_rows, _fast_chunk, _vec_state_part
+from linrnn.engine.triton_kernels import _chunk_rows
 from linrnn.engine.triton_tiles import _tile, _tile_t
-from linrnn.engine.triton_vector import (
+from linrnn.engine.vector_common import (
     _chunk_fast_out,
     _chunk_ref,
     _dot32,
+    _fast_chunk,
     _vec_diag_scores,
     _vec_off_scores,
+    _vec_state_part,
     _xp,
 )
 
@@ -49,13 +51,16 @@ from linrnn.engine.triton_vector import (
 def scores_kernel(
     X, Y, GX, GK, U, A, SPAN, CHUNKS, T, H, D, L, NT, NQ,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr,
-    EXCL: tl.constexpr, DIAG_LOOP: tl.constexpr, DOT_PREC: tl.constexpr,
-    GATED: tl.constexpr = True, DIAG_SPAN: tl.constexpr = 0.0, SKIP: tl.constexpr = 0.0,
+    EXCL: tl.constexpr, BLOCK_DIAG: tl.constexpr, DOT_PREC: tl.constexpr,
+    GATED: tl.constexpr, DIAG_SPAN: tl.constexpr, SKIP: tl.constexpr,
 ):  # fmt: skip
     """Grid (chunks × sub-chunks, B·H): rows o_r of one sub-chunk of BQ steps against every
-    key of their chunk up to the sub-chunk's end. ``GATED`` False: the plain X Yᵀ, diagonal
-    included (the backward's do vᵀ; GX, GK, U unused). ``SKIP`` > 0: not the chunks whose
-    span (SPAN) is below it (fast_scores_kernel's)."""
+    key of their chunk up to the sub-chunk's end; the diagonal sub-chunk walked over its key
+    rows (``BLOCK_DIAG``: the interpreter's block form), in the fast form where its gates span
+    less than ``DIAG_SPAN`` (0: nowhere). ``GATED`` False: the plain X Yᵀ, diagonal included
+    (the backward's do vᵀ; GX, GK, U None). U [H, D]: RWKV6's bonus (``EXCL``, else None).
+    ``SKIP`` > 0: not the chunks whose span (SPAN [NT, B·H], else None) is below it
+    (fast_scores_kernel's)."""
     i_cq, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
@@ -65,7 +70,11 @@ def scores_kernel(
         return
     base = i_b * T * H + i_h
     p_x, p_y = X + base * D, Y + base * D
-    p_gx, p_gk = GX + base * D, GK + base * D
+    p_gx, p_gk, p_u = GX, GK, U
+    if GATED:
+        p_gx, p_gk = GX + base * D, GK + base * D
+    if EXCL:
+        p_u = U + i_h * D
     p_a = A + base * L + o_r.to(tl.int64)[:, None] * H * L  # [BQ, 1] row starts
     i_z = tl.maximum(r0 - 1, c0)
     for s0 in range(c0, r0, BS):
@@ -75,8 +84,8 @@ def scores_kernel(
                               BD, GATED, DOT_PREC)  # fmt: skip
         tl.store(p_a + (o_s - c0)[None, :], b_p.to(A.dtype.element_ty),
                  mask=m_r[:, None] & m_s[None, :])  # fmt: skip
-    b_p, _, _ = _vec_diag_scores(p_x, p_y, p_gx, p_gk, U + i_h * D, o_r, m_r, D, H * D, BQ, BD,
-                                 False, GATED, EXCL, DOT_PREC, DIAG_LOOP, False,
+    b_p, _, _ = _vec_diag_scores(p_x, p_y, p_gx, p_gk, p_u, o_r, m_r, D, H * D, BQ, BD, False,
+                                 GATED, EXCL, DOT_PREC, BLOCK_DIAG, False, False,
                                  DIAG_SPAN)  # fmt: skip
     tl.store(p_a + (o_r - c0)[None, :], b_p.to(A.dtype.element_ty),
              mask=m_r[:, None] & (o_r < c0 + L)[None, :])  # fmt: skip
@@ -148,26 +157,27 @@ def apply_kernel(
     A, Z, X, ST, G, OUT, CHUNKS, GO, U, FOUT, FD, SPAN, T, H, D, O, L, NT, NQ, scale, s_sd,
     s_so,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
-    REV: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    INTER: tl.constexpr = False, FAST: tl.constexpr = 0.0, EXCL: tl.constexpr = False,
-    PRE_GATED: tl.constexpr = False,
+    REV: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INTER: tl.constexpr,
+    FAST: tl.constexpr, EXCL: tl.constexpr, PRE_GATED: tl.constexpr,
 ):  # fmt: skip
     """Grid (chunks × row tiles, output tiles, B·H): rows o_r of a chunk — queries (forward),
     or keys (``REV``, dv) — against the stored scores of their chunk, plus the inter-chunk
     part against the chunk's state (gate G: G^X; ``REV``: G^K).
 
-    ``INTER`` (``SPLIT_INTER``): the inter-chunk part alone, gated over the output dimension
-    instead, stored fp32 and unscaled (A, Z unused): dq's (X = do, S = Cᵀ, G = G^X) or,
+    ``INTER``: the inter-chunk part alone, gated over the output dimension instead, stored
+    fp32 and unscaled (A, Z None unless ``FAST``): dq's (X = do, S = Cᵀ, G = G^X) or,
     ``REV``, dk's (X = v, S the state gradient dCᵀ, gate exp(G_{c1−1} − G^K)).
 
     ``FAST`` > 0 (with ``INTER``): in a chunk whose span (SPAN) is below it, the whole dq (or
     dk) instead: the intra-chunk part from the stored ungated P (A = do vᵀ, fp32) against
     Z = k (dk: q) with the other side's gate GO and RWKV6's u (``EXCL``), stored to FOUT in
     its dtype, and FD ⊙ it (FD = q, dk: k) to OUT, what the dq/dk programs would store
-    there; they skip such chunks.
+    there; they skip such chunks. Without ``FAST``, GO, U, FOUT, FD, SPAN are None (U also
+    without ``EXCL``).
 
     ``PRE_GATED`` (not ``INTER``): X is gated already, q ⊙ exp(G^X) (or, ``REV``, k ⊙
-    exp(G^K_L − G^K)), as triton_cumsum stores it: the state part takes it as it is."""
+    exp(G^K_L − G^K)), as vector_cumsum_kernels stores it: the state part takes it as it
+    is."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, _, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
@@ -176,8 +186,9 @@ def apply_kernel(
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O
     base = i_b * T * H + i_h
-    p_z, p_a = Z + base * O, A + base * L
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
+    if not INTER:
+        p_z, p_a = Z + base * O, A + base * L
     if REV and not INTER:  # keys r, every later query t of the chunk: Σ_t A[t, r] Z_t
         for t0 in range(r0, c1, BS):
             o_t = t0 + tl.arange(0, BS)
@@ -203,19 +214,23 @@ def apply_kernel(
     )  # fmt: skip
     if INTER:
         b_out = b_int
-        if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), FAST):
-            b_in = _chunk_fast_out(
-                A + base * L - c0, Z + base * O, G + base * O, GO + base * O, U + i_h * O, o_r,
-                m_r, r0, c0, c1, o_o, m_o, H * O, H * L, BQ, BS, BO, REV, EXCL, DOT_PREC,
-            )  # fmt: skip
-            if REV:  # the state gradient carries the scale already
-                b_res = scale * b_in + b_int
-            else:
-                b_res = scale * (b_in + b_int)
-            m_out = m_r[:, None] & m_o[None, :]
-            p_res = base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
-            tl.store(FOUT + p_res, b_res.to(FOUT.dtype.element_ty), mask=m_out)
-            b_out = tl.load(FD + p_res, mask=m_out, other=0.0).to(tl.float32) * b_res
+        if FAST > 0:
+            if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), FAST):
+                p_u = U
+                if EXCL:
+                    p_u = U + i_h * O
+                b_in = _chunk_fast_out(
+                    A + base * L - c0, Z + base * O, G + base * O, GO + base * O, p_u, o_r, m_r,
+                    r0, c0, c1, o_o, m_o, H * O, H * L, BQ, BS, BO, REV, EXCL, DOT_PREC,
+                )  # fmt: skip
+                if REV:  # the state gradient carries the scale already
+                    b_res = scale * b_in + b_int
+                else:
+                    b_res = scale * (b_in + b_int)
+                m_out = m_r[:, None] & m_o[None, :]
+                p_res = base * O + o_r.to(tl.int64)[:, None] * H * O + o_o[None, :]
+                tl.store(FOUT + p_res, b_res.to(FOUT.dtype.element_ty), mask=m_out)
+                b_out = tl.load(FD + p_res, mask=m_out, other=0.0).to(tl.float32) * b_res
     elif REV:  # the state gradient carries the scale already
         b_out = scale * b_acc + b_int
     else:

@@ -9,19 +9,18 @@ The exclusive sum (RWKV6 reads the state before its own step's decay) is the inc
 shifted by one step, value for value: each program stores a row tile of inc, then reads it
 back one row up, so exp(exc_t − inc_{t−1}) is exactly 1 and no exponent the kernels form
 from the pair is above 0. One program per (chunk, channel tile, b·h) walks its chunk in row
-tiles, carrying the last row's sum. It replaces the PyTorch chain of a padded fp32 copy, a
-cumsum and two slices (~2 ms of RWKV6's 32 ms fwd+bwd on an H200 at 65,536 tokens ×
-4096 channels, session 7's profile).
+tiles, carrying the last row's sum (one pass instead of a PyTorch chain of a padded fp32 copy,
+a cumsum and two slices).
 
 ``SPAN`` also records each chunk's span, max over channels of (max − min) of every value the
 kernels read as G^X or G^K in that chunk (the inclusive sums, and the exclusive form's 0 at
 the chunk start): ``[NT, B·H]`` fp32, zero-filled by the caller, raised by each channel tile
 with an atomic max. A chunk whose span is small is formed as one product around its middle
-(triton_scores' fast chunks).
+(vector_scores_kernels' fast chunks).
 
 ``GATE_QK`` also stores the gated queries and keys that the walking state kernels and the
 stored-scores apply kernels take into their products, in the inputs' dtype, computed as
-those kernels computed them (triton_vector._vec_scale_rows, _vec_to_end), so the result is
+those kernels computed them (vector_common._vec_scale_rows, _vec_to_end), so the result is
 the same, bit for bit:
 
     QG_t = q_t ⊙ exp(G^X_t)          KG_t = k_t ⊙ exp(G^K_{c1−1} − G^K_t)
@@ -37,18 +36,19 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.triton_kernels import _bounds
-from linrnn.engine.triton_vector import _gate, _ld_row
+from linrnn.engine.vector_common import _gate, _ld_row
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def chunk_cumsum_kernel(
     G, INC, EXC, SPAN, CHUNKS, Q, K_, QG, KG, T, H, D, L,
     BT: tl.constexpr, BD: tl.constexpr, VARLEN: tl.constexpr, EXCL: tl.constexpr,
-    HAS_SPAN: tl.constexpr = False, GATE_QK: tl.constexpr = False,
+    HAS_SPAN: tl.constexpr, GATE_QK: tl.constexpr,
 ):  # fmt: skip
     """Grid (chunks, channel tiles, B·H). G ``[B, T, H, D]`` (any float dtype); INC and, with
     ``EXCL``, EXC ``[B, T, H, D]`` fp32; ``HAS_SPAN``: SPAN ``[NT, B·H]`` fp32; ``GATE_QK``:
-    QG and KG from Q and K_ (all ``[B, T, H, D]``, the inputs' dtype) (module doc)."""
+    QG and KG from Q and K_ (all ``[B, T, H, D]``, the inputs' dtype) (module doc). The
+    pointers a call does not use are None."""
     i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     c0, c1, _ = _bounds(CHUNKS, i_c, L, T, VARLEN)
