@@ -1,16 +1,20 @@
 """Test-wide set-up: the two tiers, a clean skip without Triton, a fresh reported seed per run,
 and NaN-poisoned allocations.
 
-Tiers (markers registered in pyproject.toml, assigned here so that test files need no marks):
+Tiers (markers registered in pyproject.toml; ``interpreter`` is assigned here, so test files need
+no marks):
 
 - default: validation, the ops on the torch path, layers, models, the bench harness;
   ``pytest -m "not interpreter and not gpu"`` (minutes on a 2-core CPU).
 - ``interpreter``: tests that run the Triton kernels (in Triton's interpreter without a GPU):
-  every test in a module named ``test_triton*``, or in a module that imports Triton code (Triton
-  itself or a module of ``linrnn.engine`` that imports it, directly or through its own imports);
+  every test in a module named ``test_triton*`` or under ``tests/gpu/``, or in a module that
+  imports Triton code (Triton itself or a module of ``linrnn.engine`` that imports it, directly
+  or through its own imports);
   every test parametrized with the value ``"triton"`` (``backend="triton"``); every test whose
   skip condition names Triton.
-- ``gpu``: everything under ``tests/gpu/`` (those tests skip themselves without CUDA).
+- ``gpu``: marked in the test file (``@pytest.mark.gpu``: the checks of ``tests/gpu/`` that need
+  a device); skipped here without CUDA. The rest of ``tests/gpu/`` (the checks' machinery at tiny
+  shapes) is in the interpreter tier.
 
 Without Triton, a test module whose import needs it is reported as skipped (not as a collection
 error), and the ``interpreter`` tests of the other modules are skipped with the same reason.
@@ -40,7 +44,9 @@ SESSION_SEED = int(os.environ.get("LINRNN_TEST_SEED", random.SystemRandom().rand
 
 TESTS = Path(__file__).resolve().parent
 INTERPRETER_MODULES = ("test_triton*.py",)  # file-name patterns of whole-module Triton tests
-GPU_DIRS = (TESTS / "gpu",)
+# Folders whose tests run the Triton kernels: the device checks' machinery at tiny shapes
+# (their ``gpu`` tests skip without CUDA instead).
+INTERPRETER_DIRS = (TESTS / "gpu",)
 # Packages whose modules are followed when asking "does this import Triton?" (the test folder's
 # own helper modules are followed too).
 FOLLOWED_PACKAGES = ("linrnn.engine",)
@@ -165,13 +171,15 @@ def pytest_collection_modifyitems(config, items):
     by_module: dict[str, bool] = {}
     for item in items:
         path = Path(str(item.path)).resolve()
-        if any(d == path.parent or d in path.parents for d in GPU_DIRS):
-            item.add_marker(pytest.mark.gpu)
+        if item.get_closest_marker("gpu") and not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         module = getattr(item, "module", None)
         key = str(path)
         if key not in by_module:
-            by_module[key] = any(fnmatch.fnmatch(path.name, p) for p in INTERPRETER_MODULES) or (
-                module is not None and _imports_triton(module, memo)
+            by_module[key] = (
+                any(fnmatch.fnmatch(path.name, p) for p in INTERPRETER_MODULES)
+                or any(d in path.parents for d in INTERPRETER_DIRS)
+                or (module is not None and _imports_triton(module, memo))
             )
         if (
             by_module[key]
