@@ -86,6 +86,11 @@ def route(family: str, q: Tensor, v: Tensor, *, g=None, gv=None, u=None, grad: b
                 "backend='triton' on CPU tensors needs the Triton interpreter: set "
                 "TRITON_INTERPRET=1 before importing triton, or use backend='torch'"
             )
+        if scalar is None:
+            raise ImportError(
+                f"{family}: backend='triton' needs the triton package (pip install "
+                "'linrnn[triton]'); backend='torch' or None runs without it"
+            )
         if mode not in TRITON_MODES:
             raise NotImplementedError(
                 f"{family}: the Triton kernel for mode={mode!r} is not implemented yet; "
