@@ -24,13 +24,8 @@ A new Triton entry point needs its own op pair here before it can be compiled.
 import torch
 from torch import Tensor
 
-from linrnn.engine import (
-    config,
-    scalar,
-    triton_recurrent,
-    triton_recurrent_bwd,
-    vector,
-)
+from linrnn.engine import config, scalar, vector
+from linrnn.engine import recurrent as rec
 
 
 class _Ctx:
@@ -311,18 +306,7 @@ def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, no
 
 
 # ---------------------------------------------------------------------------------------------
-# Recurrent kernels (mode "recurrent"; with gradients, triton_recurrent_bwd)
-
-
-def _rec_config(q, scale, eps, stabilize, track_n, normalizer, offsets, g, gi):
-    norm = _norm_code(normalizer)
-    return triton_recurrent_bwd._Cfg(
-        scale=float(scale), eps=float(eps), normalizer=norm, stab=stabilize, track_n=track_n,
-        varlen=offsets is not None, offsets=offsets,
-        N=q.shape[0] if offsets is None else len(offsets) - 1,
-        norm={None: 0, "sum": 1, "mlstm": 3 if stabilize else 2}[norm],
-        has_decay=g is not None, has_igate=gi is not None,
-    )  # fmt: skip
+# Recurrent kernels (mode "recurrent"): linrnn.engine.recurrent's forward and backward
 
 
 @torch.library.custom_op("linrnn::recurrent_fwd", mutates_args=())
@@ -333,19 +317,14 @@ def _recurrent_fwd(
     normalizer: str, offsets: list[int] | None, save: bool,
 ) -> list[Tensor]:  # fmt: skip
     """[o, S_T, n_T, m_T, den, m_row] (empty where unused; den/m_row only with ``save``)."""
-    B, T, H = q.shape[:3]
-    norm = normalizer != "none"
-    den = m_row = None
-    if save:
-        den = torch.empty(B * H, T, device=q.device) if norm else None
-        m_row = torch.empty(B * H, T, device=q.device) if stabilize else None
-    o, S_T, n_T, m_T = triton_recurrent.recurrent(
+    (o, S_T, n_T, m_T), saved = rec.forward(
         q, k, v, scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize, track_n=track_n,
         normalizer=_norm_code(normalizer), eps=eps, S0=S0, n0=n0, m0=m0, offsets=offsets,
-        saved=(den, m_row) if save else None,
+        save=save,
     )  # fmt: skip
+    saved = saved or {}
     e = lambda x: _empty(q) if x is None else x  # noqa: E731
-    outs = [o, S_T, e(n_T), e(m_T), e(den), e(m_row)]
+    outs = [o, S_T, e(n_T), e(m_T), e(saved.get("den")), e(saved.get("m_row"))]
     return _distinct(outs, (q, k, v, g, gv, gi, u, S0, n0, m0))
 
 
@@ -372,16 +351,19 @@ def _recurrent_bwd(
     scale: float, eps: float, stabilize: bool, track_n: bool, normalizer: str,
     offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
-    """[dq, dk, dv, dg, dgv, dgi, du, dS0, dn0, dm0] (empty where the input was None)."""
-    ctx = _Ctx()
-    ctx.c = _rec_config(q, scale, eps, stabilize, track_n, normalizer, offsets, g, gi)
+    """[dq, dk, dv, dg, dgv, dgi, du, dS0, dn0, dm0] (empty where the input was None). The
+    saved tensors come in :data:`recurrent.SAVED` order (empty where unused)."""
     norm = normalizer != "none"
-    ctx.saved_tensors = (
-        q.contiguous(), k.contiguous(), v.contiguous(), g, gv, gi, u, S0, n0, m0, o, S_T,
-        n_T if track_n else None, den if norm else None, m_row if stabilize else None,
+    saved = dict(
+        q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g, gv=gv, gi=gi, u=u, S0=S0,
+        n0=n0, m0=m0, o=o, S_T=S_T, n_T=n_T if track_n else None, den=den if norm else None,
+        m_row=m_row if stabilize else None,
     )  # fmt: skip
-    grads = triton_recurrent_bwd._RecurrentFn.backward(ctx, do, dS_T, dn_T, dm_T)[:10]
-    outs = [_empty(q) if x is None else x for x in grads]
+    grads = rec.backward(
+        saved, do, dS_T, dn_T, dm_T, scale=scale, eps=eps, normalizer=_norm_code(normalizer),
+        stabilize=stabilize, track_n=track_n, offsets=offsets,
+    )  # fmt: skip
+    outs = [_empty(q) if grads[n] is None else grads[n] for n in rec.GRADS]
     return _distinct(outs, (q, k, v, g, gv, gi, u, S0, n0, m0, o, S_T, n_T, den, m_row, do,
                             dS_T, dn_T, dm_T))  # fmt: skip
 
@@ -393,15 +375,17 @@ def _recurrent_bwd_fake(q, k, v, g, gv, gi, u, S0, n0, m0, *rest):
             f(gi), f(u), f(S0), f(n0), f(m0)]  # fmt: skip
 
 
+_REC_INPUTS = ("q", "k", "v", "g", "gv", "gi", "u", "S0", "n0", "m0")
+_REC_OUTPUTS = ("o", "S_T", "n_T", "m_T", "den", "m_row")
 _REC_OPTS = ("scale", "eps", "stabilize", "track_n", "normalizer", "offsets", "save")
 
 
 def _rec_setup(ctx, inputs, output):
-    q, k, v, g, gv, gi, u, S0, n0, m0, *opts = inputs
-    ctx.opts = dict(zip(_REC_OPTS, opts))
-    ctx.has = [x is not None for x in (g, gv, gi, u, S0, n0, m0)]
-    o, S_T, n_T, _, den, m_row = output
-    ctx.save_for_backward(q, k, v, g, gv, gi, u, S0, n0, m0, o, S_T, n_T, den, m_row)
+    named = dict(zip(_REC_INPUTS, inputs))
+    ctx.opts = dict(zip(_REC_OPTS, inputs[len(_REC_INPUTS) :]))
+    ctx.has = [named[n] is not None for n in _REC_INPUTS[3:]]
+    named.update(zip(_REC_OUTPUTS, output))
+    ctx.save_for_backward(*(named[n] for n in rec.SAVED))
     ctx.set_materialize_grads(False)
 
 
@@ -410,8 +394,9 @@ def _rec_backward(ctx, grads):
     opts = dict(ctx.opts)
     if not opts.pop("save"):
         raise RuntimeError("linrnn::recurrent_fwd ran without saving for backward (save=False)")
+    saved = dict(zip(rec.SAVED, ctx.saved_tensors))
     if do is None:
-        do = torch.zeros_like(ctx.saved_tensors[10])
+        do = torch.zeros_like(saved["o"])
     dn_T = dn_T if opts["track_n"] else None
     dm_T = dm_T if opts["stabilize"] else None
     dq, dk, dv, *rest = torch.ops.linrnn.recurrent_bwd(
@@ -427,13 +412,13 @@ torch.library.register_autograd("linrnn::recurrent_fwd", _rec_backward, setup_co
 def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
               track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None,
               offsets=None, save=True):  # fmt: skip
-    """:func:`linrnn.engine.triton_recurrent_bwd.recurrent` (``save=True``: differentiable) or
-    :func:`linrnn.engine.triton_recurrent.recurrent` without ``out_state`` (``save=False``)
-    through the custom ops. Returns ``(o, S_T, n_T, m_T)``."""
+    """:func:`linrnn.engine.recurrent.recurrent` (``save=True``: differentiable) or
+    :func:`linrnn.engine.recurrent.forward` without ``out_state`` (``save=False``) through
+    the custom ops. Returns ``(o, S_T, n_T, m_T)``."""
     if save and u is not None and gv is not None:
         raise NotImplementedError("the recurrent backward has no exclusive form with gv")
-    S0, n0, m0 = triton_recurrent_bwd.prepare_state(S0, n0, m0, track_n, stabilize)
-    f32 = triton_recurrent_bwd.fp32_contiguous
+    S0, n0, m0 = rec.prepare_state(S0, n0, m0, track_n, stabilize)
+    f32 = rec.fp32_contiguous
     out = torch.ops.linrnn.recurrent_fwd(
         q, k, v, f32(g), f32(gv), f32(gi), f32(u), S0, n0, m0, float(scale), float(eps),
         stabilize, track_n, normalizer or "none",
