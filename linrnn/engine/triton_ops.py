@@ -24,7 +24,7 @@ A new Triton entry point needs its own op pair here before it can be compiled.
 import torch
 from torch import Tensor
 
-from linrnn.engine import config, scalar, triton_chunk_vec
+from linrnn.engine import config, scalar, vector
 from linrnn.engine import recurrent as rec
 
 
@@ -171,12 +171,23 @@ def _chunk_backward(ctx, grads):
 torch.library.register_autograd("linrnn::chunk_fwd", _chunk_backward, setup_context=_chunk_setup)
 
 
-# Per-channel decays (triton_chunk_vec): their own pair, the saved tensors differ.
+# Per-channel decays (vector): their own pair, the saved tensors differ.
 
 
 def _vec_config(q, k, v, u, scale, L, fused, offsets):
-    return triton_chunk_vec.config(q, k, v, scale=scale, exclusive=u is not None, chunk_size=L,
-                                   fused=fused, offsets=offsets)  # fmt: skip
+    return vector.config(q, k, v, scale=scale, exclusive=u is not None, chunk_size=L,
+                         fused=fused, offsets=offsets)  # fmt: skip
+
+
+def _vec_kept(q, v, gv, u, fused) -> dict[str, bool]:
+    return vector.kept(fused=fused, exclusive=u is not None, has_gv=gv is not None,
+                       dtype=q.dtype, V=v.shape[3])  # fmt: skip
+
+
+# linrnn::chunk_vec_fwd returns the outputs and what vector.forward saved besides the inputs,
+# by these names; linrnn::chunk_vec_bwd takes the inputs, then these (less o).
+_VEC_OUT = ("o", *vector.OUTPUTS, *vector.PRODUCED)
+_VEC_SAVED = vector.OUTPUTS + vector.PRODUCED
 
 
 @torch.library.custom_op("linrnn::chunk_vec_fwd", mutates_args=())
@@ -184,16 +195,12 @@ def _chunk_vec_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gv: Tensor | None, u: Tensor | None,
     S0: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
-    """[o, S_T, saved0, saved1]: what the backward needs besides the inputs — chunk: the
-    states and (with gv) the fp32 output or (without gv) the scores; fused_chunk:
-    (with gv) the output's intra- and inter-chunk parts; empty tensors where there is
-    nothing."""
+    """The tensors of :data:`_VEC_OUT` (empty where the call makes none)."""
     c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
-    ctx = _Ctx()
-    o, S_T = triton_chunk_vec._VecChunkFn.forward(ctx, q, k, v, g, gv, u, S0, c)
-    saved0, saved1 = ctx.saved_tensors[9:11]
-    e = lambda x: _empty(q) if x is None else x  # noqa: E731
-    return _distinct([o, S_T, e(saved0), e(saved1)], (q, k, v, g, gv, u, S0))
+    outputs, saved = vector.forward(q, k, v, g, gv, u, S0, c)
+    named = dict(saved, o=outputs[0])
+    outs = [_empty(q) if named[name] is None else named[name] for name in _VEC_OUT]
+    return _distinct(outs, (q, k, v, g, gv, u, S0))
 
 
 @_chunk_vec_fwd.register_fake
@@ -201,41 +208,37 @@ def _chunk_vec_fwd_fake(q, k, v, g, gv, u, S0, scale, chunk_size, fused, offsets
     B, T, H, K = q.shape
     V = v.shape[3]
     N, NT, _ = _chunk_counts(B, T, chunk_size, offsets)
-    f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
-    by_gv = lambda: f(*v.shape) if gv is not None else f(0)  # noqa: E731  (distinct tensors)
-    if not fused and gv is None:  # the stored scores
-        return [q.new_empty(v.shape), f(N, H, K, V), f(B * H, NT, K, V),
-                q.new_empty(B, T, H, chunk_size)]  # fmt: skip
-    return [q.new_empty(v.shape), f(N, H, K, V), by_gv() if fused else f(B * H, NT, K, V),
-            by_gv()]  # fmt: skip
+    f32, x16 = torch.float32, q.dtype
+    shapes = dict(
+        o=((B, T, H, V), x16), S_T=((N, H, K, V), f32), Gk=((B, T, H, K), f32),
+        Gx=((B, T, H, K), f32), Gv=((B, T, H, V), f32), spans=((NT, B * H), f32),
+        QG=((B, T, H, K), x16), KG=((B, T, H, K), x16), states=((B * H, NT, K, V), f32),
+        A=((B, T, H, chunk_size), x16), o32=((B, T, H, V), f32), o_in=((B, T, H, V), f32),
+        o_x=((B, T, H, V), f32),
+    )  # fmt: skip
+    has = dict(_vec_kept(q, v, gv, u, fused), o=True, S_T=True)
+    return [
+        q.new_empty(shapes[n][0], dtype=shapes[n][1]) if has[n] else _empty(q) for n in _VEC_OUT
+    ]
 
 
 @torch.library.custom_op("linrnn::chunk_vec_bwd", mutates_args=())
 def _chunk_vec_bwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gv: Tensor | None, u: Tensor | None,
-    S0: Tensor | None, S_T: Tensor, saved0: Tensor, saved1: Tensor, do: Tensor,
-    dS_T: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
+    S0: Tensor | None, S_T: Tensor, Gk: Tensor, Gx: Tensor, Gv: Tensor, spans: Tensor,
+    QG: Tensor, KG: Tensor, states: Tensor, A: Tensor, o32: Tensor, o_in: Tensor, o_x: Tensor,
+    do: Tensor, dS_T: Tensor | None, scale: float, chunk_size: int, fused: bool,
+    offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
     """[dq, dk, dv, dg, dgv, du, dS0] (empty where the input was None)."""
     c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
-    fast = triton_chunk_vec._fast_chunks(gv is not None, c)
-    q, k = q.contiguous(), k.contiguous()
-    gate = triton_chunk_vec._gate_buffers(q, k, v, gv is not None, c)  # QG, KG again
-    bk, bkx, spans = triton_chunk_vec._cumsums(g, c, exclusive=u is not None, span=fast,
-                                               gate=gate)  # fmt: skip
-    bv = triton_chunk_vec._cumsums(gv, c, exclusive=False)[0] if gv is not None else None
-    ctx = _Ctx()
-    ctx.c, ctx.spans = c, spans
-    ctx.saved_tensors = (
-        q, k, v.contiguous(),
-        u.float().contiguous() if u is not None else None, bk, bkx, bv, S0, S_T,
-        saved0 if not fused or gv is not None else None,
-        saved1 if gv is not None or saved1.numel() else None,  # (chunk mode, no gv: scores)
-        *(gate[2:] if gate is not None else ()),
-    )  # fmt: skip
-    grads = triton_chunk_vec._VecChunkFn.backward(ctx, do, dS_T)[:7]
+    has = _vec_kept(q, v, gv, u, fused)
+    tensors = (Gk, Gx, Gv, spans, QG, KG, states, A, o32, o_in, o_x)
+    saved = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), u=u, S0=S0, S_T=S_T)
+    saved.update({n: x if has[n] else None for n, x in zip(vector.PRODUCED, tensors)})
+    grads = vector.backward(saved, c, do, dS_T)
     outs = [_empty(q) if x is None else x for x in grads]
-    return _distinct(outs, (q, k, v, g, gv, u, S0, S_T, saved0, saved1, do, dS_T))
+    return _distinct(outs, (q, k, v, g, gv, u, S0, S_T, *tensors, do, dS_T))
 
 
 @_chunk_vec_bwd.register_fake
@@ -250,18 +253,21 @@ _VEC_OPTS = ("scale", "chunk_size", "fused", "offsets")
 
 def _chunk_vec_setup(ctx, inputs, output):
     q, k, v, g, gv, u, S0, *opts = inputs
-    ctx.opts = opts
+    ctx.opts = dict(zip(_VEC_OPTS, opts))
     ctx.has = [x is not None for x in (g, gv, u, S0)]
-    _, S_T, saved0, saved1 = output
-    ctx.save_for_backward(q, k, v, g, gv, u, S0, S_T, saved0, saved1)
+    ctx.o_like = dict(size=v.shape, dtype=q.dtype, device=q.device)  # (a zero do)
+    out = dict(zip(_VEC_OUT, output))
+    ctx.save_for_backward(q, k, v, g, gv, u, S0, *(out[n] for n in _VEC_SAVED))
     ctx.set_materialize_grads(False)
 
 
 def _chunk_vec_backward(ctx, grads):
     do, dS_T = grads[:2]
     if do is None:
-        do = torch.zeros_like(ctx.saved_tensors[2], dtype=ctx.saved_tensors[0].dtype)
-    dq, dk, dv, *rest = torch.ops.linrnn.chunk_vec_bwd(*ctx.saved_tensors, do, dS_T, *ctx.opts)
+        do = torch.zeros(**ctx.o_like)
+    dq, dk, dv, *rest = torch.ops.linrnn.chunk_vec_bwd(
+        *ctx.saved_tensors, do, dS_T, *ctx.opts.values()
+    )
     rest = [x if has else None for x, has in zip(rest, ctx.has)]
     return (dq, dk, dv, *rest) + (None,) * len(_VEC_OPTS)
 

@@ -29,9 +29,9 @@ BACKENDS = (None, "torch", "triton")
 
 try:  # the Triton engine; without Triton the PyTorch path serves every call
     from linrnn.engine import recurrent as triton_rec
-    from linrnn.engine import scalar, triton_chunk_vec, triton_ops
+    from linrnn.engine import scalar, triton_ops, vector
 except ImportError:
-    scalar = triton_chunk_vec = triton_ops = triton_rec = None
+    scalar = vector = triton_ops = triton_rec = None
 
 # The modes with a Triton kernel (they take the inputs in their own dtype and fuse the
 # normalizer, so run() hands them the family's switches instead of the generic recurrence).
@@ -276,7 +276,7 @@ def _vector_chunk(q, k, v, *, scale, g, gi, gv, u, stabilize, track_n, normalize
                   n0, m0, chunk_size, fused, offsets):  # fmt: skip
     if gi is not None or stabilize or track_n or normalizer is not None:
         raise NotImplementedError("vector gates with input gate / normalizer: no kernel")
-    o, S_T = triton_chunk_vec.chunk(
+    o, S_T = vector.chunk(
         q, k, v, scale=scale, g=g, gv=gv, u=u, S0=S0, chunk_size=chunk_size, fused=fused,
         offsets=offsets,
     )  # fmt: skip

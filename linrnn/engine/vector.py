@@ -1,6 +1,17 @@
-"""Host side of the chunk engine for per-channel decays: GLA (gk over K, optional gv over V)
-and RWKV6 (w over K, exclusive form with the bonus u). Same kernels as the scalar engine
-(triton_kernels, triton_fused) under their ``VEC`` switch; the math is in triton_vector.
+"""Host of the Triton chunk engine for per-channel decays (modes "chunk" and "fused_chunk"):
+GLA (gk over K, optional gv over V) and RWKV6 (w over K, exclusive form with the bonus u). The
+kernel launches of one call and its backward, as plain functions over named tensors, and the
+autograd Function over them (docs/DESIGN.md §3, §6.4, §6.5).
+
+    (o, S_T), saved = forward(q, k, v, gk, gv, u, S0, cfg)
+    dq, dk, dv, dgk, dgv, du, dS0 = backward(saved, cfg, do, dS_T)
+
+``saved`` is a dict of the tensors the backward reads (:data:`SAVED`; None where the call does
+not use one, see :func:`kept`). Chunk mode's kernels are vector_kernels (states, output, dq, dk,
+dv), vector_scores_kernels (stored scores, gk alone), vector_cumsum_kernels (the gates' chunk-local
+sums) and vector_gate_grad_kernels (the decay gradient); fused_chunk runs triton_fused's kernels
+with their ``VEC`` flag. The custom ops of :mod:`linrnn.engine.triton_ops` call the same two
+functions.
 
 Gates. gk and gv enter as chunk-local cumulative sums ``[B, T, H, D]`` fp32 (G^K, inclusive);
 RWKV6's query side reads the state before its own step, so its row gate is the exclusive sum
@@ -28,12 +39,13 @@ import os
 import torch
 import torch.nn.functional as F
 
-from linrnn.engine import triton_chunk as tc
 from linrnn.engine import triton_fused as fused
 from linrnn.engine import vector_cumsum_kernels as cs
 from linrnn.engine import vector_gate_grad_kernels as gg
 from linrnn.engine import vector_kernels as vk
 from linrnn.engine import vector_scores_kernels as sc
+from linrnn.engine.config import ChunkConfig
+from linrnn.engine.gate_grads import final_grads
 from linrnn.engine.host_math import cdiv, next_pow2
 
 # Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
@@ -78,7 +90,7 @@ def _fast_forms(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16
 
 
-def _diag(c: tc.Config) -> dict:
+def _diag(c: ChunkConfig) -> dict:
     """The kernels' diagonal constexprs: BLOCK_DIAG (the interpreter's fallback) and DIAG_SPAN
     (0 where the call takes no fast forms)."""
     return dict(BLOCK_DIAG=INTERPRETER, DIAG_SPAN=DIAG_SPAN if _fast_forms(c.dtype) else 0.0)
@@ -98,25 +110,145 @@ SCORE_TILES = {
 }
 
 
-def _pre_gate(has_gv: bool, c: tc.Config, V: int) -> bool:
+def _pre_gate(has_gv: bool, fused: bool, V: int) -> bool:
     """Whether the cumulative-sum pass also stores q ⊙ e^{G^X} and k ⊙ e^{G^K_L − G^K}
     (vector_cumsum_kernels' GATE_QK) for the state and apply kernels to take as they are: gk-only
     calls in chunk mode whose V spans more than one output tile of the apply kernels (with one tile
     the pass's extra traffic outweighs the exponentials it saves)."""
     one_tile = V <= _fit(SCORE_TILES["apply"][3], V)
-    return not has_gv and not c.fused and not one_tile
+    return not has_gv and not fused and not one_tile
 
 
-def _gate_buffers(q, k, v, has_gv: bool, c: tc.Config):
-    """(q, k, QG, KG) for :func:`_cumsums` where the call pre-gates them, else None."""
-    if not _pre_gate(has_gv, c, v.shape[3]):
-        return None
-    return q, k, torch.empty_like(q), torch.empty_like(k)
+def _fast_chunks(has_gv: bool, fused: bool, dtype: torch.dtype) -> bool:
+    """Whether a call has fast chunks (the gates' spans are recorded for them)."""
+    return _fast_forms(dtype) and not has_gv and not fused
 
 
-def _fast_chunks(has_gv: bool, c: tc.Config) -> bool:
-    """Whether this call has fast chunks (the gates' spans are recorded for them)."""
-    return _fast_forms(c.dtype) and not has_gv and not c.fused
+# What forward() saves for backward(): the inputs the kernels read (contiguous; u and S0 fp32),
+# the final state, and what the call produced: the gates' chunk-local cumulative sums (Gk =
+# G^K, Gx = G^X of the exclusive form, Gv over V), the chunks' gate spans, the pre-gated q and k,
+# the chunk states, and per mode and gate kind the stored scores A (chunk, gk alone), the fp32
+# output o32 (chunk, gv) or its intra- and inter-chunk parts o_in, o_x (fused_chunk, gv).
+INPUTS = ("q", "k", "v", "u", "S0")
+OUTPUTS = ("S_T",)
+PRODUCED = ("Gk", "Gx", "Gv", "spans", "QG", "KG", "states", "A", "o32", "o_in", "o_x")
+SAVED = INPUTS + OUTPUTS + PRODUCED
+
+
+def kept(*, fused: bool, exclusive: bool, has_gv: bool, dtype: torch.dtype,
+         V: int) -> dict[str, bool]:  # fmt: skip
+    """Which of :data:`PRODUCED` a call makes (from its flags alone: the custom ops' fake
+    implementations use it too)."""
+    chunk, pre = not fused, _pre_gate(has_gv, fused, V)
+    return dict(
+        Gk=True, Gx=exclusive, Gv=has_gv, spans=_fast_chunks(has_gv, fused, dtype), QG=pre,
+        KG=pre, states=chunk, A=chunk and not has_gv, o32=chunk and has_gv,
+        o_in=fused and has_gv, o_x=fused and has_gv,
+    )  # fmt: skip
+
+
+def forward(q, k, v, gk, gv, u, S0, cfg: ChunkConfig):
+    """One forward: ``((o, S_T), saved)``. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``
+    (fp16/bf16/fp32); gk ``[B, T, H, K]`` log decay over K, gv ``[B, T, H, V]`` over V or None,
+    u ``[H, K]`` RWKV6's bonus (``cfg.excl``) or None, S0 ``[N, H, K, V]`` or None."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    has_gv = gv is not None
+    has = kept(fused=cfg.fused, exclusive=cfg.excl, has_gv=has_gv, dtype=cfg.dtype,
+               V=v.shape[3])  # fmt: skip
+    gate = (q, k, torch.empty_like(q), torch.empty_like(k)) if has["QG"] else None
+    Gk, Gx, spans = _cumsums(gk, cfg, exclusive=cfg.excl, span=has["spans"], gate=gate)
+    Gv = _cumsums(gv, cfg, exclusive=False)[0] if has_gv else None
+    QG, KG = gate[2:] if gate is not None else (None, None)
+    u = u.float().contiguous() if u is not None else None
+    S0 = S0.float().contiguous() if S0 is not None else None
+    if cfg.fused:
+        o, S_T, made = _forward_fused(q, k, v, Gk, Gx, Gv, u, S0, cfg)
+    else:
+        o, S_T, made = _forward_chunk(q, k, v, Gk, Gx, Gv, u, S0, cfg, spans, QG, KG)
+    made.update(Gk=Gk, Gx=Gx, Gv=Gv, spans=spans, QG=QG, KG=KG)
+    saved = dict(q=q, k=k, v=v, u=u, S0=S0, S_T=S_T)
+    saved.update({name: made.get(name) if has[name] else None for name in PRODUCED})
+    return (o, S_T), saved
+
+
+def backward(saved: dict, cfg: ChunkConfig, do, dS_T, slow=None):
+    """The gradients ``(dq, dk, dv, dgk, dgv, du, dS0)`` of one call from what :func:`forward`
+    saved and the outputs' cotangents (dS_T may be None; None where an input was None).
+    ``slow``: :func:`slow_chunks` of ``saved``, to leave out the sub-chunk launches of a call
+    whose chunks are all fast (None: they run)."""
+    s, c = saved, cfg
+    q, k, v, u, S_T = s["q"], s["k"], s["v"], s["u"], s["S_T"]
+    do = do.contiguous()
+    if c.fused:
+        g = _backward_fused(s, c, do, dS_T)
+    else:
+        g = _backward_chunk(s, c, do, dS_T, slow)
+    end_k = end_v = None
+    if c.fused:  # tails from the chunks' inter-chunk totals
+        if dS_T is not None:
+            end_k = (dS_T.float() * S_T).sum(-1)
+            end_v = (dS_T.float() * S_T).sum(-2)
+        dgk = _revsum(g["qdq"] - g["kdk"], None, end_k, c, g["tot_k"])
+        du = None
+        if c.excl:  # the query-side term is exclusive: q ⊙ dq less its bonus part u ⊙ W
+            w, du = _bonus(q, k, v, do, c.scale)
+            dgk = dgk.sub_(g["qdq"]).addcmul_(w, u)
+    else:  # one pass from the exact chunk-end tails (W_k: [B·H, NT, K])
+        dgk, du = _decay_grad(q, k, v, do, u, g["qdq"], g["kdk"], g["W_k"], g["dov"], c)
+    dgv = None
+    if s["Gv"] is not None:
+        # fused: the kernel's o ⊙ do − v ⊙ dv (rounding-matched); chunk: from the fp32 output
+        odo_vdv = g["vdv"] if c.fused else s["o32"] * do.float() - g["vdv"]
+        dgv = _revsum(odo_vdv, g.get("W_v"), end_v, c, g.get("tot_v"))
+    dS0 = g["dS0"] if s["S0"] is not None else None
+    return g["dq"], g["dk"], g["dv"], dgk, dgv, du, dS0
+
+
+def slow_chunks(saved: dict):
+    """The host's flag of whether a call has chunks that are not fast (:class:`_SlowChunks`), for
+    :func:`backward`; None where the call has no fast chunks or a CUDA graph is captured."""
+    return _SlowChunks.make(saved["spans"])
+
+
+class VectorChunkFunction(torch.autograd.Function):
+    """The autograd Function of :func:`forward` / :func:`backward` (eager calls)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gk, gv, u, S0, cfg: ChunkConfig):
+        outputs, saved = forward(q, k, v, gk, gv, u, S0, cfg)
+        ctx.cfg, ctx.names = cfg, tuple(saved)
+        ctx.slow = slow_chunks(saved) if any(ctx.needs_input_grad) else None
+        ctx.save_for_backward(*saved.values())
+        return outputs
+
+    @staticmethod
+    def backward(ctx, do, dS_T):
+        saved = dict(zip(ctx.names, ctx.saved_tensors))
+        return (*backward(saved, ctx.cfg, do, dS_T, ctx.slow), None)
+
+
+def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> ChunkConfig:
+    """The :class:`ChunkConfig` of a vector-gate call (``exclusive``: RWKV6's form, with u)."""
+    c = ChunkConfig(
+        q, k, v, scale=scale, has_decay=False, has_igate=False, stabilize=False, track_n=False,
+        normalizer=None, eps=0.0, chunk_size=chunk_size, fused=fused, offsets=offsets,
+        vector=True,
+    )  # fmt: skip
+    c.excl = exclusive
+    return c
+
+
+def chunk(q, k, v, *, scale, g, gv=None, u=None, S0=None, chunk_size=None, fused=False,
+          offsets=None):  # fmt: skip
+    """Vector-gate chunkwise forward (autograd-enabled). q, k ``[B, T, H, K]``, v ``[B, T, H,
+    V]`` fp16/bf16/fp32; g ``[B, T, H, K]`` log decay over K, gv ``[B, T, H, V]`` over V, u
+    ``[H, K]`` the bonus (exclusive form; not with gv); S0 ``[N, H, K, V]``. ``fused``: the
+    non-materializing kernels. ``offsets``: packed sequences. Returns ``(o, S_T)``."""
+    if u is not None and gv is not None:
+        raise NotImplementedError("the Triton chunk engine has no exclusive form with gv")
+    c = config(q, k, v, scale=scale, exclusive=u is not None, chunk_size=chunk_size,
+               fused=fused, offsets=offsets)  # fmt: skip
+    return VectorChunkFunction.apply(q, k, v, g, gv, u, S0, c)
 
 
 class _SlowChunks:
@@ -161,7 +293,7 @@ def _fit(x: int, n: int) -> int:
     return max(16, min(x, next_pow2(max(n, 1))))
 
 
-def _cumsums(g, c: tc.Config, exclusive: bool, span: bool = False, gate=None):
+def _cumsums(g, c: ChunkConfig, exclusive: bool, span: bool = False, gate=None):
     """Chunk-local inclusive (and, ``exclusive``, exclusive) cumulative sums of a [B, T, H, D]
     log decay, fp32, in one Triton pass (vector_cumsum_kernels; packed sequences: chunks from
     the table). The exclusive sum holds exactly the inclusive one's values, shifted by one step.
@@ -183,7 +315,7 @@ def _cumsums(g, c: tc.Config, exclusive: bool, span: bool = False, gate=None):
     return inc, exc, spans
 
 
-def _padded(x, c: tc.Config):
+def _padded(x, c: ChunkConfig):
     """[B, T, H, D] → [B, NT, L, H, D] (each chunk's tokens, zero padded) and the inverse."""
     B, T, H, D = x.shape
     L, NT = c.L, c.NT
@@ -196,7 +328,7 @@ def _padded(x, c: tc.Config):
     return y, lambda z: z.reshape(B, NT * L, H, D)[:, :T]
 
 
-def _revsum(x, W, end, c: tc.Config, totals=None):
+def _revsum(x, W, end, c: ChunkConfig, totals=None):
     """Σ_{t≥u} x_t within u's sequence ([B, T, H, D], fp32 result): a reverse sum restarted at
     every chunk end from W ([B, NT, H, D], the exact tail after each chunk), or — W None — from
     the later chunks' totals summed in fp64 plus ``end`` ([N, H, D]) after each sequence. The
@@ -237,7 +369,7 @@ def _bonus(q, k, v, do, scale):
     return w, w.sum((0, 1))
 
 
-def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
+def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: ChunkConfig):
     """Chunk mode's gk gradient and RWKV6's du in one pass (vector_gate_grad_kernels): q ⊙ dq − k ⊙
     dk reverse-summed in each chunk from the exact tail W ([B·H, NT, K]), with the bonus terms for
     the exclusive form. ``dov``: do·v per token when the backward stored it, else formed here.
@@ -258,42 +390,42 @@ def _decay_grad(q, k, v, do, u, qdq, kdk, W, dov, c: tc.Config):
     return dg, du
 
 
-def _forward(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None, gated=None):
+def _forward_chunk(q, k, v, Gk, Gx, Gv, u, S0, c: ChunkConfig, spans, QG, KG):
+    """Chunk mode's forward: (o, S_T, {states, and A or o32}). ``spans``: the fast chunks'
+    gate spans (or None); QG, KG: the pre-gated q and k (or None)."""
     T, H, K = q.shape[1:]
     V = v.shape[3]
     f32 = dict(device=q.device, dtype=torch.float32)
-    has_gv = bv is not None
+    has_gv = Gv is not None
     states = torch.empty(c.rows, c.NT, K, V, **f32)
     S_T = torch.empty(c.N, H, K, V, **f32)
     BS, BK, BV, nw, ns = VEC_TILES["states_gv" if has_gv else "states"]
     BS, BK, BV = _fit(BS, c.L), _fit(BK, K), _fit(BV, V)
     vk.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
-        k=k if gated is None else gated[1], v=v, gk=bk, gv=bv, h0=S0, h=states, ht=S_T,
+        k=k if KG is None else KG, v=v, gk=Gk, gv=Gv, h0=S0, h=states, ht=S_T,
         co=c.CO, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=c.L, NT=c.NT, NSEQ=c.NSEQ, BK=BK, BV=BV,
-        BS=BS, USE_GV=has_gv, HAS_H0=S0 is not None, PRE_GATED=gated is not None,
+        BS=BS, USE_GV=has_gv, HAS_H0=S0 is not None, PRE_GATED=KG is not None,
         DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
     if not has_gv:  # gk alone: the scores stored, applied with wide row tiles
-        A = _scores(q, k, bkx, bk, u, c, spans=spans)
-        if gated is None:
-            _apply(A, v, q, states, bkx, o, c, rev=False)
-        else:
-            _apply(A, v, gated[0], states, bkx, o, c, rev=False, pre_gated=True)
-        return o, S_T, (states, A)
+        A = _scores(q, k, Gx, Gk, u, c, spans=spans)
+        pre = QG is not None
+        _apply(A, v, QG if pre else q, states, Gx, o, c, rev=False, pre_gated=pre)
+        return o, S_T, dict(states=states, A=A)
     BC, BS, BD, _, nw, ns = VEC_TILES["rows"]
     BS, BD, BO = _fit(BS, c.L), _fit(BD, K), _fit(GATED_BO, V)
     NQ = cdiv(c.L, BC)
     o32 = torch.empty(v.shape, **f32)  # for gv's gradient
     vk.out_fwd_kernel[(c.NT * NQ, cdiv(V, BO), c.rows)](
-        q=q, k=k, v=v, h=states, gkx=bkx, gk=bk, gv=bv, o=o, o32=o32, chunks=c.CHUNKS, T=T, H=H,
+        q=q, k=k, v=v, h=states, gkx=Gx, gk=Gk, gv=Gv, o=o, o32=o32, chunks=c.CHUNKS, T=T, H=H,
         K=K, V=V, L=c.L, NT=c.NT, NQ=NQ, scale=c.scale, BQ=BC, BS=BS, BD=BD, BO=BO, **_diag(c),
         DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    return o, S_T, (states, o32)
+    return o, S_T, dict(states=states, o32=o32)
 
 
-def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True, spans=None):
+def _scores(q, k, Gx, Gk, u, c: ChunkConfig, gated: bool = True, spans=None):
     """The intra-chunk scores A ([B, T, H, L], q's dtype; vector_scores_kernels), or
     (``gated`` False; q, k = do, v) the backward's ungated do vᵀ in fp32, diagonal included.
     ``spans`` (the chunks' gate spans): the fast chunks' scores by fast_scores_kernel."""
@@ -309,7 +441,7 @@ def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True, spans=None):
     fast = gated and spans is not None
     excl = c.excl and gated  # (the ungated P's mask holds the diagonal either way)
     sc.scores_kernel[(c.NT * NQ, c.rows)](
-        X=q, Y=k, GX=bkx if gated else None, GK=bk if gated else None, U=u if excl else None,
+        X=q, Y=k, GX=Gx if gated else None, GK=Gk if gated else None, U=u if excl else None,
         A=A, SPAN=spans if fast else None, CHUNKS=c.CHUNKS, T=T, H=H, D=K, L=L, NT=c.NT, NQ=NQ,
         BQ=BC, BS=BS, BD=BD, VARLEN=c.varlen, EXCL=excl, **_diag(c), DOT_PREC=c.prec,
         GATED=gated, SKIP=CHUNK_SPAN if fast else 0.0, num_warps=nw, num_stages=ns,
@@ -319,14 +451,14 @@ def _scores(q, k, bkx, bk, u, c: tc.Config, gated: bool = True, spans=None):
         BQ, BS, BD = _fit(BQ, L), _fit(BS, L), _fit(BD, K)
         NQ = cdiv(L, BQ)
         sc.fast_scores_kernel[(c.NT * NQ, c.rows)](
-            X=q, Y=k, GX=bkx, GK=bk, U=u if c.excl else None, A=A, SPAN=spans, CHUNKS=c.CHUNKS,
+            X=q, Y=k, GX=Gx, GK=Gk, U=u if c.excl else None, A=A, SPAN=spans, CHUNKS=c.CHUNKS,
             T=T, H=H, D=K, L=L, NT=c.NT, NQ=NQ, BQ=BQ, BS=BS, BD=BD, VARLEN=c.varlen,
             EXCL=c.excl, DOT_PREC=c.prec, LIM=CHUNK_SPAN, num_warps=nw, num_stages=ns,
         )  # fmt: skip
     return A
 
 
-def _diagonal(P, c: tc.Config):
+def _diagonal(P, c: ChunkConfig):
     """P[b, t, h, t − (t's chunk start)]: the diagonal of stored scores ([B, T, H] fp32)."""
     B, T, H, _ = P.shape
     t = torch.arange(T, device=P.device)
@@ -334,7 +466,7 @@ def _diagonal(P, c: tc.Config):
     return P.gather(3, col.view(1, T, 1, 1).expand(B, T, H, 1)).squeeze(3).float()
 
 
-def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fast=None,
+def _apply(A, z, x, st, g, out, c: ChunkConfig, rev: bool, inter: bool = False, fast=None,
            pre_gated: bool = False):  # fmt: skip
     """out = scale·(A z + (x ⊙ e^g) S), or (``rev``, dv) scale·Aᵀ z + (x ⊙ e^{g_L − g}) dS
     (vector_scores_kernels.apply_kernel). ``inter`` (A, z None): dq's inter-chunk part (x = do,
@@ -367,15 +499,19 @@ def _apply(A, z, x, st, g, out, c: tc.Config, rev: bool, inter: bool = False, fa
     )  # fmt: skip
 
 
-def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans=None,
-              slow=None, gated=None):  # fmt: skip
-    states = saved[0]
+def _backward_chunk(s: dict, c: ChunkConfig, do, dS_T, slow) -> dict:
+    """Chunk mode's backward from the saved tensors ``s``: dq, dk, dv, dS0 and the gate
+    gradients' parts (qdq = q ⊙ dq, kdk = k ⊙ dk, vdv = v ⊙ dv fp32; the exact chunk-end tails
+    W_k, W_v; do·v per token for RWKV6's bonus, dov), by name."""
+    q, k, v, u, S_T, states = s["q"], s["k"], s["v"], s["u"], s["S_T"], s["states"]
+    Gk, Gv, spans, QG, KG = s["Gk"], s["Gv"], s["spans"], s["QG"], s["KG"]
+    Gx = s["Gx"] if c.excl else Gk
     T, H, K = q.shape[1:]
     V = v.shape[3]
     L = c.L
     f32 = dict(device=q.device, dtype=torch.float32)
-    has_gv = bv is not None
-    has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
+    has_gv = Gv is not None
+    has_dst, dS_T, _ = final_grads(dS_T, None, q, K, V, c)
     # Every reader of the state gradients takes them into products in the inputs' dtype
     # (cast on load), so they are stored in it: the same operands, half the bytes for bf16.
     dstates = torch.empty(c.rows, c.NT, K, V, device=q.device, dtype=q.dtype)
@@ -386,29 +522,29 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     bndk = torch.zeros(c.rows, c.NT, grid[1], K, **f32)
     bndv = torch.zeros(c.rows, c.NT, grid[0], V, **f32) if has_gv else None
     vk.states_bwd_kernel[grid](
-        q=q if gated is None else gated[0], do=do, gkx=bkx, gk=bk, gv=bv, h=states, ht=S_T,
+        q=q if QG is None else QG, do=do, gkx=Gx, gk=Gk, gv=Gv, h=states, ht=S_T,
         dht=dS_T if has_dst else None, dh=dstates, dh0=dS0, bnd_k=bndk, bnd_v=bndv, co=c.CO,
         chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=c.NT, NSEQ=c.NSEQ, scale=c.scale, BK=BK,
-        BV=BV, BS=BS, USE_GV=has_gv, HAS_DHT=has_dst, PRE_GATED=gated is not None,
+        BV=BV, BS=BS, USE_GV=has_gv, HAS_DHT=has_dst, PRE_GATED=QG is not None,
         DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     # gk alone, the forward's scores stored: do vᵀ stored once too, loaded by dq and dk, and
     # their inter-chunk parts formed first with wide row tiles (into qdq and kdk)
-    dP = _scores(do, v, bkx, bk, None, c, gated=False) if not has_gv else None
+    dP = _scores(do, v, Gx, Gk, None, c, gated=False) if not has_gv else None
     fast = spans is not None  # the fast chunks' dq and dk in apply_kernel
     # every chunk fast (_SlowChunks): the sub-chunk programs would all exit
     sub_chunks = not (fast and slow is not None and slow.none())
     u_ = u if c.excl else None
     sub = dict(
-        gv=bv, gkx=bkx, gk=bk, u=u_, spans=spans if fast else None, chunks=c.CHUNKS, T=T, H=H,
+        gv=Gv, gkx=Gx, gk=Gk, u=u_, spans=spans if fast else None, chunks=c.CHUNKS, T=T, H=H,
         K=K, V=V, L=L, NT=c.NT, scale=c.scale, USE_GV=has_gv, EXCL=c.excl,
         SKIP=CHUNK_SPAN if fast else 0.0, **_diag(c), DOT_PREC=c.prec, VARLEN=c.varlen,
     )  # fmt: skip
     dq = torch.empty_like(q)
     qdq = torch.empty(q.shape, **f32)
     if not has_gv:
-        _apply(None, None, do, states, bkx, qdq, c, rev=False, inter=True,
-               fast=(dP, k, bk, u_, dq, q, spans) if fast else None)  # fmt: skip
+        _apply(None, None, do, states, Gx, qdq, c, rev=False, inter=True,
+               fast=(dP, k, Gk, u_, dq, q, spans) if fast else None)  # fmt: skip
     BC, BS, BD, _, nw, ns = VEC_TILES["rows"]
     BS, BD, BO = _fit(BS, L), _fit(BD, V), _fit(GATED_BO, K)
     NQ = cdiv(L, BC)
@@ -420,8 +556,8 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
     if not has_gv:
-        _apply(None, None, v, dstates, bk, kdk, c, rev=True, inter=True,
-               fast=(dP, q, bkx, u_, dk, k, spans) if fast else None)  # fmt: skip
+        _apply(None, None, v, dstates, Gk, kdk, c, rev=True, inter=True,
+               fast=(dP, q, Gx, u_, dk, k, spans) if fast else None)  # fmt: skip
     BC, BQ, BD, _, nw, ns = VEC_TILES["cols"]
     BQ, BD, BO = _fit(BQ, L), _fit(BD, V), _fit(GATED_BO, K)
     NS = cdiv(L, BC)
@@ -434,121 +570,42 @@ def _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c: tc.Config, spans
     dv = torch.empty_like(v)
     vdv = None
     if not has_gv:  # the forward's stored scores: dv = scale·Aᵀ do + …
-        if gated is None:
-            _apply(saved[1], do, k, dstates, bk, dv, c, rev=True)
-        else:
-            _apply(saved[1], do, gated[1], dstates, bk, dv, c, rev=True, pre_gated=True)
+        pre = KG is not None
+        _apply(s["A"], do, KG if pre else k, dstates, Gk, dv, c, rev=True, pre_gated=pre)
     else:
         BD, BO = _fit(BD, K), _fit(GATED_BO, V)
         vdv = torch.empty(v.shape, **f32)
         vk.dv_bwd_kernel[(c.NT * NS, cdiv(V, BO), c.rows)](
-            k=k, q=q, do=do, v=v, dh=dstates, gkx=bkx, gk=bk, gv=bv, dv=dv, vdv=vdv,
+            k=k, q=q, do=do, v=v, dh=dstates, gkx=Gx, gk=Gk, gv=Gv, dv=dv, vdv=vdv,
             chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=c.NT, NS=NS, scale=c.scale, BS=BC,
             BQ=BQ, BD=BD, BO=BO, **_diag(c), DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw,
             num_stages=ns,
         )  # fmt: skip
-    Wk = bndk.sum(2)  # [B·H, NT, K]: the rows vector_gate_grad_kernels reads
-    Wv = bndv.sum(2).view(-1, H, c.NT, V).transpose(1, 2) if has_gv else None  # as _revsum
-    dov = _diagonal(dP, c) if dP is not None else None  # do_t·v_t, for RWKV6's bonus
-    return dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov
-
-
-class _VecChunkFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, gk, gv, u, S0, c: tc.Config):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        gate = _gate_buffers(q, k, v, gv is not None, c)
-        fast = _fast_chunks(gv is not None, c)
-        bk, bkx, spans = _cumsums(gk, c, exclusive=c.excl, span=fast, gate=gate)
-        gated = gate[2:] if gate is not None else None
-        bv = _cumsums(gv, c, exclusive=False)[0] if gv is not None else None
-        u = u.float().contiguous() if u is not None else None
-        if S0 is not None:
-            S0 = S0.float().contiguous()
-        if c.fused:
-            o, S_T, saved = _forward_fused(q, k, v, bk, bkx, bv, u, S0, c)
-        else:
-            o, S_T, saved = _forward(q, k, v, bk, bkx, bv, u, S0, c, spans, gated)
-        ctx.c, ctx.spans = c, spans
-        # (not for the torch.compile custom op's forward, whose ctx has no backward)
-        wants_grad = any(getattr(ctx, "needs_input_grad", ()))
-        ctx.slow = _SlowChunks.make(spans) if wants_grad else None
-        # (saved: two tensors or None; then QG and KG where the call pre-gates)
-        ctx.save_for_backward(q, k, v, u, bk, bkx, bv, S0, S_T, *saved, *(gated or ()))
-        return o, S_T
-
-    @staticmethod
-    def backward(ctx, do, dS_T):
-        c = ctx.c
-        q, k, v, u, bk, bkx, bv, S0, S_T, *rest = ctx.saved_tensors
-        saved, gated = rest[:2], tuple(rest[2:]) or None
-        do = do.contiguous()
-        if c.fused:
-            grads = _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c)
-        else:
-            grads = _backward(q, k, v, bk, bkx, bv, u, saved, do, dS_T, S_T, c, ctx.spans,
-                              getattr(ctx, "slow", None), gated)  # fmt: skip
-        dq, dk, dv, dS0, qdq, kdk, vdv, Wk, Wv, dov = grads
-        endk = endv = totk = totv = None
-        if c.fused:  # tails from the chunks' inter-chunk totals
-            Wk, Wv, totk, totv = None, None, Wk, Wv
-            if dS_T is not None:
-                endk = (dS_T.float() * S_T).sum(-1)
-                endv = (dS_T.float() * S_T).sum(-2)
-            dgk = _revsum(qdq - kdk, Wk, endk, c, totk)
-            du = None
-            if c.excl:  # the query-side term is exclusive: q ⊙ dq less its bonus part u ⊙ W
-                w, du = _bonus(q, k, v, do, c.scale)
-                dgk = dgk.sub_(qdq).addcmul_(w, u)
-        else:  # one pass from the exact chunk-end tails (Wk: [B·H, NT, K])
-            dgk, du = _decay_grad(q, k, v, do, u, qdq, kdk, Wk, dov, c)
-        dgv = None
-        if bv is not None:
-            # fused: the kernel's o ⊙ do − v ⊙ dv (rounding-matched); chunk: from the fp32 output
-            dgv = _revsum(vdv if c.fused else saved[1] * do.float() - vdv, Wv, endv, c, totv)
-        return dq, dk, dv, dgk, dgv, du, (dS0 if S0 is not None else None), None
-
-
-def chunk(q, k, v, *, scale, g, gv=None, u=None, S0=None, chunk_size=None, fused=False,
-          offsets=None):  # fmt: skip
-    """Vector-gate chunkwise forward (autograd-enabled). q, k ``[B, T, H, K]``, v ``[B, T, H,
-    V]`` fp16/bf16/fp32; g ``[B, T, H, K]`` log decay over K, gv ``[B, T, H, V]`` over V, u
-    ``[H, K]`` the bonus (exclusive form; not with gv); S0 ``[N, H, K, V]``. ``fused``: the
-    non-materializing kernels. ``offsets``: packed sequences. Returns ``(o, S_T)``."""
-    if u is not None and gv is not None:
-        raise NotImplementedError("the Triton chunk engine has no exclusive form with gv")
-    c = config(q, k, v, scale=scale, exclusive=u is not None, chunk_size=chunk_size,
-               fused=fused, offsets=offsets)  # fmt: skip
-    return _VecChunkFn.apply(q, k, v, g, gv, u, S0, c)
-
-
-def config(q, k, v, *, scale, exclusive, chunk_size, fused, offsets) -> tc.Config:
-    """The call's Config (shared with the custom ops of triton_ops)."""
-    if not chunk_size:
-        chunk_size = tc.default_chunk_size(k.shape[3], v.shape[3], fused, vector=True)
-    c = tc.Config(
-        q, k, v, scale=scale, has_decay=False, has_igate=False, stabilize=False, track_n=False,
-        normalizer=None, eps=0.0, chunk_size=chunk_size, fused=fused, offsets=offsets,
+    return dict(
+        dq=dq, dk=dk, dv=dv, dS0=dS0, qdq=qdq, kdk=kdk, vdv=vdv,
+        W_k=bndk.sum(2),  # [B·H, NT, K]: the rows vector_gate_grad_kernels reads
+        W_v=bndv.sum(2).view(-1, H, c.NT, V).transpose(1, 2) if has_gv else None,  # as _revsum
+        dov=_diagonal(dP, c) if dP is not None else None,  # do_t·v_t, for RWKV6's bonus
     )  # fmt: skip
-    c.excl = exclusive
-    return c
 
 
-def _fused_common(c: tc.Config, has_gv: bool):
+def _fused_common(c: ChunkConfig, has_gv: bool):
+    """The constexprs and launch options of triton_fused's kernels for a vector-gate call."""
     BC, _, BD, _, nw, ns = VEC_TILES["fused"]
-    return dict(BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, **_diag(c),
-                BC=BC, BD=BD,
-                HAS_DECAY=False,
-                HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen,
-                num_warps=nw, num_stages=ns)  # fmt: skip
+    return dict(
+        BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, **_diag(c), BC=BC, BD=BD, HAS_DECAY=False,
+        HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw,
+        num_stages=ns,
+    )  # fmt: skip
 
 
-def _forward_fused(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None):
+def _forward_fused(q, k, v, Gk, Gx, Gv, u, S0, c: ChunkConfig):
+    """fused_chunk's forward: (o, S_T, {o_in, o_x} with gv)."""
     T, H, K = q.shape[1:]
     V = v.shape[3]
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
-    has_gv, has_s0 = bv is not None, S0 is not None
+    has_gv, has_s0 = Gv is not None, S0 is not None
     S_T = torch.empty(c.N, H, K, V, **f32)
     o = torch.empty_like(v, dtype=q.dtype)
     # For gv's gradient: the output's intra- and inter-chunk parts (fp32), see fused_dv_kernel
@@ -556,22 +613,28 @@ def _forward_fused(q, k, v, bk, bkx, bv, u, S0, c: tc.Config, spans=None):
     o_x = torch.empty(v.shape, **f32) if has_gv else dummy
     fused.fused_fwd_kernel[(cdiv(V, c.BVf), c.walkers)](
         q, k, v, o, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy, dummy, dummy, dummy,
-        dummy, o_x, o_in, c.CO, c.CHUNKS, bk, bkx, bv if has_gv else dummy,
+        dummy, o_x, o_in, c.CO, c.CHUNKS, Gk, Gx, Gv if has_gv else dummy,
         u if c.excl else dummy, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale, 0.0,
         BK=c.KP, BV=c.BVf, TRACK_N=False, HAS_S0=has_s0, **_fused_common(c, has_gv),
         SPLIT=has_gv and q.dtype != torch.float32,  # gv's gradient: see _backward_fused
     )  # fmt: skip
-    return o, S_T, ((o_in, o_x) if has_gv else (None, None))
+    return o, S_T, (dict(o_in=o_in, o_x=o_x) if has_gv else {})
 
 
-def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
+def _backward_fused(s: dict, c: ChunkConfig, do, dS_T) -> dict:
+    """fused_chunk's backward from the saved tensors ``s``: dq, dk, dv, dS0 and the gate
+    gradients' parts (qdq, kdk; vdv = o ⊙ do − v ⊙ dv with gv) with each chunk's inter-chunk
+    totals (tot_k of q ⊙ dq − k ⊙ dk, tot_v), by name."""
+    q, k, v, u, S0 = s["q"], s["k"], s["v"], s["u"], s["S0"]
+    Gk, Gv = s["Gk"], s["Gv"]
+    Gx = s["Gx"] if c.excl else Gk
     T, H, K = q.shape[1:]
     V = v.shape[3]
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
-    has_gv, has_s0 = bv is not None, S0 is not None
-    has_dst, dS_T, _ = tc._final_grads(dS_T, None, q, K, V, c)
-    gates = (bk, bkx, bv if has_gv else dummy, u if c.excl else dummy)
+    has_gv, has_s0 = Gv is not None, S0 is not None
+    has_dst, dS_T, _ = final_grads(dS_T, None, q, K, V, c)
+    gates = (Gk, Gx, Gv if has_gv else dummy, u if c.excl else dummy)
     common = _fused_common(c, has_gv)
     # 16-bit products with the fp32 state as hi + lo: the gate gradients are whole-sequence
     # sums of o·do − v·dv (gv) and q·dq − k·dk (gk) whose cross-chunk terms cancel only if
@@ -603,21 +666,13 @@ def _backward_fused(q, k, v, bk, bkx, bv, u, S0, do, dS_T, saved, c: tc.Config):
     dv = torch.empty_like(v)
     # With gv: o ⊙ do − v ⊙ dv per step (fp32), ready for the reverse sum
     vdv = torch.empty(v.shape, **f32) if has_gv else dummy
-    o_in, o_x = saved if has_gv else (dummy, dummy)
+    o_in, o_x = (s["o_in"], s["o_x"]) if has_gv else (dummy, dummy)
     fused.fused_dv_kernel[(cdiv(V, c.BVf), c.walkers)](
         q, k, do, dv, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy, dummy, c.CO,
         c.CHUNKS, *gates, v, vdv, o_in, o_x, v_tot, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
         BK=c.KP, BV=c.BVf, HAS_DST=has_dst, SPLIT=split and has_gv, **common,
     )  # fmt: skip
-    return (
-        dq,
-        dk,
-        dv,
-        dS0,
-        qdq,
-        kdk,
-        vdv if has_gv else None,
-        q_tot - k_tot,
-        (v_tot if has_gv else None),
-        None,  # do·v: _bonus forms it
-    )
+    return dict(
+        dq=dq, dk=dk, dv=dv, dS0=dS0, qdq=qdq, kdk=kdk, vdv=vdv if has_gv else None,
+        tot_k=q_tot - k_tot, tot_v=v_tot if has_gv else None,
+    )  # fmt: skip
