@@ -19,24 +19,16 @@ from __future__ import annotations
 
 import math
 
-F_CAUSAL = 0.5
-STATE_BYTES = 4  # fp32 states (bytes_C)
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
-
-# Spec-sheet numbers (NVIDIA datasheets): HBM bandwidth in B/s and dense (no sparsity) BF16
-# tensor-core throughput in FLOP/s. Matched in order against the device name, so "H100" (SXM5)
-# comes after the PCIe and NVL variants.
-GPU_SPECS = (
-    ("H200", 4.8e12, 989e12),
-    ("H100 NVL", 3.9e12, 835e12),
-    ("H100 PCIe", 2.0e12, 756e12),
-    ("H100", 3.35e12, 989e12),
-    ("A100", 2.0e12, 312e12),
+# The runtime model's constants and the spec sheets live with the chunk-size rule that uses them.
+from linrnn.engine.config import (
+    F_CAUSAL,
+    GPU_SPECS,
+    NOMINAL_CPU_INTENSITY,  # noqa: F401 (re-exported)
+    STATE_BYTES,
+    runtime_optimal_chunk,  # noqa: F401 (re-exported)
 )
 
-# Accelerator intensity (FLOP/byte) assumed for a CPU in the analytical chunk-size estimate
-# only: ~1 TFLOP/s fp32 over ~100 GB/s, a nominal server CPU (never used for floors).
-NOMINAL_CPU_INTENSITY = 10.0
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 
 
 def gpu_spec(name: str | None) -> dict | None:
@@ -248,26 +240,6 @@ def roofline(intensity: float, spec: dict) -> float:
     """Attainable FLOP/s at arithmetic intensity ``I`` (FLOP/byte): ``min(β·I, α)``
     (App. G, roofline model)."""
     return min(spec["bandwidth_Bps"] * intensity, spec["bf16_dense_flops"])
-
-
-def runtime_optimal_chunk(
-    K: int,
-    V: int,
-    intensity_acc: float,
-    state_bytes: int = STATE_BYTES,
-    f_causal: float = F_CAUSAL,
-) -> float:
-    """Runtime-optimal chunk size of the TFLA paper, App. G (dτ/dL = 0 for τ = FLOPs/α + Bytes/β,
-    with d_hv² p_qk = K·V)::
-
-        L_opt = sqrt( (2KV + 5 + 2·I_acc·KV·bytes_C) / (2·F_c·(K + V + 3) + 1) )
-
-    ``I_acc = α/β`` is the accelerator's FLOP/byte ratio. With ``I_acc = 0`` this is the
-    FLOP-optimal L of eq. 113. The model ignores the slower pointwise work, so it overestimates
-    the measured optimum (TFLA measured ~256 on H100 where the model gives more)."""
-    num = 2 * K * V + 5 + 2 * intensity_acc * K * V * state_bytes
-    den = 2 * f_causal * (K + V + 3) + 1
-    return math.sqrt(num / den)
 
 
 def case_figures(
