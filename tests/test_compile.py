@@ -1,4 +1,4 @@
-"""torch.compile and CUDA-graph decoding (issue 9).
+"""torch.compile and CUDA-graph decoding.
 
 * every op (all family variants) under ``torch.compile(fullgraph=True)``: outputs, final
   states and every gradient match eager; a new sequence length does not recompile (T marked
@@ -251,7 +251,7 @@ def test_inductor_op():
 # The Triton path (interpreter on CPU) through the custom ops
 
 triton_only = pytest.mark.skipif(
-    linrnn.ops._generic.triton_ops is None
+    linrnn.ops._generic.custom_ops is None
     or (not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"),
     reason="needs Triton (a GPU, or TRITON_INTERPRET=1)",
 )
