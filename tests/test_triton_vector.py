@@ -343,8 +343,8 @@ def test_long_sequence_decay_gradient_float16(family, mode):
     must not pile up along it: over T = 1024 (16 chunks) in fp16 they stay within 2× the error
     of the PyTorch loop in fp16. Both modes restart the sum at every chunk end: chunk mode from
     the exact Σ dS ⊙ S of the stored states, fused_chunk from the later chunks' inter-chunk
-    terms alone (whose cross-chunk pairs cancel exactly). fused_chunk's earlier whole-sequence
-    sum measured 2.3× chunk mode's error here, growing as √T."""
+    terms alone (whose cross-chunk pairs cancel exactly); a whole-sequence sum's error would
+    grow as √T."""
     from helpers import rel_err, run_with_grads
 
     fam = FAMILIES[family]

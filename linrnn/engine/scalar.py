@@ -7,7 +7,7 @@ autograd Function over them.
 
 ``saved`` is a dict of the tensors the backward reads (:data:`SAVED`; None where the call does
 not use one, see :func:`kept`). The gate gradients come from the shared host helpers of
-:mod:`linrnn.engine.gate_grads`. The custom ops of :mod:`linrnn.engine.triton_ops` call the same
+:mod:`linrnn.engine.gate_grads`. The custom ops of :mod:`linrnn.engine.custom_ops` call the same
 two functions.
 """
 

@@ -10,7 +10,7 @@ autograd Function over them (docs/DESIGN.md §3, §6.4, §6.5).
 not use one, see :func:`kept`). Chunk mode's kernels are vector_kernels (states, output, dq, dk,
 dv), vector_scores_kernels (stored scores, gk alone), vector_cumsum_kernels (the gates' chunk-local
 sums) and vector_gate_grad_kernels (the decay gradient); fused_chunk runs triton_fused's kernels
-with their ``VEC`` flag. The custom ops of :mod:`linrnn.engine.triton_ops` call the same two
+with their ``VEC`` flag. The custom ops of :mod:`linrnn.engine.custom_ops` call the same two
 functions.
 
 Gates. gk and gv enter as chunk-local cumulative sums ``[B, T, H, D]`` fp32 (G^K, inclusive);

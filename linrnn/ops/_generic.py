@@ -28,10 +28,10 @@ MODES = ("reference", "recurrent", "parallel", "chunk", "fused_chunk")
 BACKENDS = (None, "torch", "triton")
 
 try:  # the Triton engine; without Triton the PyTorch path serves every call
+    from linrnn.engine import custom_ops, scalar, vector
     from linrnn.engine import recurrent as triton_rec
-    from linrnn.engine import scalar, triton_ops, vector
 except ImportError:
-    scalar = vector = triton_ops = triton_rec = None
+    scalar = vector = custom_ops = triton_rec = None
 
 # The modes with a Triton kernel (they take the inputs in their own dtype and fuse the
 # normalizer, so run() hands them the family's switches instead of the generic recurrence).
@@ -236,7 +236,7 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
     for name in ("g", "gv", "gi", "u"):
         kw[name] = f32(kw[name])
     if _runtime.tracing():  # torch.compile: the custom ops (no in-place state: step() copies)
-        o, S, n, m = triton_ops.recurrent(q, k, v, offsets=cu_seqlens, save=grad, **kw)
+        o, S, n, m = custom_ops.recurrent(q, k, v, offsets=cu_seqlens, save=grad, **kw)
         return o, (S, n, m)
     if grad:  # the autograd Function
         o, S, n, m = triton_rec.recurrent(q, k, v, offsets=cu_seqlens, **kw)
@@ -263,7 +263,7 @@ def _run_triton_chunk(family, q, k, v, *, g, gv, gi, u, cu_seqlens, **switches):
     g, gi, gv, u = f32(g), f32(gi), f32(gv), f32(u)
     offsets = None if cu_seqlens is None else [int(x) for x in cu_seqlens]
     if _runtime.tracing():
-        o, S, n, m = triton_ops.chunk(q, k, v, g=g, gi=gi, gv=gv, u=u, offsets=offsets,
+        o, S, n, m = custom_ops.chunk(q, k, v, g=g, gi=gi, gv=gv, u=u, offsets=offsets,
                                       **switches)  # fmt: skip
     elif _vector(g, gv, u):
         o, S, n, m = _vector_chunk(q, k, v, g=g, gi=gi, gv=gv, u=u, offsets=offsets, **switches)

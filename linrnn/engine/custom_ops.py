@@ -5,10 +5,13 @@ offsets, tile choices, kernel launches with Python-computed grids — that Dynam
 into a graph. Each host's forward and backward therefore become two custom ops, each with a
 fake (meta) implementation that gives the output shapes from the input shapes (symbolically: a
 new sequence length T does not recompile), linked by ``torch.library.register_autograd``. The
-ops run the *same* host code and kernels as eager calls (the scalar host's
-``forward``/``backward`` over named tensors; the vector and recurrent hosts' autograd
-Functions, called with a stand-in ``ctx``), so compiled and eager results are bitwise the
-same.
+ops are thin: they call the hosts' own ``forward`` and ``backward`` (:mod:`~linrnn.engine.scalar`,
+:mod:`~linrnn.engine.vector`, :mod:`~linrnn.engine.recurrent`), the same functions eager calls
+run, so compiled and eager results are bitwise the same.
+
+Saved tensors travel by name. A forward op returns the outputs and what the host's ``forward``
+saved (its names, in a fixed order); the autograd setup keeps them under those names, and the
+backward op takes them back as named arguments and rebuilds the host's ``saved`` dict.
 
 Eager calls do not go through these ops: ``linrnn.ops._generic`` routes to them only while
 ``torch.compile`` traces (an op call costs a dispatcher round trip, and the eager recurrent
@@ -26,16 +29,6 @@ from torch import Tensor
 
 from linrnn.engine import config, scalar, vector
 from linrnn.engine import recurrent as rec
-
-
-class _Ctx:
-    """Stands in for autograd's ctx, so that a Function's static forward/backward run as plain
-    functions inside an op."""
-
-    saved_tensors: tuple = ()
-
-    def save_for_backward(self, *tensors):
-        self.saved_tensors = tensors
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -73,10 +66,11 @@ def _chunk_config(q, k, v, g, gi, scale, eps, L, fused, stabilize, track_n, norm
 
 _chunk_counts = config.chunk_counts  # (N states, NT chunk rows, NSEQ sequences per row)
 
-# linrnn::chunk_fwd returns the outputs and what scalar.forward saved besides the inputs and
-# outputs, by these names; linrnn::chunk_bwd takes the inputs, then these (less m_T).
+# linrnn::chunk_fwd returns the outputs and what scalar.forward saved besides the inputs, by
+# these names; linrnn::chunk_bwd takes the tensors of _CHUNK_BWD (the inputs, then the outputs
+# and what was produced, less m_T), then the cotangents.
 _CHUNK_OUT = ("o", "S_T", "n_T", "m_T", *scalar.PRODUCED)
-_CHUNK_SAVED = scalar.OUTPUTS + scalar.PRODUCED
+_CHUNK_BWD = scalar.INPUTS + scalar.OUTPUTS + scalar.PRODUCED
 
 
 @torch.library.custom_op("linrnn::chunk_fwd", mutates_args=())
@@ -128,7 +122,8 @@ def _chunk_bwd(
     tensors = (o, S_T, n_T, b, a, states, ns, mc, den, m_row)
     saved = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g, gi=gi, S0=S0,
                  n0=n0, m0=m0)  # fmt: skip
-    saved.update({n: x if has[n] else None for n, x in zip(_CHUNK_SAVED, tensors)})
+    made = scalar.OUTPUTS + scalar.PRODUCED
+    saved.update({n: x if has[n] else None for n, x in zip(made, tensors)})
     grads = scalar.backward(saved, c, do, dS_T, dn_T, dm_T)
     outs = [_empty(q) if x is None else x for x in grads]
     return _distinct(outs, (q, k, v, g, gi, S0, n0, m0, *tensors, do, dS_T, dn_T, dm_T))
@@ -146,23 +141,24 @@ _CHUNK_OPTS = ("scale", "eps", "chunk_size", "fused", "stabilize", "track_n", "n
 
 
 def _chunk_setup(ctx, inputs, output):
-    q, k, v, g, gi, S0, n0, m0, *opts = inputs
-    ctx.opts = dict(zip(_CHUNK_OPTS, opts))
-    ctx.has = [x is not None for x in (g, gi, S0, n0, m0)]
-    out = dict(zip(_CHUNK_OUT, output))
-    ctx.save_for_backward(q, k, v, g, gi, S0, n0, m0, *(out[n] for n in _CHUNK_SAVED))
+    named = dict(zip(scalar.INPUTS, inputs))
+    ctx.opts = dict(zip(_CHUNK_OPTS, inputs[len(scalar.INPUTS) :]))
+    ctx.has = [named[n] is not None for n in scalar.INPUTS[3:]]
+    named.update(zip(_CHUNK_OUT, output))
+    ctx.save_for_backward(*(named[n] for n in _CHUNK_BWD))
     ctx.set_materialize_grads(False)
 
 
 def _chunk_backward(ctx, grads):
     do, dS_T, dn_T, dm_T = grads[:4]
     opts = ctx.opts
+    saved = dict(zip(_CHUNK_BWD, ctx.saved_tensors))
     if do is None:
-        do = torch.zeros_like(ctx.saved_tensors[8])  # (o)
+        do = torch.zeros_like(saved["o"])
     dn_T = dn_T if opts["track_n"] else None
     dm_T = dm_T if opts["stabilize"] else None
     dq, dk, dv, *rest = torch.ops.linrnn.chunk_bwd(
-        *ctx.saved_tensors, do, dS_T, dn_T, dm_T, *opts.values()
+        *saved.values(), do, dS_T, dn_T, dm_T, *opts.values()
     )
     rest = [x if has else None for x, has in zip(rest, ctx.has)]
     return (dq, dk, dv, *rest) + (None,) * len(_CHUNK_OPTS)
@@ -185,9 +181,11 @@ def _vec_kept(q, v, gv, u, fused) -> dict[str, bool]:
 
 
 # linrnn::chunk_vec_fwd returns the outputs and what vector.forward saved besides the inputs,
-# by these names; linrnn::chunk_vec_bwd takes the inputs, then these (less o).
+# by these names; linrnn::chunk_vec_bwd takes the tensors of _VEC_BWD (the inputs, then the
+# final state and what was produced), then the cotangents.
+_VEC_IN = ("q", "k", "v", "g", "gv", "u", "S0")
 _VEC_OUT = ("o", *vector.OUTPUTS, *vector.PRODUCED)
-_VEC_SAVED = vector.OUTPUTS + vector.PRODUCED
+_VEC_BWD = _VEC_IN + vector.OUTPUTS + vector.PRODUCED
 
 
 @torch.library.custom_op("linrnn::chunk_vec_fwd", mutates_args=())
@@ -252,21 +250,21 @@ _VEC_OPTS = ("scale", "chunk_size", "fused", "offsets")
 
 
 def _chunk_vec_setup(ctx, inputs, output):
-    q, k, v, g, gv, u, S0, *opts = inputs
-    ctx.opts = dict(zip(_VEC_OPTS, opts))
-    ctx.has = [x is not None for x in (g, gv, u, S0)]
-    ctx.o_like = dict(size=v.shape, dtype=q.dtype, device=q.device)  # (a zero do)
-    out = dict(zip(_VEC_OUT, output))
-    ctx.save_for_backward(q, k, v, g, gv, u, S0, *(out[n] for n in _VEC_SAVED))
+    named = dict(zip(_VEC_IN, inputs))
+    ctx.opts = dict(zip(_VEC_OPTS, inputs[len(_VEC_IN) :]))
+    ctx.has = [named[n] is not None for n in _VEC_IN[3:]]
+    named.update(zip(_VEC_OUT, output))
+    ctx.save_for_backward(*(named[n] for n in _VEC_BWD))
     ctx.set_materialize_grads(False)
 
 
 def _chunk_vec_backward(ctx, grads):
     do, dS_T = grads[:2]
+    saved = dict(zip(_VEC_BWD, ctx.saved_tensors))
     if do is None:
-        do = torch.zeros(**ctx.o_like)
+        do = torch.zeros_like(saved["v"], dtype=saved["q"].dtype)
     dq, dk, dv, *rest = torch.ops.linrnn.chunk_vec_bwd(
-        *ctx.saved_tensors, do, dS_T, *ctx.opts.values()
+        *saved.values(), do, dS_T, *ctx.opts.values()
     )
     rest = [x if has else None for x, has in zip(rest, ctx.has)]
     return (dq, dk, dv, *rest) + (None,) * len(_VEC_OPTS)
@@ -282,10 +280,10 @@ def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, no
     """The chunk engine through the custom ops: :func:`linrnn.engine.scalar.chunk`, or for
     per-channel decays the vector host's ``chunk`` (same arguments and result)."""
     K, V = q.shape[3], v.shape[3]
-    vector = (g is not None and g.dim() == 4) or gv is not None or u is not None
-    L = config.resolve_chunk_size(chunk_size, K, V, triton=True, fused=fused, vector=vector)
+    per_channel = (g is not None and g.dim() == 4) or gv is not None or u is not None
+    L = config.resolve_chunk_size(chunk_size, K, V, triton=True, fused=fused, vector=per_channel)
     offs = None if offsets is None else [int(x) for x in offsets]
-    if vector:
+    if per_channel:
         if gi is not None or stabilize or track_n or normalizer is not None:
             raise NotImplementedError("vector gates with input gate / normalizer: no kernel")
         if u is not None and gv is not None:
@@ -400,7 +398,7 @@ def _rec_backward(ctx, grads):
     dn_T = dn_T if opts["track_n"] else None
     dm_T = dm_T if opts["stabilize"] else None
     dq, dk, dv, *rest = torch.ops.linrnn.recurrent_bwd(
-        *ctx.saved_tensors, do, dS_T, dn_T, dm_T, *opts.values()
+        *saved.values(), do, dS_T, dn_T, dm_T, *opts.values()
     )
     rest = [x if has else None for x, has in zip(rest, ctx.has)]
     return (dq, dk, dv, *rest) + (None,) * len(_REC_OPTS)
