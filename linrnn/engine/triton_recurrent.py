@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.host_math import cdiv, next_pow2
-from linrnn.engine.triton_kernels import _denominator, _start_state
+from linrnn.engine.triton_common import _denominator, _start_state
 
 # Decay kinds (the DECAY switch).
 DECAY_NONE, DECAY_SCALAR, DECAY_VECTOR = 0, 1, 2

@@ -27,7 +27,7 @@ import triton.language as tl
 from linrnn.engine import triton_chunk
 from linrnn.engine import triton_recurrent as fwd
 from linrnn.engine.host_math import cdiv, next_pow2
-from linrnn.engine.triton_kernels import _start_state
+from linrnn.engine.triton_common import _start_state
 
 
 @triton.jit
