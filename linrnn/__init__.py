@@ -1,7 +1,7 @@
 """linrnn: fast, correct kernels for linear attention and the linear RNNs that share its
 structure (causal linear attention, retention, simple GLA, GLA, RWKV6, mLSTM).
 
-Every op takes ``[B, T, H, K]`` inputs and returns ``(o, final_state)``; see DESIGN.md and
+Every op takes ``[B, T, H, K]`` inputs and returns ``(o, final_state)``; see docs/DESIGN.md and
 each op's docstring. :mod:`linrnn.layers` has the ``nn.Module`` layers built on them and
 :mod:`linrnn.models` a small causal language model; ``python -m linrnn.train`` trains one.
 """

@@ -1,4 +1,4 @@
-"""Sequence (context) parallelism for every family over ``torch.distributed`` (DESIGN.md §5).
+"""Sequence (context) parallelism for every family over ``torch.distributed`` (docs/DESIGN.md §5).
 
 The ranks of a process group hold consecutive time segments of one batch of sequences: rank r
 holds tokens ``[s_r, s_r + T_r)`` of every input that runs along T (q, k, v and the per-step

@@ -1,11 +1,36 @@
 #!/usr/bin/env bash
-# Tests: install the pinned test requirements and linrnn, lint, then the whole test suite.
-# CI runs this through .ci/run. Extra arguments go to pytest (e.g. -k mlstm).
+# Tests: install the pinned test requirements and linrnn, lint, then the two tiers of the suite.
+# CI runs this through .ci/run.
+#
+#   bash scripts/test.sh [all|fast|interpreter] [pytest arguments...]
+#
+#   all          (the default) the fast tier, then the interpreter tier
+#   fast         only the fast tier: validation, the ops on the torch path, layers, models, the
+#                bench harness (-m "not interpreter and not gpu"; a few minutes on 2 CPU cores)
+#   interpreter  only the Triton kernels (-m "interpreter and not gpu"; Triton's interpreter
+#                without a GPU)
+#
+# The tiers are assigned in tests/conftest.py. The GPU tests (tests/gpu/, marker gpu) skip without
+# CUDA; on a GPU machine run them with `python3 -m pytest -m gpu`. Extra arguments go to pytest
+# (e.g. -k mlstm).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+tier=all
+case "${1:-}" in
+  all | fast | interpreter) tier=$1; shift ;;
+  -* | "") ;;
+  *) echo "usage: bash scripts/test.sh [all|fast|interpreter] [pytest arguments...]" >&2; exit 2 ;;
+esac
 
 python3 -m pip install -r requirements-test.txt
 python3 -m pip install -e . --no-deps
 python3 -m ruff check .
 python3 -m ruff format --check .
-python3 -m pytest -q "$@"
+
+if [[ $tier == all || $tier == fast ]]; then
+  python3 -m pytest -q --durations=15 -m "not interpreter and not gpu" "$@"
+fi
+if [[ $tier == all || $tier == interpreter ]]; then
+  python3 -m pytest -q --durations=15 -m "interpreter and not gpu" "$@"
+fi

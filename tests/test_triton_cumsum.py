@@ -1,4 +1,4 @@
-"""vector_cumsum_kernels.chunk_cumsum_kernel (through triton_chunk_vec._cumsums): the chunk-local
+"""vector_cumsum_kernels.chunk_cumsum_kernel (through vector._cumsums): the chunk-local
 inclusive and exclusive sums of a log decay against an fp64 loop over each chunk's tokens,
 dense and packed, chunks of one and of several row tiles, a partial last chunk, bf16 input;
 the exclusive sum equal to the inclusive one shifted by one step, bit for bit; each chunk's
@@ -13,8 +13,8 @@ import pytest
 import torch
 from test_triton_engine import DEVICE
 
-from linrnn.engine import triton_chunk as tc
-from linrnn.engine import triton_chunk_vec as tcv
+from linrnn.engine import vector
+from linrnn.engine.config import ChunkConfig
 
 pytest.importorskip("triton")
 
@@ -41,11 +41,11 @@ def _chunks(T, L, offsets):
 def test_cumsums_match_fp64(B, T, H, D, L, offsets, dtype):
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, device=DEVICE) * 3).to(dtype)
     q = torch.empty(B, T, H, D, device=DEVICE)
-    c = tc.Config(q, q, q, scale=1.0, has_decay=True, has_igate=False, stabilize=False,
-                  track_n=False, normalizer=None, eps=0.0, chunk_size=L,
-                  offsets=offsets)  # fmt: skip
-    inc, exc, spans = tcv._cumsums(g, c, exclusive=True, span=True)
-    inc_only, same, spans_inc = tcv._cumsums(g, c, exclusive=False, span=True)
+    c = ChunkConfig(q, q, q, scale=1.0, has_decay=True, has_igate=False, stabilize=False,
+                    track_n=False, normalizer=None, eps=0.0, chunk_size=L,
+                    offsets=offsets)  # fmt: skip
+    inc, exc, spans = vector._cumsums(g, c, exclusive=True, span=True)
+    inc_only, same, spans_inc = vector._cumsums(g, c, exclusive=False, span=True)
     assert inc.dtype == exc.dtype == torch.float32 and same is inc_only
 
     ref_inc = torch.full(g.shape, float("nan"), dtype=torch.float64)

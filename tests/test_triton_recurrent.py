@@ -95,6 +95,31 @@ def test_prefill_then_steps_equal_one_call(family, inplace):
         assert_close(f"state[{j}]", a, b, torch.float32)
 
 
+def test_forward_in_place_several_value_tiles():
+    """recurrent.forward with out_state = the initial state (mLSTM-exp, V = 80: two value
+    tiles per head, so the final n and m go through fresh buffers and are copied back): the
+    same tensors come back, holding the reference's final state."""
+    import torch.nn.functional as F
+
+    from linrnn.engine import recurrent
+
+    fam = FAMILIES["mlstm_exp"]
+    B, H, K, V = 2, 1, 16, 80
+    inputs = _inputs(fam, B, 3, H, K, V)
+    S0, n0, m0 = _state(fam, B, H, K, V)
+    ref_state = (S0.clone(), n0.clone(), m0.clone())
+    q, k, v, i, f = (inputs[n] for n in ("q", "k", "v", "i", "f"))
+    (o, S, n, m), saved = recurrent.forward(
+        q, k, v, scale=K**-0.5, g=F.logsigmoid(f), gi=i, stabilize=True, track_n=True,
+        normalizer="mlstm", eps=1e-6, S0=S0, n0=n0, m0=m0, out_state=(S0, n0, m0),
+    )  # fmt: skip
+    assert saved is None and S is S0 and n is n0 and m is m0
+    o_ref, st_ref = _ref(fam, inputs, ref_state)
+    assert_close("o", o, o_ref, torch.float32)
+    for j, (a, b) in enumerate(zip((S, n, m), flat_state(st_ref))):
+        assert_close(f"state[{j}]", a, b, torch.float32)
+
+
 def test_family_step_functions_and_errors():
     fam = FAMILIES["mlstm_exp"]
     inputs = _inputs(fam, 1, 1, 2, 8, 8)
@@ -128,13 +153,14 @@ def test_mode_none_rule(monkeypatch):
     from linrnn.ops import _generic
 
     picked = []
-    real = _generic.select
+    real = _generic.route
 
-    def spy(family, mode, backend, device, chunk_size):
-        picked.append(mode)
-        return real(family, mode, backend, device, chunk_size)
+    def spy(*args, **kwargs):
+        r = real(*args, **kwargs)
+        picked.append(r.mode)
+        return r
 
-    monkeypatch.setattr(_generic, "select", spy)
+    monkeypatch.setattr(_generic, "route", spy)
     short = torch.randn(1, 64, 1, 8, device=DEVICE)
     long = torch.randn(1, 65, 1, 8, device=DEVICE)
     with torch.no_grad():

@@ -11,6 +11,8 @@ import pytest
 import torch
 from helpers import FAMILIES, RTOL, SENSITIVITY_FACTOR, assert_close, run_with_grads, sensitivity
 
+import linrnn
+
 pytest.importorskip("triton")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -85,15 +87,43 @@ def test_recurrent_backward_extreme_gates(family):
         _check(fam, inputs, _state(fam, 1, 2, 8, 8), factor=10.0, same_dtype=True)
 
 
-def test_direct_call_without_state_outputs():
-    """Only o is used: the final-state cotangents arrive as None."""
-    from linrnn.engine import triton_recurrent_bwd
+def _direct_grads(use_o: bool, use_state: bool):
+    """Gradients of (o·w) and/or ⟨S_T, W⟩ through recurrent.recurrent and through the fp64
+    reference loop (GLA with an initial state)."""
+    from linrnn.engine import recurrent
 
-    q = torch.randn(1, 5, 1, 8, device=DEVICE, requires_grad=True)
-    g = torch.randn(1, 5, 1, 8, device=DEVICE).sigmoid().log().requires_grad_()
-    o, *_ = triton_recurrent_bwd.recurrent(q, q, q, scale=0.5, g=g)
-    o.sum().backward()
-    assert torch.isfinite(q.grad).all() and torch.isfinite(g.grad).all()
+    fam = FAMILIES["gla"]
+    B, T, H, K, V = 1, 5, 2, 8, 6
+    inputs = _inputs(fam, B, T, H, K, V)
+    q, k, v, gk = (inputs[n] for n in ("q", "k", "v", "gk"))
+    S0 = torch.randn(B, H, K, V, device=DEVICE, dtype=torch.float64)
+    w_o = torch.randn(B, T, H, V, device=DEVICE, dtype=torch.float64)
+    w_s = torch.randn(B, H, K, V, device=DEVICE, dtype=torch.float64)
+
+    def loss(o, S_T):
+        return (o * w_o).sum() * use_o + (S_T * w_s).sum() * use_state
+
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, gk, S0)]
+    o, S_T, *_ = recurrent.recurrent(*(x.float() for x in leaves[:3]), scale=0.5,
+                                     g=leaves[3].float(), S0=leaves[4].float())  # fmt: skip
+    outs = [o] * use_o + [S_T] * use_state
+    got = torch.autograd.grad(outs, leaves, [w_o.float()] * use_o + [w_s.float()] * use_state)
+    ref_leaves = [x.clone().requires_grad_() for x in (q, k, v, gk, S0)]
+    o_ref, S_ref = linrnn.gla(*ref_leaves[:4], scale=0.5, initial_state=ref_leaves[4],
+                              output_final_state=True, mode="reference")  # fmt: skip
+    ref = torch.autograd.grad(loss(o_ref, S_ref), ref_leaves)
+    for name, a, b in zip(("q", "k", "v", "gk", "S0"), got, ref):
+        assert_close(f"d{name}", a, b, torch.float32)
+
+
+def test_direct_call_output_only():
+    """Only o is used: the final-state cotangents arrive as None."""
+    _direct_grads(use_o=True, use_state=False)
+
+
+def test_direct_call_state_only():
+    """Only the final state is used: the output's cotangent arrives as None."""
+    _direct_grads(use_o=False, use_state=True)
 
 
 @pytest.mark.parametrize("family", ["linear_attn_norm", "gla_gv", "rwkv6", "mlstm_exp"])

@@ -25,29 +25,29 @@ MODES = ["chunk", "fused_chunk"]
 @pytest.fixture(autouse=True)
 def _fast_forms_in_fp32(monkeypatch):
     """The fast forms (DIAG_SPAN, CHUNK_SPAN) for fp32 inputs too (the engine runs them for
-    bf16 alone: triton_chunk_vec._fast_forms), so that the fp32 tests here check the bf16 path's
+    bf16 alone: vector._fast_forms), so that the fp32 tests here check the bf16 path's
     math against the references at fp32 precision; fp16 keeps the engine's choice (the
     long-sequence decay-gradient test). Tests of the fp32 path undo it (:func:`_log_space`)."""
-    from linrnn.engine import triton_chunk_vec
+    from linrnn.engine import vector
 
     fast = lambda dtype: dtype in (torch.bfloat16, torch.float32)  # noqa: E731
-    monkeypatch.setattr(triton_chunk_vec, "_fast_forms", fast)
+    monkeypatch.setattr(vector, "_fast_forms", fast)
 
 
 def _log_space(monkeypatch):
     """fp32 inputs as the engine runs them: no fast forms, every diagonal tile in log space and
     every chunk in sub-chunks."""
-    from linrnn.engine import triton_chunk_vec
+    from linrnn.engine import vector
 
-    monkeypatch.setattr(triton_chunk_vec, "_fast_forms", lambda dtype: dtype == torch.bfloat16)
+    monkeypatch.setattr(vector, "_fast_forms", lambda dtype: dtype == torch.bfloat16)
 
 
 def _gpu_diagonal(monkeypatch, walk: bool = True):
     """The diagonal in the GPU's form, the walk over the key rows (a loop, unrolled with gv),
     instead of the interpreter's block form (``walk`` False: the block form, as the CPU runs)."""
-    from linrnn.engine import triton_chunk_vec
+    from linrnn.engine import vector
 
-    monkeypatch.setattr(triton_chunk_vec, "INTERPRETER", not walk)
+    monkeypatch.setattr(vector, "INTERPRETER", not walk)
 
 
 @pytest.mark.parametrize("init", [False, True], ids=["h0=None", "h0"])
@@ -128,7 +128,7 @@ def test_fast_chunks_over_several_row_tiles(family):
     dq/dk of apply_kernel over three row tiles of a chunk (64, 64 and a partial 32), two depth
     and output tiles (K = 80), a partial last chunk; every gradient against the fp64
     reference. The gates are checked to give chunks below the span limit."""
-    from linrnn.engine import triton_chunk_vec
+    from linrnn.engine import vector
 
     fam = FAMILIES[family]
     B, T, H, K, V, L = STORED_CASES["T200-L160-K80"]
@@ -136,7 +136,7 @@ def test_fast_chunks_over_several_row_tiles(family):
     g = inputs["gk" if family == "gla" else "w"]
     first = 0 if family == "rwkv6" else 1  # the span: −Σ g after the first G^X value
     spans = [float(-g[:, c0 + first : c0 + L].sum(1).amin()) for c0 in range(0, T, L)]
-    assert min(spans) < triton_chunk_vec.CHUNK_SPAN, spans
+    assert min(spans) < vector.CHUNK_SPAN, spans
     h0 = fam.make_state(B, H, K, V, torch.float32)
     _check(fam, inputs, h0, torch.float32, mode="chunk", chunk_size=L)
 
@@ -172,10 +172,13 @@ def test_decay_gradient_over_row_tiles(family, varlen):
 def test_stored_scores_are_all_written():
     """Every entry of the stored scores is written (allocations are NaN-poisoned in tests):
     causal scores below and on the diagonal, zeros above, a partial last chunk included."""
+    from linrnn.engine import vector
+
     B, T, H, K, V, L = 1, 37, 2, 20, 12, 16
     q, k, v = (torch.randn(B, T, H, d, device=DEVICE) for d in (K, K, V))
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device=DEVICE))
-    A = torch.ops.linrnn.chunk_vec_fwd(q, k, v, g, None, None, None, 0.5, L, False, None)[3]
+    out = torch.ops.linrnn.chunk_vec_fwd(q, k, v, g, None, None, None, 0.5, L, False, None)
+    A = dict(zip(("o", *vector.OUTPUTS, *vector.PRODUCED), out))["A"]
     assert A.shape == (B, T, H, L) and bool(torch.isfinite(A).all())
     t = torch.arange(T, device=DEVICE)
     above = (t % L)[:, None] < torch.arange(L, device=DEVICE)[None, :]  # s − c0 > t − c0
@@ -188,11 +191,11 @@ def test_stored_scores_are_all_written():
 def test_wider_sub_chunk_matches_reference(monkeypatch, family, mode):
     """A 32-step sub-chunk (the first entry of the rows/cols/fused tiles), walked: the tile
     choice a tuning run may pick to get 32-row products; T = 45 leaves a partial one."""
-    from linrnn.engine import triton_chunk_vec
+    from linrnn.engine import vector
 
     tiles = {name: (32, *t[1:]) if not name.startswith("states") else t
-             for name, t in triton_chunk_vec.VEC_TILES.items()}  # fmt: skip
-    monkeypatch.setattr(triton_chunk_vec, "VEC_TILES", tiles)
+             for name, t in vector.VEC_TILES.items()}  # fmt: skip
+    monkeypatch.setattr(vector, "VEC_TILES", tiles)
     _gpu_diagonal(monkeypatch)
     fam = FAMILIES[family]
     B, T, H, K, V = 1, 45, 2, 24, 20
@@ -248,10 +251,10 @@ def test_fast_forms_mixed_spans(monkeypatch, family, mode, diag_loop):
     up to e^25). Every kernel that has a diagonal (forward, dq, dk, dv, gv's output gate,
     RWKV6's bonus). Any overflowing exp or inf·0, even in a masked lane, raises under the
     interpreter."""
-    from linrnn.engine import triton_chunk_vec
+    from linrnn.engine import vector
 
     _gpu_diagonal(monkeypatch, walk=diag_loop)
-    assert triton_chunk_vec.DIAG_SPAN == 60.0 and triton_chunk_vec.CHUNK_SPAN == 60.0
+    assert vector.DIAG_SPAN == 60.0 and vector.CHUNK_SPAN == 60.0
     fam = FAMILIES[family]
     B, T, H, K, V = 1, 45, 1, 40, 40
     h0 = fam.make_state(B, H, K, V, torch.float32)
@@ -303,36 +306,33 @@ def test_rwkv6_matches_naive_loop(mode):
     assert_close("h_T", hT, h, torch.float32)
 
 
-@pytest.mark.parametrize("by_default", [False, True])
-def test_backend_none_routes_vector_gates(monkeypatch, by_default):
-    """backend=None on CUDA serves GLA and RWKV6 in mode="chunk" with the Triton engine once
-    TRITON_VECTOR_CHUNK_BY_DEFAULT is on (after the GPU check), with the PyTorch engine until
-    then, and in fused_chunk with Triton; the result is the reference's either way."""
+def test_backend_none_routes_vector_gates(monkeypatch):
+    """backend=None on CUDA serves GLA (with gv) and RWKV6 with the Triton engine in both chunk
+    modes (the one routing decision, _generic.route, on a device faked as CUDA); the result is
+    the reference's."""
     from linrnn.ops import _generic
 
-    monkeypatch.setattr(_generic, "TRITON_VECTOR_CHUNK_BY_DEFAULT", by_default)
     q = torch.randn(1, 6, 1, 8, device=DEVICE)
     gk = torch.nn.functional.logsigmoid(torch.randn(1, 6, 1, 8, device=DEVICE))
     d = lambda x: x.double()  # noqa: E731
     ref_gla, _ = linrnn.gla(d(q), d(q), d(q), d(gk), gv=d(gk), mode="reference")
     ref_rwkv, _ = linrnn.rwkv6(d(q), d(q), d(q), d(gk), d(gk[0, 0]), mode="reference")
-    picked = []
-    real = _generic.select
+    routes = []
+    real = _generic.route
 
-    def as_if_on_cuda(family, mode, backend, device, chunk_size):
-        impl = real(family, mode, "triton" if backend is None else backend, device, chunk_size)
-        picked.append(impl in _generic._TRITON.values())
-        return impl
+    def spy(*args, **kw):
+        r = real(*args, **kw)
+        routes.append((r.mode, r.backend))
+        return r
 
-    monkeypatch.setattr(_generic, "select", as_if_on_cuda)
+    monkeypatch.setattr(_generic, "_gpu", lambda device: True)
+    monkeypatch.setattr(_generic, "route", spy)
     for mode in MODES:
         o, _ = linrnn.gla(q, q, q, gk, gv=gk, mode=mode)
         assert_close("o", o, ref_gla, torch.float32)
         o, _ = linrnn.rwkv6(q, q, q, gk, gk[0, 0], mode=mode)
         assert_close("o", o, ref_rwkv, torch.float32)
-    # chunk: Triton, or Triton then the PyTorch engine; fused_chunk exists only in Triton
-    chunk = [True, True] if by_default else [True, False, True, False]
-    assert picked == [*chunk, True, True]
+    assert routes == [(mode, "triton") for mode in MODES for _ in range(2)]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -362,22 +362,22 @@ def test_long_sequence_decay_gradient_float16(family, mode):
 @pytest.mark.parametrize("K, L", [(64, 64), (128, 64), (256, 128)])
 def test_default_chunk_size_of_vector_gates(K, L):
     """Without a chunk size, per-channel decays take 64 below head dims of 256 and 128 from
-    there (the measured optima for GLA, triton_chunk.default_chunk_size), the scalar engine 128
-    from head dims of 128."""
-    from linrnn.engine import triton_chunk, triton_chunk_vec
+    there (the measured optima for GLA, config.default_chunk_size), the scalar engine 128 from
+    head dims of 128."""
+    from linrnn.engine import config, vector
 
     q = torch.randn(1, 4, 1, K, device=DEVICE)
-    c = triton_chunk_vec.config(q, q, q, scale=1.0, exclusive=False, chunk_size=None,
+    c = vector.config(q, q, q, scale=1.0, exclusive=False, chunk_size=None,
                                 fused=False, offsets=None)  # fmt: skip
     assert c.L == L
-    assert triton_chunk.default_chunk_size(K, K, False) == (128 if K >= 128 else 64)
+    assert config.default_chunk_size(K, K) == (128 if K >= 128 else 64)
 
 
 @pytest.mark.parametrize("slow", [False, True], ids=["all-fast", "one-slow-chunk"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_sub_chunk_launches_only_with_slow_chunks(monkeypatch, family, slow):
     """Chunk mode's backward leaves out dq's and dk's 16-row launches (vector_kernels'
-    dq_bwd_kernel, dk_bwd_kernel) when every chunk is fast (triton_chunk_vec._SlowChunks), and
+    dq_bwd_kernel, dk_bwd_kernel) when every chunk is fast (vector._SlowChunks), and
     makes them when one is slow
     (decays of −5 per step on half the channels: chunk 0's span ≈ 130). Either way every
     gradient matches the fp64 reference; allocations are NaN-poisoned (conftest), so a row
@@ -419,7 +419,7 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
     pre-gates, and checked that it did); and both match the fp64 reference."""
     from helpers import run_with_grads
 
-    from linrnn.engine import triton_chunk_vec, vector_cumsum_kernels
+    from linrnn.engine import vector, vector_cumsum_kernels
 
     fam = FAMILIES[family]
     seq = {}
@@ -447,7 +447,7 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
     monkeypatch.setattr(vector_cumsum_kernels, "chunk_cumsum_kernel", Spy())
     on = run_with_grads(fam, inputs, h0, torch.float32, **kw)
     assert gating == [True], gating
-    monkeypatch.setattr(triton_chunk_vec, "_pre_gate", lambda *args: False)
+    monkeypatch.setattr(vector, "_pre_gate", lambda *args: False)
     off = run_with_grads(fam, inputs, h0, torch.float32, **kw)
     assert torch.equal(on[0], off[0])
     for s, t in zip(on[1], off[1]):

@@ -6,7 +6,7 @@ One job per module:
   (``quick``, ``paper``, ``headdim``, ``chunksize``, ``decode``, ``varlen``);
 - :mod:`~linrnn.bench.decode` — the decode suite (tokens/s of one-token steps, step peers);
 - :mod:`~linrnn.bench.varlen` — the varlen suite (packed documents vs padded);
-- :mod:`~linrnn.bench.flops` — FLOP and byte formulas (seed 003, App. F/G), GPU specs, the
+- :mod:`~linrnn.bench.flops` — FLOP and byte formulas (TFLA paper, App. F/G), GPU specs, the
   roofline floor and the runtime-optimal chunk size;
 - :mod:`~linrnn.bench.worker` — subprocess isolation with a timeout per item;
 - :mod:`~linrnn.bench.timing` — do_bench / perf_counter medians, peak memory, first call;

@@ -1,6 +1,6 @@
 """FLOP and byte counts, GPU specs, the roofline floor and the runtime-optimal chunk size.
 
-Every count is an explicit formula with its derivation in the docstring. Notation (seed 003,
+Every count is an explicit formula with its derivation in the docstring. Notation (TFLA paper,
 App. F, Table 7): B batch, T sequence length, H heads, K = d_qk, V = d_hv, L chunk size,
 F_c = ½ the causal factor (the fraction of a chunk's L × L score matrix that is computed),
 ``elt`` the bytes of one q/k/v/o element (2 for bf16), ``bytes_C`` the bytes of one state
@@ -56,7 +56,7 @@ def gpu_spec(name: str | None) -> dict | None:
 
 
 def chunk_flops_per_chunk(L: int, K: int, V: int, f_causal: float = F_CAUSAL) -> float:
-    """Forward FLOPs of one chunk of length ``L`` for one head (seed 003, App. G, eq. 118)::
+    """Forward FLOPs of one chunk of length ``L`` for one head (TFLA paper, App. G, eq. 118)::
 
         L²·F_c·(2K + 2V + 6) + L² + L·(4KV + 2K + V + 11) + 2KV + 5
 
@@ -257,7 +257,7 @@ def runtime_optimal_chunk(
     state_bytes: int = STATE_BYTES,
     f_causal: float = F_CAUSAL,
 ) -> float:
-    """Runtime-optimal chunk size of seed 003, App. G (dτ/dL = 0 for τ = FLOPs/α + Bytes/β,
+    """Runtime-optimal chunk size of the TFLA paper, App. G (dτ/dL = 0 for τ = FLOPs/α + Bytes/β,
     with d_hv² p_qk = K·V)::
 
         L_opt = sqrt( (2KV + 5 + 2·I_acc·KV·bytes_C) / (2·F_c·(K + V + 3) + 1) )

@@ -42,7 +42,7 @@ PEERS = {
     "fla:chunk_linear_attn[normalize]": Peer("fla", "linear_attn[normalize]", 64),
     "fla:chunk_gla": Peer("fla", "gla", 64, "g = log decay [B,T,H,K]"),
     "fla:chunk_rwkv6": Peer("fla", "rwkv6", 64, "w = log decay; scale=1.0"),
-    # fla's recurrent kernels over whole sequences (issue 4 compares the chunk engine with them)
+    # fla's recurrent kernels over whole sequences (the chunk engine against a plain recurrence)
     "fla:fused_recurrent_gla[seq]": Peer("fla", "gla", None, "whole sequence; gk"),
     "fla:fused_recurrent_rwkv6[seq]": Peer("fla", "rwkv6", None, "whole sequence; scale=1.0"),
     "torch:sdpa_causal": Peer(

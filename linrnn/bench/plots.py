@@ -1,10 +1,13 @@
-"""Plots of a bench report (matplotlib, the optional ``plots`` extra): runtime vs sequence
-length per family with its peers, memory vs chunk size, and a roofline chart. Each function
+"""Plots of a bench report (matplotlib, the optional ``plots`` extra): per family, runtime
+against sequence length (linrnn solid in the family's colour, peers dashed) and grouped bars
+of linrnn against each peer at one shape (forward, forward+backward, memory); memory and time
+against the chunk size; and a roofline chart. Each function
 takes the report's rows and writes a PNG; :func:`make_plots` writes every plot the rows allow
 and returns their paths."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,6 +33,23 @@ def _label(r) -> str:
     return r["op"]
 
 
+def family_of(r) -> str:
+    return registry.OPS[peers.like_of(r["op"])].family
+
+
+def is_linrnn(r) -> bool:
+    return peers.library_of(r["op"]) == "linrnn"
+
+
+FAMILY_COLORS = {  # one colour per family, the same in every plot
+    "linear_attn": "tab:blue",
+    "retention": "tab:orange",
+    "simple_gla": "tab:green",
+    "gla": "tab:red",
+    "rwkv6": "tab:purple",
+    "mlstm": "tab:brown",
+}
+PEER_MARKERS = "s^vD<>xP*"
 FIXED_T_SUITES = ("chunksize", "headdim")  # one T per op and head dim: points, not lines
 
 
@@ -42,29 +62,167 @@ def length_rows(rows: list[dict], key: str) -> list[dict]:
     return _ok(rows, key)
 
 
-def runtime_vs_length(rows: list[dict], out_dir: Path, key: str = "fwdbwd_ms") -> list[Path]:
-    """One PNG per family: ``key`` (ms) against T, one line per op × mode × chunk size and per
-    peer sharing that family's inputs, at each (H, K, V) (the rows of :func:`length_rows`)."""
-    plt = _pyplot()
-    by_family = defaultdict(list)
+def heads_of(shape: str) -> str:
+    s = registry.parse_shape(shape)
+    return f"H{s['H']}-K{s['K']}-V{s['V']}"
+
+
+def _tokens(x, _pos=None) -> str:
+    """Tick label of a sequence length: 2048 -> "2K", 1048576 -> "1M"."""
+    for unit, div in (("M", 2**20), ("K", 2**10)):
+        if x >= div and x % div == 0:
+            return f"{int(x // div)}{unit}"
+    return f"{int(x)}"
+
+
+def length_lines(rows: list[dict], key: str) -> dict:
+    """``{family: {heads: {label: [(T, value)]}}}``: one line per linrnn op in mode chunk
+    (its rows at the default chunk size, the smallest chunk where several) and per peer, at
+    each head configuration. fused_chunk and other chunk sizes stay in the tables."""
+    lines: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    chosen = {}
     for r in length_rows(rows, key):
-        by_family[registry.OPS[peers.like_of(r["op"])].family].append(r)
+        if is_linrnn(r) and r.get("mode") != "chunk":
+            continue
+        k = (r["op"], r["shape"])
+        if k not in chosen or (r.get("chunk") or 0) < (chosen[k].get("chunk") or 0):
+            chosen[k] = r
+    for r in chosen.values():
+        T = registry.parse_shape(r["shape"])["T"]
+        label = f"linrnn {r['op']}" if is_linrnn(r) else r["op"]
+        lines[family_of(r)][heads_of(r["shape"])][label].append((T, r[key]))
+    out: dict = {}  # lines of two or more lengths only (a suite at one T draws none)
+    for family, by_heads in lines.items():
+        for heads, by_label in by_heads.items():
+            kept = {label: pts for label, pts in by_label.items() if len(pts) > 1}
+            if kept:
+                out.setdefault(family, {})[heads] = kept
+    return out
+
+
+def _grid(plt, n: int, width: float = 5.2, height: float = 4.6):
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def runtime_vs_length(rows: list[dict], out_dir: Path, key: str = "fwdbwd_ms") -> list[Path]:
+    """One PNG per family, one panel per head configuration: ``key`` (ms) against T; linrnn's
+    ops solid in the family's colour, each peer dashed in grey with its own marker."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    plt = _pyplot()
     paths = []
-    for family, fam_rows in sorted(by_family.items()):
-        lines = defaultdict(list)
-        for r in fam_rows:
-            s = registry.parse_shape(r["shape"])
-            lines[(_label(r), f"H{s['H']}-K{s['K']}-V{s['V']}")].append((s["T"], r[key]))
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for (label, heads), pts in sorted(lines.items()):
-            pts.sort()
-            ax.plot(*zip(*pts), marker="o", label=f"{label} ({heads})")
-        ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel=f"{key} (ms)")
-        ax.set_title(f"{family}: {'forward+backward' if 'bwd' in key else 'forward'} time")
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
+    what = "forward+backward" if "bwd" in key else "forward"
+    for family, by_heads in sorted(length_lines(rows, key).items()):
+        fig, axes = _grid(plt, len(by_heads))
+        color = FAMILY_COLORS.get(family, "black")
+        for ax, (heads, lines) in zip(axes, sorted(by_heads.items())):
+            ts = sorted({t for pts in lines.values() for t, _ in pts})
+            mine = sorted(k for k in lines if k.startswith("linrnn "))
+            others = sorted(k for k in lines if not k.startswith("linrnn "))
+            for j, label in enumerate(mine):
+                pts = sorted(lines[label])
+                ax.plot(*zip(*pts), color=color, lw=2.2, marker="os^D"[j % 4],
+                        linestyle=("-", "-.", ":")[j % 3], label=label)  # fmt: skip
+            for j, label in enumerate(others):
+                pts = sorted(lines[label])
+                ax.plot(*zip(*pts), color=f"{0.25 + 0.5 * j / max(1, len(others))}", lw=1.4,
+                        linestyle="--", marker=PEER_MARKERS[j % len(PEER_MARKERS)],
+                        label=label)  # fmt: skip
+            ax.set(xscale="log", xlabel="sequence length T", ylabel=f"{what} time (ms)")
+            ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.05)
+            ax.xaxis.set_major_locator(FixedLocator(ts))
+            ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.grid(True, alpha=0.3)
+            ax.set_title(f"{family}, {heads}", fontsize=10)
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
+                      frameon=False)  # fmt: skip
+        fig.suptitle(f"{family}: {what} time against T (linrnn solid, peers dashed)", fontsize=11)
         fig.tight_layout()
         path = Path(out_dir) / f"runtime-vs-T-{family}.png"
-        fig.savefig(path, dpi=120, bbox_inches="tight")  # legend beside the axes
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+BAR_METRICS = (  # (row key, axis label, scale to the unit)
+    ("fwd_ms", "forward (ms)", 1.0),
+    ("fwdbwd_ms", "forward+backward (ms)", 1.0),
+    ("peak_fwdbwd_mib", "peak memory, fwd+bwd (GiB)", 1 / 1024),
+)
+
+
+def _rank(shape: str, n_peers: dict) -> tuple:
+    """The bars' shape: the most peers, then the widest heads, then T nearest 8192."""
+    d = registry.parse_shape(shape)
+    return n_peers[shape], d["K"], -abs(math.log2(d["T"] / 8192))
+
+
+def bar_rows(rows: list[dict], shape: str | None = None) -> dict:
+    """``{family: (shape, [row, ...])}`` for the grouped bars: per family the shape with the
+    most peers measured (``shape`` where given and measured), linrnn's ops in mode chunk (the
+    fastest chunk size of each) first, then each peer."""
+    by_family: dict = defaultdict(lambda: defaultdict(list))
+    for r in _ok(rows, "fwdbwd_ms"):
+        if is_linrnn(r) and r.get("mode") != "chunk":
+            continue
+        by_family[family_of(r)][r["shape"]].append(r)
+    out = {}
+    for family, by_shape in sorted(by_family.items()):
+        n_peers = {s: len({r["op"] for r in rs if not is_linrnn(r)}) for s, rs in by_shape.items()}
+        if not any(n_peers.values()):
+            continue
+
+        pick = shape if shape in by_shape else max(by_shape, key=lambda s: _rank(s, n_peers))
+        best = {}
+        for r in by_shape[pick]:
+            if r["op"] not in best or r["fwdbwd_ms"] < best[r["op"]]["fwdbwd_ms"]:
+                best[r["op"]] = r
+        mine = [r for op, r in sorted(best.items()) if is_linrnn(r)]
+        out[family] = (pick, mine + [r for op, r in sorted(best.items()) if not is_linrnn(r)])
+    return out
+
+
+def _bar_label(r) -> str:
+    if is_linrnn(r):
+        return f"linrnn {r['op']}" + (f" L={r['chunk']}" if r.get("chunk") else "")
+    return r["op"].replace("mlstm_kernels:", "mlstm_kernels:\n").replace("fla:", "fla:\n")
+
+
+def peer_bars(rows: list[dict], out_dir: Path, shape: str | None = None) -> list[Path]:
+    """One PNG per family with peers: at one shape (:func:`bar_rows`), a panel per figure of
+    :data:`BAR_METRICS`, one bar per op (linrnn in the family's colour, peers grey), the
+    value written on each bar."""
+    plt = _pyplot()
+    paths = []
+    for family, (pick, rs) in bar_rows(rows, shape).items():
+        fig, axes = plt.subplots(1, 3, figsize=(4.2 * 3, 3.2 + 0.18 * len(rs)))
+        color = FAMILY_COLORS.get(family, "black")
+        labels = [_bar_label(r) for r in rs]
+        colors = [color if is_linrnn(r) else "0.6" for r in rs]
+        for ax, (key, axis, scale) in zip(axes, BAR_METRICS):
+            vals = [r[key] * scale if r.get(key) is not None else 0.0 for r in rs]
+            ys = range(len(rs))
+            ax.barh(ys, vals, color=colors)
+            for y, v, r in zip(ys, vals, rs):
+                ax.text(v, y, f" {v:.3g}" if r.get(key) is not None else " n/a", va="center",
+                        fontsize=7)  # fmt: skip
+            ax.set_yticks(list(ys))
+            ax.set_yticklabels(labels if ax is axes[0] else [""] * len(rs), fontsize=7)
+            ax.invert_yaxis()
+            ax.set_xlabel(axis)
+            ax.set_xlim(0, max([*vals, 1e-9]) * 1.25)
+            ax.grid(True, axis="x", alpha=0.3)
+        fig.suptitle(f"{family} at {pick} (bf16; shorter is better)", fontsize=11)
+        fig.tight_layout()
+        path = Path(out_dir) / f"bars-{family}.png"
+        fig.savefig(path, dpi=120)
         plt.close(fig)
         paths.append(path)
     return paths
@@ -79,20 +237,36 @@ def memory_vs_chunk(rows: list[dict], out_dir: Path) -> list[Path]:
         if r.get("library") == "linrnn" and r.get("mode") == "chunk" and r.get("chunk"):
             if r.get("status") == "ok":
                 mem = r.get("peak_fwdbwd_mib") or r.get("peak_fwd_mib")
+                mem = mem / 1024 if mem is not None else None
                 t = r.get("fwdbwd_ms") or r.get("fwd_ms")
                 lines[(r["op"], r["shape"])].append((r["chunk"], mem, t))
     lines = {k: sorted(v) for k, v in lines.items() if len(v) > 1}
     if not lines:
         return []
     fig, (ax_m, ax_t) = plt.subplots(1, 2, figsize=(11, 4.5))
+    variant = defaultdict(int)  # the family's colour; its variants by line style and marker
     for (op, shape), pts in sorted(lines.items()):
+        family = registry.OPS[op].family
+        j = variant[family]
+        variant[family] += 1
+        style = dict(color=FAMILY_COLORS.get(family, "black"), linestyle=("-", "--", ":")[j % 3],
+                     marker="os^D"[j % 4], label=f"{op} {heads_of(shape)}")  # fmt: skip
         L = [p[0] for p in pts]
         if any(p[1] is not None for p in pts):
-            ax_m.plot(L, [p[1] for p in pts], marker="o", label=f"{op} {shape}")
-        ax_t.plot(L, [p[2] for p in pts], marker="o", label=f"{op} {shape}")
-    ax_m.set(xscale="log", xlabel="chunk size L", ylabel="peak memory (MiB)")
+            ax_m.plot(L, [p[1] for p in pts], **style)
+        ax_t.plot(L, [p[2] for p in pts], **style)
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    sizes = sorted({p[0] for pts in lines.values() for p in pts})
+    for ax in (ax_m, ax_t):
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator(sizes))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _p: f"{int(x)}"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.grid(True, which="major", alpha=0.3)
+    ax_m.set(xlabel="chunk size L", ylabel="peak memory (GiB)")
     ax_m.set_title("peak memory vs chunk size")
-    ax_t.set(xscale="log", yscale="log", xlabel="chunk size L", ylabel="time (ms)")
+    ax_t.set(yscale="log", xlabel="chunk size L", ylabel="time (ms)")
     ax_t.set_title("time vs chunk size (fwd+bwd where measured)")
     for ax in (ax_m, ax_t):
         if ax.lines:
@@ -145,6 +319,7 @@ def make_plots(report: dict, out_dir: Path) -> list[Path]:
     key = "fwdbwd_ms" if any(r.get("fwdbwd_ms") for r in rows) else "fwd_ms"
     return [
         *runtime_vs_length(rows, out_dir, key),
+        *peer_bars(rows, out_dir),
         *memory_vs_chunk(rows, out_dir),
         *roofline_chart(rows, report.get("gpu_spec"), out_dir),
     ]

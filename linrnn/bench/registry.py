@@ -281,9 +281,9 @@ SUITES = {
             cpu_shapes=(shape_id(1, 96, 2, 8, 8),),
             modes=("chunk",),
             kind="varlen",
-            note="H200: ~330 s for the linrnn ops, then 150-300 s for fla's peer (its chunk "
-            "kernels compile per layout); in parts with --resume --time-budget (scripts/"
-            "gpu_runbook.sh varlen: --ops linrnn, then --ops peers)",
+            note="fla's peer compiles its chunk kernels per layout for minutes; in parts with "
+            "--resume --time-budget (scripts/gpu_runbook.sh varlen: --ops linrnn, then --ops "
+            "peers)",
         ),
     )
 }

@@ -18,13 +18,11 @@ count per document (packed: Σ over documents; padded: ``docs`` rows of ``max_le
 linrnn ops with Triton kernels (scalar gates: native ``cu_seqlens`` in the chunk kernels) and
 fla's ``chunk_simple_gla`` with ``cu_seqlens`` as a peer.
 
-Cost (H200, session 6): :func:`plan` makes one case per op, the linrnn ops first and the peer
-last, each case one worker process (fresh Triton cache) running its two items, packed then
-padded. A linrnn case took 25-45 s (~6 s worker start, a first call of 5-15 s per layout that
-compiles, do_bench timing of fwd and fwd+bwd: up to ~10 s per layout for the vector-gate ops),
-~330 s for the ten; fla's first calls compile its chunk kernels for 70-140 s per layout (the
-varlen and the padded forms are separate specializations). The whole suite does not fit one
-9-minute device call: run it in parts that add to one JSON (``--ops linrnn`` then ``--ops
+Cost: :func:`plan` makes one case per op, the linrnn ops first and the peer last, each case
+one worker process (fresh Triton cache) running its two items, packed then padded; every
+case compiles its kernels per layout, and fla's chunk kernels take minutes to compile (the
+varlen and the padded forms are separate specializations). The whole suite may not fit one
+time-limited call: run it in parts that add to one JSON (``--ops linrnn`` then ``--ops
 peers``, each with ``--resume --time-budget``; ``scripts/gpu_runbook.sh varlen``). The report
 is rewritten after every case, and a case cut at the budget keeps its finished items.
 """

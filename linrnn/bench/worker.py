@@ -34,7 +34,7 @@ from pathlib import Path
 import linrnn
 
 ROOT = Path(linrnn.__file__).resolve().parents[1]  # the folder holding the linrnn package
-MARK = "@@gpu_engine@@ "  # prefix of the worker's event lines on stdout
+MARK = "@@linrnn_bench@@ "  # prefix of the worker's event lines on stdout
 DEFAULT_COMMAND = (sys.executable, "-m", "linrnn.bench", "--worker")
 
 

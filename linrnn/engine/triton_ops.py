@@ -24,13 +24,8 @@ A new Triton entry point needs its own op pair here before it can be compiled.
 import torch
 from torch import Tensor
 
-from linrnn.engine import (
-    config,
-    scalar,
-    triton_chunk_vec,
-    triton_recurrent,
-    triton_recurrent_bwd,
-)
+from linrnn.engine import config, scalar, vector
+from linrnn.engine import recurrent as rec
 
 
 class _Ctx:
@@ -176,12 +171,23 @@ def _chunk_backward(ctx, grads):
 torch.library.register_autograd("linrnn::chunk_fwd", _chunk_backward, setup_context=_chunk_setup)
 
 
-# Per-channel decays (triton_chunk_vec): their own pair, the saved tensors differ.
+# Per-channel decays (vector): their own pair, the saved tensors differ.
 
 
 def _vec_config(q, k, v, u, scale, L, fused, offsets):
-    return triton_chunk_vec.config(q, k, v, scale=scale, exclusive=u is not None, chunk_size=L,
-                                   fused=fused, offsets=offsets)  # fmt: skip
+    return vector.config(q, k, v, scale=scale, exclusive=u is not None, chunk_size=L,
+                         fused=fused, offsets=offsets)  # fmt: skip
+
+
+def _vec_kept(q, v, gv, u, fused) -> dict[str, bool]:
+    return vector.kept(fused=fused, exclusive=u is not None, has_gv=gv is not None,
+                       dtype=q.dtype, V=v.shape[3])  # fmt: skip
+
+
+# linrnn::chunk_vec_fwd returns the outputs and what vector.forward saved besides the inputs,
+# by these names; linrnn::chunk_vec_bwd takes the inputs, then these (less o).
+_VEC_OUT = ("o", *vector.OUTPUTS, *vector.PRODUCED)
+_VEC_SAVED = vector.OUTPUTS + vector.PRODUCED
 
 
 @torch.library.custom_op("linrnn::chunk_vec_fwd", mutates_args=())
@@ -189,16 +195,12 @@ def _chunk_vec_fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gv: Tensor | None, u: Tensor | None,
     S0: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
-    """[o, S_T, saved0, saved1]: what the backward needs besides the inputs — chunk: the
-    states and (with gv) the fp32 output or (without gv) the scores; fused_chunk:
-    (with gv) the output's intra- and inter-chunk parts; empty tensors where there is
-    nothing."""
+    """The tensors of :data:`_VEC_OUT` (empty where the call makes none)."""
     c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
-    ctx = _Ctx()
-    o, S_T = triton_chunk_vec._VecChunkFn.forward(ctx, q, k, v, g, gv, u, S0, c)
-    saved0, saved1 = ctx.saved_tensors[9:11]
-    e = lambda x: _empty(q) if x is None else x  # noqa: E731
-    return _distinct([o, S_T, e(saved0), e(saved1)], (q, k, v, g, gv, u, S0))
+    outputs, saved = vector.forward(q, k, v, g, gv, u, S0, c)
+    named = dict(saved, o=outputs[0])
+    outs = [_empty(q) if named[name] is None else named[name] for name in _VEC_OUT]
+    return _distinct(outs, (q, k, v, g, gv, u, S0))
 
 
 @_chunk_vec_fwd.register_fake
@@ -206,41 +208,37 @@ def _chunk_vec_fwd_fake(q, k, v, g, gv, u, S0, scale, chunk_size, fused, offsets
     B, T, H, K = q.shape
     V = v.shape[3]
     N, NT, _ = _chunk_counts(B, T, chunk_size, offsets)
-    f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
-    by_gv = lambda: f(*v.shape) if gv is not None else f(0)  # noqa: E731  (distinct tensors)
-    if not fused and gv is None:  # the stored scores
-        return [q.new_empty(v.shape), f(N, H, K, V), f(B * H, NT, K, V),
-                q.new_empty(B, T, H, chunk_size)]  # fmt: skip
-    return [q.new_empty(v.shape), f(N, H, K, V), by_gv() if fused else f(B * H, NT, K, V),
-            by_gv()]  # fmt: skip
+    f32, x16 = torch.float32, q.dtype
+    shapes = dict(
+        o=((B, T, H, V), x16), S_T=((N, H, K, V), f32), Gk=((B, T, H, K), f32),
+        Gx=((B, T, H, K), f32), Gv=((B, T, H, V), f32), spans=((NT, B * H), f32),
+        QG=((B, T, H, K), x16), KG=((B, T, H, K), x16), states=((B * H, NT, K, V), f32),
+        A=((B, T, H, chunk_size), x16), o32=((B, T, H, V), f32), o_in=((B, T, H, V), f32),
+        o_x=((B, T, H, V), f32),
+    )  # fmt: skip
+    has = dict(_vec_kept(q, v, gv, u, fused), o=True, S_T=True)
+    return [
+        q.new_empty(shapes[n][0], dtype=shapes[n][1]) if has[n] else _empty(q) for n in _VEC_OUT
+    ]
 
 
 @torch.library.custom_op("linrnn::chunk_vec_bwd", mutates_args=())
 def _chunk_vec_bwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, gv: Tensor | None, u: Tensor | None,
-    S0: Tensor | None, S_T: Tensor, saved0: Tensor, saved1: Tensor, do: Tensor,
-    dS_T: Tensor | None, scale: float, chunk_size: int, fused: bool, offsets: list[int] | None,
+    S0: Tensor | None, S_T: Tensor, Gk: Tensor, Gx: Tensor, Gv: Tensor, spans: Tensor,
+    QG: Tensor, KG: Tensor, states: Tensor, A: Tensor, o32: Tensor, o_in: Tensor, o_x: Tensor,
+    do: Tensor, dS_T: Tensor | None, scale: float, chunk_size: int, fused: bool,
+    offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
     """[dq, dk, dv, dg, dgv, du, dS0] (empty where the input was None)."""
     c = _vec_config(q, k, v, u, scale, chunk_size, fused, offsets)
-    fast = triton_chunk_vec._fast_chunks(gv is not None, c)
-    q, k = q.contiguous(), k.contiguous()
-    gate = triton_chunk_vec._gate_buffers(q, k, v, gv is not None, c)  # QG, KG again
-    bk, bkx, spans = triton_chunk_vec._cumsums(g, c, exclusive=u is not None, span=fast,
-                                               gate=gate)  # fmt: skip
-    bv = triton_chunk_vec._cumsums(gv, c, exclusive=False)[0] if gv is not None else None
-    ctx = _Ctx()
-    ctx.c, ctx.spans = c, spans
-    ctx.saved_tensors = (
-        q, k, v.contiguous(),
-        u.float().contiguous() if u is not None else None, bk, bkx, bv, S0, S_T,
-        saved0 if not fused or gv is not None else None,
-        saved1 if gv is not None or saved1.numel() else None,  # (chunk mode, no gv: scores)
-        *(gate[2:] if gate is not None else ()),
-    )  # fmt: skip
-    grads = triton_chunk_vec._VecChunkFn.backward(ctx, do, dS_T)[:7]
+    has = _vec_kept(q, v, gv, u, fused)
+    tensors = (Gk, Gx, Gv, spans, QG, KG, states, A, o32, o_in, o_x)
+    saved = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), u=u, S0=S0, S_T=S_T)
+    saved.update({n: x if has[n] else None for n, x in zip(vector.PRODUCED, tensors)})
+    grads = vector.backward(saved, c, do, dS_T)
     outs = [_empty(q) if x is None else x for x in grads]
-    return _distinct(outs, (q, k, v, g, gv, u, S0, S_T, saved0, saved1, do, dS_T))
+    return _distinct(outs, (q, k, v, g, gv, u, S0, S_T, *tensors, do, dS_T))
 
 
 @_chunk_vec_bwd.register_fake
@@ -255,18 +253,21 @@ _VEC_OPTS = ("scale", "chunk_size", "fused", "offsets")
 
 def _chunk_vec_setup(ctx, inputs, output):
     q, k, v, g, gv, u, S0, *opts = inputs
-    ctx.opts = opts
+    ctx.opts = dict(zip(_VEC_OPTS, opts))
     ctx.has = [x is not None for x in (g, gv, u, S0)]
-    _, S_T, saved0, saved1 = output
-    ctx.save_for_backward(q, k, v, g, gv, u, S0, S_T, saved0, saved1)
+    ctx.o_like = dict(size=v.shape, dtype=q.dtype, device=q.device)  # (a zero do)
+    out = dict(zip(_VEC_OUT, output))
+    ctx.save_for_backward(q, k, v, g, gv, u, S0, *(out[n] for n in _VEC_SAVED))
     ctx.set_materialize_grads(False)
 
 
 def _chunk_vec_backward(ctx, grads):
     do, dS_T = grads[:2]
     if do is None:
-        do = torch.zeros_like(ctx.saved_tensors[2], dtype=ctx.saved_tensors[0].dtype)
-    dq, dk, dv, *rest = torch.ops.linrnn.chunk_vec_bwd(*ctx.saved_tensors, do, dS_T, *ctx.opts)
+        do = torch.zeros(**ctx.o_like)
+    dq, dk, dv, *rest = torch.ops.linrnn.chunk_vec_bwd(
+        *ctx.saved_tensors, do, dS_T, *ctx.opts.values()
+    )
     rest = [x if has else None for x, has in zip(rest, ctx.has)]
     return (dq, dk, dv, *rest) + (None,) * len(_VEC_OPTS)
 
@@ -305,18 +306,7 @@ def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, no
 
 
 # ---------------------------------------------------------------------------------------------
-# Recurrent kernels (mode "recurrent"; with gradients, triton_recurrent_bwd)
-
-
-def _rec_config(q, scale, eps, stabilize, track_n, normalizer, offsets, g, gi):
-    norm = _norm_code(normalizer)
-    return triton_recurrent_bwd._Cfg(
-        scale=float(scale), eps=float(eps), normalizer=norm, stab=stabilize, track_n=track_n,
-        varlen=offsets is not None, offsets=offsets,
-        N=q.shape[0] if offsets is None else len(offsets) - 1,
-        norm={None: 0, "sum": 1, "mlstm": 3 if stabilize else 2}[norm],
-        has_decay=g is not None, has_igate=gi is not None,
-    )  # fmt: skip
+# Recurrent kernels (mode "recurrent"): linrnn.engine.recurrent's forward and backward
 
 
 @torch.library.custom_op("linrnn::recurrent_fwd", mutates_args=())
@@ -327,19 +317,14 @@ def _recurrent_fwd(
     normalizer: str, offsets: list[int] | None, save: bool,
 ) -> list[Tensor]:  # fmt: skip
     """[o, S_T, n_T, m_T, den, m_row] (empty where unused; den/m_row only with ``save``)."""
-    B, T, H = q.shape[:3]
-    norm = normalizer != "none"
-    den = m_row = None
-    if save:
-        den = torch.empty(B * H, T, device=q.device) if norm else None
-        m_row = torch.empty(B * H, T, device=q.device) if stabilize else None
-    o, S_T, n_T, m_T = triton_recurrent.recurrent(
+    (o, S_T, n_T, m_T), saved = rec.forward(
         q, k, v, scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize, track_n=track_n,
         normalizer=_norm_code(normalizer), eps=eps, S0=S0, n0=n0, m0=m0, offsets=offsets,
-        saved=(den, m_row) if save else None,
+        save=save,
     )  # fmt: skip
+    saved = saved or {}
     e = lambda x: _empty(q) if x is None else x  # noqa: E731
-    outs = [o, S_T, e(n_T), e(m_T), e(den), e(m_row)]
+    outs = [o, S_T, e(n_T), e(m_T), e(saved.get("den")), e(saved.get("m_row"))]
     return _distinct(outs, (q, k, v, g, gv, gi, u, S0, n0, m0))
 
 
@@ -366,16 +351,19 @@ def _recurrent_bwd(
     scale: float, eps: float, stabilize: bool, track_n: bool, normalizer: str,
     offsets: list[int] | None,
 ) -> list[Tensor]:  # fmt: skip
-    """[dq, dk, dv, dg, dgv, dgi, du, dS0, dn0, dm0] (empty where the input was None)."""
-    ctx = _Ctx()
-    ctx.c = _rec_config(q, scale, eps, stabilize, track_n, normalizer, offsets, g, gi)
+    """[dq, dk, dv, dg, dgv, dgi, du, dS0, dn0, dm0] (empty where the input was None). The
+    saved tensors come in :data:`recurrent.SAVED` order (empty where unused)."""
     norm = normalizer != "none"
-    ctx.saved_tensors = (
-        q.contiguous(), k.contiguous(), v.contiguous(), g, gv, gi, u, S0, n0, m0, o, S_T,
-        n_T if track_n else None, den if norm else None, m_row if stabilize else None,
+    saved = dict(
+        q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g, gv=gv, gi=gi, u=u, S0=S0,
+        n0=n0, m0=m0, o=o, S_T=S_T, n_T=n_T if track_n else None, den=den if norm else None,
+        m_row=m_row if stabilize else None,
     )  # fmt: skip
-    grads = triton_recurrent_bwd._RecurrentFn.backward(ctx, do, dS_T, dn_T, dm_T)[:10]
-    outs = [_empty(q) if x is None else x for x in grads]
+    grads = rec.backward(
+        saved, do, dS_T, dn_T, dm_T, scale=scale, eps=eps, normalizer=_norm_code(normalizer),
+        stabilize=stabilize, track_n=track_n, offsets=offsets,
+    )  # fmt: skip
+    outs = [_empty(q) if grads[n] is None else grads[n] for n in rec.GRADS]
     return _distinct(outs, (q, k, v, g, gv, gi, u, S0, n0, m0, o, S_T, n_T, den, m_row, do,
                             dS_T, dn_T, dm_T))  # fmt: skip
 
@@ -387,15 +375,17 @@ def _recurrent_bwd_fake(q, k, v, g, gv, gi, u, S0, n0, m0, *rest):
             f(gi), f(u), f(S0), f(n0), f(m0)]  # fmt: skip
 
 
+_REC_INPUTS = ("q", "k", "v", "g", "gv", "gi", "u", "S0", "n0", "m0")
+_REC_OUTPUTS = ("o", "S_T", "n_T", "m_T", "den", "m_row")
 _REC_OPTS = ("scale", "eps", "stabilize", "track_n", "normalizer", "offsets", "save")
 
 
 def _rec_setup(ctx, inputs, output):
-    q, k, v, g, gv, gi, u, S0, n0, m0, *opts = inputs
-    ctx.opts = dict(zip(_REC_OPTS, opts))
-    ctx.has = [x is not None for x in (g, gv, gi, u, S0, n0, m0)]
-    o, S_T, n_T, _, den, m_row = output
-    ctx.save_for_backward(q, k, v, g, gv, gi, u, S0, n0, m0, o, S_T, n_T, den, m_row)
+    named = dict(zip(_REC_INPUTS, inputs))
+    ctx.opts = dict(zip(_REC_OPTS, inputs[len(_REC_INPUTS) :]))
+    ctx.has = [named[n] is not None for n in _REC_INPUTS[3:]]
+    named.update(zip(_REC_OUTPUTS, output))
+    ctx.save_for_backward(*(named[n] for n in rec.SAVED))
     ctx.set_materialize_grads(False)
 
 
@@ -404,8 +394,9 @@ def _rec_backward(ctx, grads):
     opts = dict(ctx.opts)
     if not opts.pop("save"):
         raise RuntimeError("linrnn::recurrent_fwd ran without saving for backward (save=False)")
+    saved = dict(zip(rec.SAVED, ctx.saved_tensors))
     if do is None:
-        do = torch.zeros_like(ctx.saved_tensors[10])
+        do = torch.zeros_like(saved["o"])
     dn_T = dn_T if opts["track_n"] else None
     dm_T = dm_T if opts["stabilize"] else None
     dq, dk, dv, *rest = torch.ops.linrnn.recurrent_bwd(
@@ -421,13 +412,13 @@ torch.library.register_autograd("linrnn::recurrent_fwd", _rec_backward, setup_co
 def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
               track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None,
               offsets=None, save=True):  # fmt: skip
-    """:func:`linrnn.engine.triton_recurrent_bwd.recurrent` (``save=True``: differentiable) or
-    :func:`linrnn.engine.triton_recurrent.recurrent` without ``out_state`` (``save=False``)
-    through the custom ops. Returns ``(o, S_T, n_T, m_T)``."""
+    """:func:`linrnn.engine.recurrent.recurrent` (``save=True``: differentiable) or
+    :func:`linrnn.engine.recurrent.forward` without ``out_state`` (``save=False``) through
+    the custom ops. Returns ``(o, S_T, n_T, m_T)``."""
     if save and u is not None and gv is not None:
         raise NotImplementedError("the recurrent backward has no exclusive form with gv")
-    S0, n0, m0 = triton_recurrent_bwd.prepare_state(S0, n0, m0, track_n, stabilize)
-    f32 = triton_recurrent_bwd.fp32_contiguous
+    S0, n0, m0 = rec.prepare_state(S0, n0, m0, track_n, stabilize)
+    f32 = rec.fp32_contiguous
     out = torch.ops.linrnn.recurrent_fwd(
         q, k, v, f32(g), f32(gv), f32(gi), f32(u), S0, n0, m0, float(scale), float(eps),
         stabilize, track_n, normalizer or "none",

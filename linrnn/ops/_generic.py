@@ -28,15 +28,10 @@ MODES = ("reference", "recurrent", "parallel", "chunk", "fused_chunk")
 BACKENDS = (None, "torch", "triton")
 
 try:  # the Triton engine; without Triton the PyTorch path serves every call
-    from linrnn.engine import (
-        scalar,
-        triton_chunk_vec,
-        triton_ops,
-        triton_recurrent,
-        triton_recurrent_bwd,
-    )
+    from linrnn.engine import recurrent as triton_rec
+    from linrnn.engine import scalar, triton_ops, vector
 except ImportError:
-    scalar = triton_chunk_vec = triton_ops = triton_recurrent = triton_recurrent_bwd = None
+    scalar = vector = triton_ops = triton_rec = None
 
 # The modes with a Triton kernel (they take the inputs in their own dtype and fuse the
 # normalizer, so run() hands them the family's switches instead of the generic recurrence).
@@ -90,6 +85,11 @@ def route(family: str, q: Tensor, v: Tensor, *, g=None, gv=None, u=None, grad: b
             raise ValueError(
                 "backend='triton' on CPU tensors needs the Triton interpreter: set "
                 "TRITON_INTERPRET=1 before importing triton, or use backend='torch'"
+            )
+        if scalar is None:
+            raise ImportError(
+                f"{family}: backend='triton' needs the triton package (pip install "
+                "'linrnn[triton]'); backend='torch' or None runs without it"
             )
         if mode not in TRITON_MODES:
             raise NotImplementedError(
@@ -230,7 +230,7 @@ def _triton_dtype(family: str, q: Tensor) -> None:
 
 def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
     """The Triton recurrent kernel: every family, packed sequences native; with gradients the
-    autograd Function of triton_recurrent_bwd (no in-place final state then)."""
+    autograd Function of :mod:`linrnn.engine.recurrent` (no in-place final state then)."""
     _triton_dtype(family, q)
     f32 = lambda x: None if x is None else x.float()  # noqa: E731
     for name in ("g", "gv", "gi", "u"):
@@ -239,7 +239,7 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
         o, S, n, m = triton_ops.recurrent(q, k, v, offsets=cu_seqlens, save=grad, **kw)
         return o, (S, n, m)
     if grad:  # the autograd Function
-        o, S, n, m = triton_recurrent_bwd.recurrent(q, k, v, offsets=cu_seqlens, **kw)
+        o, S, n, m = triton_rec.recurrent(q, k, v, offsets=cu_seqlens, **kw)
         return o, (S, n, m)
     out = OUT_STATE.get()
     if out is not None:  # an in-place step: write where the caller's state lives
@@ -250,7 +250,7 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
         parts = list(out) + [None] * 3
         out = [p if (w and p is not None and tuple(p.shape) == s and p.is_contiguous())
                else None for p, s, w in zip(parts, shapes, want)]  # fmt: skip
-    o, S, n, m = triton_recurrent.recurrent(q, k, v, offsets=cu_seqlens, out_state=out, **kw)
+    (o, S, n, m), _ = triton_rec.forward(q, k, v, offsets=cu_seqlens, out_state=out, **kw)
     return o, (S, n, m)
 
 
@@ -276,7 +276,7 @@ def _vector_chunk(q, k, v, *, scale, g, gi, gv, u, stabilize, track_n, normalize
                   n0, m0, chunk_size, fused, offsets):  # fmt: skip
     if gi is not None or stabilize or track_n or normalizer is not None:
         raise NotImplementedError("vector gates with input gate / normalizer: no kernel")
-    o, S_T = triton_chunk_vec.chunk(
+    o, S_T = vector.chunk(
         q, k, v, scale=scale, g=g, gv=gv, u=u, S0=S0, chunk_size=chunk_size, fused=fused,
         offsets=offsets,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Exact PyTorch references of the generic linear recurrence (DESIGN.md §1-2).
+"""Exact PyTorch references of the generic linear recurrence (docs/DESIGN.md §1-2).
 
 Both forms take the *generic* description every family maps onto (see
 :mod:`linrnn.ops._generic`), in ``[B, T, H, *]`` layout and in the compute dtype

@@ -1,0 +1,413 @@
+"""Host side of the recurrent kernels (recurrent_kernels): ``mode="recurrent"`` for every family,
+the decode step, and its backward.
+
+* :func:`forward` launches the forward kernel: ``(o, S_T, n_T, m_T)`` and, with ``save=True``,
+  the tensors the backward needs (a dict, :data:`SAVED`). It is the decode step's path: one
+  launch, no autograd, the final state optionally written over the initial one.
+* :func:`backward` takes that dict and the output cotangents and returns the gradients of the
+  inputs by name (:data:`GRADS`).
+* :func:`recurrent` is the differentiable call (:class:`RecurrentFunction` over the two).
+
+Gate gradients. With the max state m held fixed, a log decay g_t enters through the cumulative
+sum F_t, +F_t beside q and −F_t beside k, so ∂L/∂F_t = q_t·dq_t − k_t·dk_t (+ ⟨dS_T, S_T⟩ +
+⟨dn_T, n_T⟩ at a sequence's last step) and ∂L/∂g_u = Σ_{t≥u} ∂L/∂F_t within the sequence; a
+decay over V takes o_t·do_t − v_t·dv_t; a log input gate gets k_t·dk_t. The kernels store the
+per-channel products; the reverse sums run here in fp64. mLSTM-exp's max state routes its own
+gradient to F and to the input gate through the running argmax (:func:`_max_state_grads`).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from linrnn.engine import recurrent_kernels as kern
+from linrnn.engine.host_math import cdiv, next_pow2
+from linrnn.engine.scalar_kernels import norm_bwd_kernel
+
+# The decode step's tile: the whole key dimension (BK = next power of two ≥ K) by a value tile
+# BV = min(BV_MAX, STATE_ELEMS // BK, next power of two ≥ V) (at least 16), on NUM_WARPS warps,
+# or FULL_WARPS once the tile holds STATE_ELEMS fp32 entries. A step reads and writes the state
+# once, so this tile sets how close it comes to the memory floor (docs/tuning.md).
+STEP_TILE = {"BV_MAX": 64, "STATE_ELEMS": 8192, "NUM_WARPS": 4, "FULL_WARPS": 2}
+
+# The backward's tiles: the dimension a program splits is tiled by up to 64, the other held whole
+# (the product at most BWD_STATE_ELEMS).
+BWD_TILE_MAX, BWD_STATE_ELEMS = 64, 8192
+
+# What forward(save=True) keeps for backward, and the inputs backward returns gradients for.
+SAVED = ("q", "k", "v", "g", "gv", "gi", "u", "S0", "n0", "m0", "o", "S_T", "n_T", "den", "m_row")
+GRADS = ("q", "k", "v", "g", "gv", "gi", "u", "S0", "n0", "m0")
+
+_NORM = {None: 0, "sum": 1, "mlstm": 2}
+
+
+def norm_code(normalizer: str | None, stabilize: bool) -> int:
+    """The kernels' NORM: 0 none, 1 sum, 2 mLSTM (sigmoid gate), 3 mLSTM with the max state."""
+    code = _NORM[normalizer]
+    return 3 if code == 2 and stabilize else code
+
+
+def value_tile(K: int, V: int, tile: dict | None = None) -> tuple[int, int, int]:
+    """(BK, BV, num_warps) of the forward kernel for head dims K, V under ``tile``
+    (:data:`STEP_TILE`)."""
+    t = STEP_TILE if tile is None else tile
+    BK = max(16, next_pow2(K))
+    BV = max(16, min(t["BV_MAX"], t["STATE_ELEMS"] // BK, next_pow2(V)))
+    return BK, BV, t["FULL_WARPS"] if BK * BV >= t["STATE_ELEMS"] else t["NUM_WARPS"]
+
+
+def fp32_contiguous(x):
+    return None if x is None else x.float().contiguous()
+
+
+def prepare_state(S0, n0, m0, track_n: bool, stabilize: bool):
+    """The initial state as the kernels take it: fp32, contiguous, a missing n_0 / m_0 as
+    zeros (None without an initial state, or where the family has no n / m)."""
+    if S0 is None:
+        return None, None, None
+    if track_n and n0 is None:
+        n0 = S0.new_zeros(S0.shape[:3])
+    if stabilize and m0 is None:
+        m0 = S0.new_zeros(S0.shape[:2])
+    return (S0.float().contiguous(), fp32_contiguous(n0) if track_n else None,
+            fp32_contiguous(m0) if stabilize else None)  # fmt: skip
+
+
+def _split_decay(g):
+    """(g, gk): a scalar log decay [B, T, H] goes to the kernels' g, a per-key one to gk."""
+    if g is None or g.dim() == 3:
+        return g, None
+    return None, g
+
+
+def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
+            track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None, offsets=None,
+            out_state=None, save=False):  # fmt: skip
+    """The recurrence forward. q, k ``[B, T, H, K]``, v ``[B, T, H, V]`` (fp16/bf16/fp32); g
+    ``[B, T, H]`` or ``[B, T, H, K]``, gv ``[B, T, H, V]``, gi ``[B, T, H]``, u ``[H, K]`` (all
+    fp32); S0/n0/m0 the initial state (N = B, or the number of packed sequences with
+    ``offsets``, a list or tensor of N + 1 token offsets, B = 1). ``out_state=(S, n, m)``: write
+    the final state into these fp32 tensors (they may be the initial state itself: an in-place
+    step; None entries are allocated). ``save``: also keep what :func:`backward` needs.
+
+    Returns ``((o, S_T, n_T, m_T), saved)``: n_T None without ``track_n``, m_T None without
+    ``stabilize``; ``saved`` a dict over :data:`SAVED` (None without ``save``)."""
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    N = B if offsets is None else len(offsets) - 1
+    dev = q.device
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g, gv, gi, u = fp32_contiguous(g), fp32_contiguous(gv), fp32_contiguous(gi), fp32_contiguous(u)
+    gs, gk = _split_decay(g)
+    S_T, n_T, m_T = out_state if out_state is not None else (None, None, None)
+    if S_T is None:
+        S_T = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
+    BK, BV, num_warps = value_tile(K, V)
+    # n and m are read by every V tile of a head: with several tiles one tile's final n/m must
+    # not land on the initial n/m another tile has yet to read, so they go to fresh buffers and
+    # are copied after; with one tile the kernel writes them in place.
+    direct = cdiv(V, BV) == 1
+    nt = mt = None
+    if track_n:
+        nt = n_T if direct and n_T is not None else torch.empty(N, H, K, device=dev)
+    if stabilize:
+        mt = m_T if direct and m_T is not None else torch.empty(N, H, device=dev)
+    # (an fp32 contiguous S0 stays the same tensor, so S_T may alias it)
+    h0, n0, m0 = prepare_state(S0, n0, m0, track_n, stabilize)
+    den = m_row = None
+    norm = norm_code(normalizer, stabilize)
+    if save:
+        den = torch.empty(B * H, T, device=dev) if norm else None
+        m_row = torch.empty(B * H, T, device=dev) if stabilize else None
+    cu_seqlens = None
+    if offsets is not None:
+        cu_seqlens = torch.as_tensor(offsets, dtype=torch.int64, device=dev)
+    o = torch.empty_like(v, dtype=q.dtype)
+    kern.recurrent_fwd_kernel[(cdiv(V, BV), N * H)](
+        q=q, k=k, v=v, o=o, g=gs, gk=gk, gv=gv, gi=gi, u=u, h0=h0, n0=n0, m0=m0,
+        ht=S_T, nt=nt, mt=mt, den=den, m_row=m_row, cu_seqlens=cu_seqlens,
+        scale=float(scale), eps=float(eps), T=T, H=H, K=K, V=V, BK=BK, BV=BV,
+        HAS_G=gs is not None, HAS_GK=gk is not None, HAS_GV=gv is not None,
+        HAS_GI=gi is not None, HAS_U=u is not None, HAS_H0=h0 is not None,
+        STABILIZE=stabilize, TRACK_N=track_n, NORM=norm, STORE_DEN=den is not None,
+        STORE_M=m_row is not None, IS_VARLEN=cu_seqlens is not None, num_warps=num_warps,
+    )  # fmt: skip
+    if track_n and n_T is not None and n_T is not nt:
+        nt = n_T.copy_(nt)
+    if stabilize and m_T is not None and m_T is not mt:
+        mt = m_T.copy_(mt)
+    outputs = (o, S_T, nt, mt)
+    if not save:
+        return outputs, None
+    saved = dict(q=q, k=k, v=v, g=g, gv=gv, gi=gi, u=u, S0=h0, n0=n0, m0=m0, o=o, S_T=S_T,
+                 n_T=nt, den=den, m_row=m_row)  # fmt: skip
+    return outputs, saved
+
+
+def _norm_rows(do, o, den, m_row, norm: int, stabilize: bool, eps: float):
+    """Per-row factors of the normalizer's backward ([B·H, T] fp32): 1/denominator, ∂L/∂den
+    and (max state) ∂L/∂m_t."""
+    B, T, H, V = do.shape
+    r_a = torch.empty(B * H, T, device=do.device)
+    r_d = torch.empty(B * H, T, device=do.device)
+    r_m = torch.empty(B * H, T, device=do.device) if stabilize else None
+    BT = 64
+    norm_bwd_kernel[(cdiv(T, BT), B * H)](
+        do=do, o=o, den=den, m_row=m_row, ra=r_a, rd=r_d, dm_row=r_m, T=T, H=H, V=V, eps=eps,
+        BT=BT, BV=min(128, max(16, next_pow2(V))), NORM=norm, HAS_MAX=r_m is not None,
+    )  # fmt: skip
+    return r_a, r_d, r_m
+
+
+def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, normalizer=None,
+             stabilize=False, track_n=False, offsets=None):  # fmt: skip
+    """Gradients of a :func:`forward` call (with ``save=True``) from the cotangents of its
+    outputs (``do`` may be None when only the state is used; the state's may be None each).
+    The switches are the forward's. Returns a dict over :data:`GRADS`: fp32 for the gates and
+    the state, the input dtype for q, k, v; None where the input was None."""
+    s = saved
+    q, k, v, o = s["q"], s["k"], s["v"], s["o"]
+    g, gv, gi, u, S0, n0, m0 = (s[n] for n in ("g", "gv", "gi", "u", "S0", "n0", "m0"))
+    if u is not None and gv is not None:
+        raise NotImplementedError("the recurrent backward has no exclusive form with gv")
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    N = B if offsets is None else len(offsets) - 1
+    NH = N * H
+    dev = q.device
+    f32 = dict(device=dev, dtype=torch.float32)
+    norm = norm_code(normalizer, stabilize)
+    do = torch.zeros_like(o) if do is None else do.contiguous()
+    r_a = r_d = r_m = None
+    if norm:
+        r_a, r_d, r_m = _norm_rows(do, o, s["den"], s["m_row"], norm, stabilize, eps)
+    has_dht = dS_T is not None or dn_T is not None
+    if has_dht:
+        dS_T = torch.zeros(N, H, K, V, **f32) if dS_T is None else dS_T.float().contiguous()
+        dn_T = None if not track_n else (
+            torch.zeros(N, H, K, **f32) if dn_T is None else dn_T.float().contiguous())  # fmt: skip
+    else:
+        dS_T = dn_T = None
+    gs, gk = _split_decay(g)
+    cu_seqlens = None if offsets is None else torch.as_tensor(offsets, dtype=torch.int64,
+                                                              device=dev)  # fmt: skip
+    args = dict(
+        q=q, k=k, v=v, do=do, g=gs, gk=gk, gv=gv, gi=gi, u=u, m0=m0, m_row=s["m_row"], r_a=r_a,
+        r_d=r_d, cu_seqlens=cu_seqlens, scale=float(scale), T=T, H=H, K=K, V=V,
+        HAS_G=gs is not None, HAS_GK=gk is not None, HAS_GV=gv is not None,
+        HAS_GI=gi is not None, HAS_U=u is not None, HAS_H0=S0 is not None,
+        STABILIZE=stabilize, TRACK_N=track_n, NORM=norm, IS_VARLEN=cu_seqlens is not None,
+    )  # fmt: skip
+    KP, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
+    BK = max(16, min(BWD_TILE_MAX, BWD_STATE_ELEMS // VP, KP))
+    BV = max(16, min(BWD_TILE_MAX, BWD_STATE_ELEMS // KP, VP))
+    has_gates = g is not None or gi is not None
+
+    dq = torch.empty(B, T, H, K, **f32)
+    qdq = torch.zeros(B, T, H, K, **f32) if g is not None else None
+    kern.recurrent_bwd_kernel_dq[(cdiv(K, BK), NH)](
+        **args, h0=S0, n0=n0, dq=dq, qdq=qdq, BK=BK, BV=VP, STORE_QDQ=qdq is not None
+    )
+    dk = torch.empty(B, T, H, K, **f32)
+    kdk = torch.zeros(B, T, H, K, **f32) if has_gates else None
+    du = torch.empty(NH, K, **f32) if u is not None else None
+    dS0 = torch.empty(N, H, K, V, **f32)
+    dn0 = torch.empty(N, H, K, **f32) if track_n else None
+    kern.recurrent_bwd_kernel_dk[(cdiv(K, BK), NH)](
+        **args, dht=dS_T, dnt=dn_T, dk=dk, kdk=kdk, du=du, dh0=dS0, dn0=dn0, BK=BK, BV=VP,
+        HAS_DHT=has_dht, STORE_KDK=kdk is not None,
+    )  # fmt: skip
+    dv = torch.empty(B, T, H, V, **f32)
+    vdv = torch.empty(B, T, H, V, **f32) if gv is not None else None
+    kern.recurrent_bwd_kernel_dv[(cdiv(V, BV), NH)](
+        **args, dht=dS_T, dnt=dn_T, dv=dv, vdv=vdv, BK=KP, BV=BV, HAS_DHT=has_dht,
+        STORE_VDV=vdv is not None,
+    )  # fmt: skip
+
+    dm0 = None
+    if S0 is not None and stabilize:
+        dm0 = (dS0 * S0).sum((-2, -1)) + (dn0 * n0).sum(-1)
+    dg, dgv, dgi, dm0 = _gate_grads(
+        s, do, qdq, kdk, vdv, r_m, dS_T, dn_T, dm_T, dm0, offsets, N, stabilize, track_n
+    )
+    return dict(
+        q=dq.to(q.dtype), k=dk.to(k.dtype), v=dv.to(v.dtype), g=dg, gv=dgv, gi=dgi,
+        u=du.view(N, H, K).sum(0) if u is not None else None,
+        S0=dS0 if S0 is not None else None, n0=dn0 if S0 is not None else None, m0=dm0,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Gate gradients (token layout [B, T, H(, D)]; packed sequences: B = 1, sequences along T)
+
+
+def _ends(offsets, device):
+    """Per token: the index one past its sequence's last token."""
+    off = torch.as_tensor(offsets, dtype=torch.int64, device=device)
+    return torch.repeat_interleave(off[1:], off[1:] - off[:-1])
+
+
+def _rev_cumsum(x, offsets):
+    """Σ_{s ≥ t} x_s within each sequence, along dim 1, in fp64."""
+    x = x.double()
+    cs = x.flip(1).cumsum(1).flip(1)
+    if offsets is None:
+        return cs
+    cs = torch.cat([cs, torch.zeros_like(cs[:, :1])], 1)
+    return cs[:, :-1] - cs[:, _ends(offsets, x.device)]
+
+
+def _add_at_last(x, vals, offsets):
+    """x [B, T, H, ...] += vals [N, H, ...] at each non-empty sequence's last token."""
+    if offsets is None:
+        x[:, -1] += vals
+        return
+    for n in range(len(offsets) - 1):
+        if offsets[n + 1] > offsets[n]:
+            x[0, offsets[n + 1] - 1] += vals[n]
+
+
+class _SeqRows:
+    """[B, T, H] token tensors as [N·H, L] rows, one per (sequence, head), padded at the end
+    (a reshape without packing)."""
+
+    def __init__(self, offsets, B, T, H, device):
+        self.B, self.T, self.H, self.offsets = B, T, H, offsets
+        if offsets is None:
+            self.N, self.L = B, T
+            return
+        off = torch.as_tensor(offsets, dtype=torch.int64, device=device)
+        lens = off[1:] - off[:-1]
+        self.N = len(offsets) - 1
+        self.L = max(max(b - a for a, b in itertools.pairwise(offsets)), 1)
+        self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens)
+        self.pos = torch.arange(T, device=device) - off[:-1][self.seq]
+
+    def spread(self, x, fill=0.0):
+        if self.offsets is None:
+            return x.transpose(1, 2).reshape(self.B * self.H, self.T)
+        y = x.new_full((self.N, self.H, self.L), fill)
+        y[self.seq, :, self.pos] = x[0]
+        return y.view(self.N * self.H, self.L)
+
+    def gather(self, y):
+        if self.offsets is None:
+            return y.view(self.B, self.H, self.T).transpose(1, 2)
+        return y.view(self.N, self.H, self.L)[self.seq, :, self.pos].unsqueeze(0)
+
+
+def _route(dm, idx, width: int):
+    """dz[p] = Σ_{t: idx_t = p} dm_t ([rows, width] fp32), deterministically: idx (a running
+    argmax) never decreases along a row, so each p collects one contiguous run of t, and its
+    sum is E[p] − E[p−1] with E[p] = Σ_{t: idx_t ≤ p} dm_t, an fp64 prefix sum found by a
+    sorted search (a CUDA scatter_add would add in a varying order)."""
+    rows = dm.shape[0]
+    S = F.pad(dm.double().cumsum(1), (1, 0))  # S[:, t] = Σ_{t' < t} dm_t'
+    p = torch.arange(width, device=dm.device, dtype=idx.dtype).expand(rows, width)
+    E = S.gather(1, torch.searchsorted(idx.contiguous(), p.contiguous(), right=True))
+    return torch.diff(E, dim=1, prepend=E.new_zeros(rows, 1)).float()
+
+
+def _max_state_grads(g, gi, dm, m0, offsets):
+    """mLSTM-exp: m_t = F_t + max(m_0, max_{s≤t}(gi_s − F_s)), so ∂L/∂m_t (dm [B, T, H]) goes
+    to F_t and, through the running argmax, to gi at the argmax or to m_0. Returns the part
+    taken back from F per token (dz), the part for gi per token, and the part for m_0 [N, H]."""
+    B, T, H = g.shape
+    rows = _SeqRows(offsets, B, T, H, g.device)
+    NH = rows.N * H
+    Fg = rows.spread(g.double()).cumsum(-1)
+    if m0 is not None:
+        start = m0.double().reshape(NH, 1)
+    else:
+        start = Fg.new_full((NH, 1), -torch.inf)
+    z = torch.cat([start, rows.spread(gi.double(), fill=-torch.inf) - Fg], dim=1)
+    idx = z.cummax(dim=1).indices[:, 1:]  # the argmax behind each m_t (0: m_0)
+    dz = _route(rows.spread(dm), idx, rows.L + 1)
+    return rows.gather(dz[:, 1:]), dz[:, 0].view(rows.N, H)
+
+
+def _gate_grads(s, do, qdq, kdk, vdv, r_m, dS_T, dn_T, dm_T, dm0, offsets, N, stabilize,
+                track_n):  # fmt: skip
+    """(dg, dgv, dgi, dm0) from the kernels' per-channel products (module docstring)."""
+    g, gv, gi, S_T = s["g"], s["gv"], s["gi"], s["S_T"]
+    dg = dgv = dgi = None
+    end = None  # ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩ per key channel: the final state's own decay term
+    if dS_T is not None:
+        end = (dS_T * S_T).sum(-1)
+        if track_n:
+            end = end + dn_T * s["n_T"]
+    if gi is not None:
+        dgi = kdk.sum(-1)
+    if g is not None:
+        scalar = g.dim() == 3
+        dF = qdq.double() - kdk
+        if scalar:
+            dF = dF.sum(-1)
+        if end is not None:
+            _add_at_last(dF, (end.sum(-1) if scalar else end).double(), offsets)
+        if stabilize:  # ∂L/∂m_t, with the final m's cotangent less its share of the end term
+            B, T, H = g.shape
+            dm = torch.zeros(B, T, H, device=g.device)
+            if r_m is not None:
+                dm += r_m.view(B, H, T).transpose(1, 2)
+            tail = torch.zeros(N, H, device=g.device)
+            if dm_T is not None:
+                tail = tail + dm_T.float()
+            if end is not None:
+                tail = tail - end.sum(-1)
+            _add_at_last(dm, tail, offsets)
+            dz, dz0 = _max_state_grads(g, gi, dm, s["m0"], offsets)
+            dF += dm - dz
+            dgi = dgi + dz
+            dm0 = None if dm0 is None else dm0 + dz0
+            if dm0 is not None and offsets is not None:  # an empty sequence's final m is m_0
+                lens = torch.as_tensor(offsets, device=g.device).diff()
+                dm0 = dm0 + tail * (lens == 0).float()[:, None]
+        dg = _rev_cumsum(dF, offsets).float()
+    if gv is not None:
+        dFv = s["o"].double() * do - vdv
+        if dS_T is not None:
+            _add_at_last(dFv, (dS_T * S_T).sum(-2).double(), offsets)
+        dgv = _rev_cumsum(dFv, offsets).float()
+    return dg, dgv, dgi, dm0
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd
+
+
+class RecurrentFunction(torch.autograd.Function):
+    """:func:`forward` and :func:`backward` as an autograd Function; ``opts`` the switches."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, gv, gi, u, S0, n0, m0, opts: dict):
+        outputs, saved = forward(q, k, v, g=g, gv=gv, gi=gi, u=u, S0=S0, n0=n0, m0=m0,
+                                 save=True, **opts)  # fmt: skip
+        ctx.opts = opts
+        ctx.save_for_backward(*(saved[n] for n in SAVED))
+        ctx.set_materialize_grads(False)
+        return outputs
+
+    @staticmethod
+    def backward(ctx, do, dS_T, dn_T, dm_T):
+        saved = dict(zip(SAVED, ctx.saved_tensors))
+        grads = backward(saved, do, dS_T, dn_T, dm_T, **ctx.opts)
+        return (*(grads[n] for n in GRADS), None)
+
+
+def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
+              track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None,
+              offsets=None):  # fmt: skip
+    """The differentiable recurrence: :func:`forward`'s arguments (no ``out_state``; gates
+    fp32). Returns ``(o, S_T, n_T, m_T)``."""
+    if u is not None and gv is not None:
+        raise NotImplementedError("the recurrent backward has no exclusive form with gv")
+    offsets = None if offsets is None else [int(x) for x in offsets]
+    opts = dict(scale=float(scale), eps=float(eps), normalizer=normalizer, stabilize=stabilize,
+                track_n=track_n, offsets=offsets)  # fmt: skip
+    S0, n0, m0 = prepare_state(S0, n0, m0, track_n, stabilize)
+    g, gv, gi, u = map(fp32_contiguous, (g, gv, gi, u))
+    return RecurrentFunction.apply(q, k, v, g, gv, gi, u, S0, n0, m0, opts)

@@ -1,0 +1,55 @@
+"""scripts/gpu_runbook.sh's check and paper-rows stages, with a stand-in python3 that logs its
+arguments (no GPU, nothing run)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from linrnn.bench import worker
+
+SCRIPT = worker.ROOT / "scripts" / "gpu_runbook.sh"
+
+
+def stage(tmp_path, *argv) -> tuple[list[list[str]], subprocess.CompletedProcess]:
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\037" "$a"; done >>"{log}"\n'
+                    f'echo >>"{log}"\n')  # fmt: skip
+    fake.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+           "LINRNN_COMMIT": "abc"}  # fmt: skip
+    res = subprocess.run(["bash", str(SCRIPT), *argv], capture_output=True, text=True, env=env,
+                         timeout=60, cwd=tmp_path)  # fmt: skip
+    calls = [c.split("\037")[:-1] for c in log.read_text().splitlines()] if log.exists() else []
+    return calls, res
+
+
+def test_check_runs_tests_gpu_and_every_kernel_test_file(tmp_path):
+    calls, res = stage(tmp_path, "check")
+    assert res.returncode == 0, res.stderr
+    pytest_calls = [c for c in calls if c[:2] == ["-m", "pytest"]]
+    targets = {c[2] if c[2].startswith("tests") else c[-1] for c in pytest_calls}
+    kernel_tests = {f"tests/{p.name}" for p in (worker.ROOT / "tests").glob("test_triton_*.py")}
+    assert kernel_tests and targets == {"tests/gpu", *kernel_tests}
+
+
+def test_paper_rows_times_the_linrnn_chunk_rows_of_both_checkouts(tmp_path):
+    other = tmp_path / "base"
+    other.mkdir()
+    calls, res = stage(tmp_path, "paper-rows", str(other))
+    assert res.returncode == 0, res.stderr
+    bench = [c for c in calls if c[:2] == ["-m", "linrnn.bench"]]
+    assert len(bench) == 2
+    for call in bench:
+        assert call[call.index("--suite") + 1] == "paper"
+        assert call[call.index("--ops") + 1] == "linrnn"
+        assert call[call.index("--modes") + 1] == "chunk"
+    outs = [c[c.index("--out") + 1] for c in bench]
+    assert outs[0].endswith("paper-rows.json") and outs[1].endswith("paper-rows-other.json")
+    assert any(c[:1] == ["-"] for c in calls)  # the comparison reads both reports
+
+
+def test_unknown_stage_exits_2(tmp_path):
+    _, res = stage(tmp_path, "bogus")
+    assert res.returncode == 2 and "unknown stage" in res.stderr
