@@ -263,11 +263,11 @@ def auto_chunk_size(family: str, K: int, V: int, dtype, device=None, *, cache=No
 # problem. Depth/output are K/V for the forward kernels, V/K for dq and dk.
 TILES = {
     "states_fwd": (64, 64, 256, 4, 2),
-    "rows_fwd": (64, 32, 256, 4, 3),
+    "out_fwd": (64, 32, 256, 4, 3),
     "states_bwd": (64, 32, 256, 4, 2),
-    "rows_dq": (64, 64, 128, 4, 2),
-    "cols_dk": (64, 64, 256, 8, 3),
-    "cols_dv": (64, 32, 256, 8, 3),
+    "dq_bwd": (64, 64, 128, 4, 2),
+    "dk_bwd": (64, 64, 256, 8, 3),
+    "dv_bwd": (64, 32, 256, 8, 3),
     "fused": (0, 0, 0, 4, 1),
 }
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from linrnn.engine import recurrent_kernels as kern
 from linrnn.engine.host_math import cdiv, next_pow2
-from linrnn.engine.triton_kernels import norm_bwd_kernel
+from linrnn.engine.scalar_kernels import norm_bwd_kernel
 
 # The decode step's tile: the whole key dimension (BK = next power of two ≥ K) by a value tile
 # BV = min(BV_MAX, STATE_ELEMS // BK, next power of two ≥ V) (at least 16), on NUM_WARPS warps,
@@ -156,8 +156,8 @@ def _norm_rows(do, o, den, m_row, norm: int, stabilize: bool, eps: float):
     r_m = torch.empty(B * H, T, device=do.device) if stabilize else None
     BT = 64
     norm_bwd_kernel[(cdiv(T, BT), B * H)](
-        DH=do, O_=o, DEN=den, M_ROW=m_row, R_A=r_a, R_D=r_d, R_M=r_m, T=T, H=H, V=V, eps=eps,
-        BT=BT, BV=min(128, max(16, next_pow2(V))), NORM=norm, STAB=stabilize,
+        do=do, o=o, den=den, m_row=m_row, ra=r_a, rd=r_d, dm_row=r_m, T=T, H=H, V=V, eps=eps,
+        BT=BT, BV=min(128, max(16, next_pow2(V))), NORM=norm, HAS_MAX=r_m is not None,
     )  # fmt: skip
     return r_a, r_d, r_m
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _denominator, _start_state
+from linrnn.engine.triton_common import _denominator, _start_state
 
 
 @triton.jit

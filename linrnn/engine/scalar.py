@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from linrnn.engine import scalar_kernels as kern
 from linrnn.engine import triton_fused as fused
-from linrnn.engine import triton_kernels as kern
 from linrnn.engine.config import ChunkConfig
 from linrnn.engine.gate_grads import final_grads, gate_grads, rows
 from linrnn.engine.host_math import cdiv, next_pow2
@@ -68,9 +68,8 @@ def forward(q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig):
     :func:`prepare_state` makes it (or None)."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     b, a = gate_rows(g, gi, cfg)
-    dummy = torch.empty(1, device=q.device)
     run = _forward_fused if cfg.fused else _forward
-    o, S_T, n_T, m_T, tables = run(q, k, v, _or(b, dummy), _or(a, dummy), S0, n0, m0, cfg)
+    o, S_T, n_T, m_T, tables = run(q, k, v, b, a, S0, n0, m0, cfg)
     saved = dict(q=q, k=k, v=v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, o=o, S_T=S_T, n_T=n_T, b=b, a=a)
     has = kept(cfg)
     saved.update({name: tables.get(name) if has[name] else None for name in PRODUCED[2:]})
@@ -82,17 +81,15 @@ def backward(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
     what :func:`forward` saved and the outputs' cotangents (any of dS_T, dn_T, dm_T may be
     None; None where an input was None)."""
     s = saved
-    dummy = torch.empty(1, device=s["q"].device)
-    d = {name: _or(s[name], dummy) for name in PRODUCED}
     do = do.contiguous()
     if cfg.fused:
+        dummy = torch.empty(1, device=s["q"].device)
+        d = {name: _or(s[name], dummy) for name in PRODUCED}
         grads = _backward_fused(s["q"], s["k"], s["v"], d["b"], d["a"], s["o"],
                                 (d["mc"], d["den"], d["m_row"]), do, dS_T, dn_T, s["S0"],
                                 s["n0"], cfg)  # fmt: skip
     else:
-        tables = (d["states"], d["ns"], d["mc"], d["den"], d["m_row"])
-        grads = _backward(s["q"], s["k"], s["v"], d["b"], d["a"], s["o"], tables, do, dS_T,
-                          dn_T, s["S_T"], s["n_T"], cfg)  # fmt: skip
+        grads = _backward(s, do, dS_T, dn_T, cfg)
     dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd = grads
     S0, n0, m0, g, gi = s["S0"], s["n0"], s["m0"], s["g"], s["gi"]
     dm0 = None
@@ -138,38 +135,38 @@ def _chunk_max(b, a, L, c: ChunkConfig | None = None):
 
 
 def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
+    """The chunk states (states_fwd_kernel), then the outputs (out_fwd_kernel)."""
     T, H, K = q.shape[1:]
     V = v.shape[3]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
-    dummy = torch.empty(1, **f32)
     states = torch.empty(BH, NT, K, V, **f32)
-    ns = torch.empty(BH, NT, K, **f32) if c.track_n else dummy
-    mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else dummy
+    ns = torch.empty(BH, NT, K, **f32) if c.track_n else None
+    mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else None
     S_T = torch.empty(N, H, K, V, **f32)
-    n_T = torch.empty(N, H, K, **f32) if c.track_n else dummy
-    has_s0 = S0 is not None
+    n_T = torch.empty(N, H, K, **f32) if c.track_n else None
+    gates = dict(HAS_DECAY=b is not None, HAS_IGATE=a is not None, HAS_MAX=mc is not None,
+                 DOT_PREC=c.prec, VARLEN=c.varlen)  # fmt: skip
     BS, BK, BV, launch = c.tiles("states_fwd", K, V)
     kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
-        k, v, states, ns, mc,
-        S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
-        m0 if (has_s0 and c.stab) else dummy, S_T, n_T, b, a,
-        _chunk_max(b, a, L, c) if c.stab else dummy, c.CO, c.CHUNKS,
-        T, H, K, V, L, NT, c.NSEQ, BK=BK, BV=BV, BS=BS, HAS_S0=has_s0, **c.flags(), **launch,
+        k=k, v=v, g=b, gi=a, cmax=_chunk_max(b, a, L, c) if c.stab else None,
+        h0=S0, n0=n0, m0=m0, h=states, hn=ns, mc=mc, ht=S_T, nt=n_T, co=c.CO, chunks=c.CHUNKS,
+        T=T, H=H, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, BK=BK, BV=BV, BS=BS,
+        HAS_N=ns is not None, HAS_H0=S0 is not None, **gates, **launch,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
-    den = torch.empty(BH, T, **f32) if c.norm else dummy
-    m_row = torch.empty(BH, T, **f32) if c.stab else dummy
-    BQ, BD, BO, launch = c.tiles("rows_fwd", K, V)
+    den = torch.empty(BH, T, **f32) if c.norm else None
+    m_row = torch.empty(BH, T, **f32) if c.stab else None
+    BQ, BD, BO, launch = c.tiles("out_fwd", K, V)
     NQ = cdiv(L, BQ)
-    kern.rows_kernel[(NT * NQ, cdiv(V, BO), BH)](
-        q, k, v, o, states, ns, mc, b, a, m_row, den, dummy, dummy, dummy, dummy, c.CHUNKS,
-        T, H, K, V, L, NT, NQ, c.NSEQ, V, 1, c.scale, c.eps,
-        BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=False, NORM=c.norm, **c.flags(), **launch,
+    kern.out_fwd_kernel[(NT * NQ, cdiv(V, BO), BH)](
+        q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
+        chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ, scale=c.scale,
+        eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, **gates, **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
     tables = dict(states=states, ns=ns, mc=mc, den=den, m_row=m_row)
-    return o, S_T, (n_T if c.track_n else None), m_T, tables
+    return o, S_T, n_T, m_T, tables
 
 
 def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
@@ -178,6 +175,7 @@ def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     BH, NT, N = c.rows, c.NT, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
+    b, a = _or(b, dummy), _or(a, dummy)
     mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else dummy
     S_T = torch.empty(N, H, K, V, **f32)
     n_T = torch.empty(N, H, K, **f32) if c.track_n else dummy
@@ -205,6 +203,7 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: ChunkCon
     f32 = dict(device=q.device, dtype=torch.float32)
     dummy = torch.empty(1, **f32)
     R_A, R_D, R_M = _norm_rows(do, o, den, m_row, c)
+    R_A, R_D = _or(R_A, dummy), _or(R_D, dummy)
     has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, q, K, V, c)
     has_s0 = S0 is not None
     nK = cdiv(K, c.BKf)
@@ -243,79 +242,82 @@ def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: ChunkCon
 
 
 def _norm_rows(do, o, den, m_row, c: ChunkConfig):
-    """Per-row factors of the normalizer's backward: 1/denominator, ∂L/∂den, ∂L/∂m_r."""
-    dummy = torch.empty(1, device=do.device)
+    """Per-row factors of the normalizer's backward: 1/denominator, ∂L/∂den, ∂L/∂m_r (None
+    where the call has no normalizer, ∂L/∂m_r also without the max state)."""
     if not c.norm:
-        return dummy, dummy, dummy
+        return None, None, None
     B, T, H, V = do.shape
     f32 = dict(device=do.device, dtype=torch.float32)
     R_A, R_D = torch.empty(B * H, T, **f32), torch.empty(B * H, T, **f32)
-    R_M = torch.empty(B * H, T, **f32) if c.stab else dummy
+    R_M = torch.empty(B * H, T, **f32) if c.stab else None
     BT = 64
     kern.norm_bwd_kernel[(cdiv(T, BT), B * H)](
-        do, o, den, m_row, R_A, R_D, R_M, T, H, V, c.eps,
-        BT=BT, BV=min(128, max(16, next_pow2(V))), NORM=c.norm, STAB=c.stab,
+        do=do, o=o, den=den, m_row=m_row, ra=R_A, rd=R_D, dm_row=R_M, T=T, H=H, V=V, eps=c.eps,
+        BT=BT, BV=min(128, max(16, next_pow2(V))), NORM=c.norm, HAS_MAX=R_M is not None,
     )  # fmt: skip
     return R_A, R_D, R_M
 
 
-def _backward(q, k, v, b, a, o, saved, do, dS_T, dn_T, S_T, n_T, c: ChunkConfig):
-    states, ns, mc, den, m_row = saved
+def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
+    """The state gradients (states_bwd_kernel), then dq, dk and dv (one kernel each)."""
+    q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
+    states, ns, mc, m_row = s["states"], s["ns"], s["mc"], s["m_row"]
     T, H, K = q.shape[1:]
     V = v.shape[3]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
-    dummy = torch.empty(1, **f32)
-    R_A, R_D, R_M = _norm_rows(do, o, den, m_row, c)
+    R_A, R_D, R_M = _norm_rows(do, s["o"], s["den"], m_row, c)
     has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, q, K, V, c)
     dstates = torch.empty(BH, NT, K, V, **f32)
-    dns = torch.empty(BH, NT, K, **f32) if c.track_n else dummy
+    dns = torch.empty(BH, NT, K, **f32) if c.track_n else None
     dS0 = torch.empty(N, H, K, V, **f32)
-    dn0 = torch.empty(N, H, K, **f32) if c.track_n else dummy
+    dn0 = torch.empty(N, H, K, **f32) if c.track_n else None
+    flags = dict(HAS_DECAY=b is not None, HAS_MAX=mc is not None, HAS_NORM=R_A is not None,
+                 DOT_PREC=c.prec, VARLEN=c.varlen)  # fmt: skip
     BQ, BK, BV, launch = c.tiles("states_bwd", K, V)
     grid = (cdiv(K, BK), cdiv(V, BV), c.walkers)
-    bnd = torch.zeros(BH, NT, grid[0] * grid[1], **f32) if c.has_decay else dummy
+    bnd = torch.zeros(BH, NT, grid[0] * grid[1], **f32) if c.has_decay else None
     kern.states_bwd_kernel[grid](
-        q, do, dstates, dns, dS0, dn0,
-        dS_T if has_dst else dummy, dn_T if (has_dst and c.track_n) else dummy,
-        mc, b, m_row, R_A, R_D, c.CO, c.CHUNKS, states, ns, S_T,
-        n_T if c.track_n else dummy, bnd, T, H, K, V, L, NT, c.NSEQ, c.scale,
-        BK=BK, BV=BV, BQ=BQ, HAS_DECAY=c.has_decay, STAB=c.stab, TRACK_N=c.track_n,
-        NORM=c.norm, HAS_DST=has_dst, DOT_PREC=c.prec, VARLEN=c.varlen, **launch,
+        q=q, do=do, g=b, mc=mc, m_row=m_row, ra=R_A, rd=R_D, h=states, hn=ns, ht=s["S_T"],
+        nt=s["n_T"], dht=dS_T if has_dst else None, dnt=dn_T if has_dst else None, dh=dstates,
+        dhn=dns, dh0=dS0, dn0=dn0, bnd=bnd, co=c.CO, chunks=c.CHUNKS,
+        T=T, H=H, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BK=BK, BV=BV, BQ=BQ,
+        HAS_N=ns is not None, HAS_DHT=has_dst, **flags, **launch,
     )  # fmt: skip
 
+    flags.update(HAS_IGATE=a is not None)
     gates = c.has_decay or c.has_igate
-    common = dict(NORM=c.norm, **c.flags())
-    BQ, BD, BO, launch = c.tiles("rows_dq", V, K)
+    BQ, BD, BO, launch = c.tiles("dq_bwd", V, K)
     nQ, nK = cdiv(L, BQ), cdiv(K, BO)
-    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
+    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
     dq = torch.empty_like(q)
-    kern.rows_kernel[(NT * nQ, nK, BH)](
-        do, v, k, dq, states, ns, mc, b, a, m_row, dummy, R_A, R_D, q, q_part, c.CHUNKS,
-        T, H, V, K, L, NT, nQ, c.NSEQ, 1, V, c.scale, c.eps,
-        BQ=BQ, BS=BQ, BD=BD, BO=BO, IS_DQ=True, **common, **launch,
+    kern.dq_bwd_kernel[(NT * nQ, nK, BH)](
+        do=do, v=v, k=k, q=q, h=states, hn=ns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, rd=R_D,
+        dq=dq, qdq=q_part, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=NT, NQ=nQ, NSEQ=c.NSEQ,
+        scale=c.scale, BQ=BQ, BD=BD, BO=BO, **flags, **launch,
     )  # fmt: skip
-    BS, BD, BO, launch = c.tiles("cols_dk", V, K)
+    BS, BD, BO, launch = c.tiles("dk_bwd", V, K)
     nS, nK = cdiv(L, BS), cdiv(K, BO)
-    k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
+    k_part = torch.empty(nK, BH, T, **f32) if gates else None
     dk = torch.empty_like(k)
-    kern.cols_kernel[(NT * nS, nK, BH)](
-        v, do, q, dk, dstates, dns, mc, b, a, m_row, R_A, R_D, k, k_part, c.CHUNKS,
-        T, H, V, K, L, NT, nS, c.NSEQ, 1, V, c.scale,
-        BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=True, **common, **launch,
+    kern.dk_bwd_kernel[(NT * nS, nK, BH)](
+        v=v, do=do, q=q, k=k, dh=dstates, dhn=dns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
+        rd=R_D, dk=dk, kdk=k_part, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=NT, NS=nS,
+        NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None, **flags,
+        **launch,
     )  # fmt: skip
-    BS, BD, BO, launch = c.tiles("cols_dv", K, V)
+    BS, BD, BO, launch = c.tiles("dv_bwd", K, V)
     nS = cdiv(L, BS)
     dv = torch.empty_like(v)
-    kern.cols_kernel[(NT * nS, cdiv(V, BO), BH)](
-        k, q, do, dv, dstates, dns, mc, b, a, m_row, R_A, R_D, dummy, dummy, c.CHUNKS,
-        T, H, K, V, L, NT, nS, c.NSEQ, V, 1, c.scale,
-        BQ=BS, BS=BS, BD=BD, BO=BO, IS_DK=False, **common, **launch,
+    kern.dv_bwd_kernel[(NT * nS, cdiv(V, BO), BH)](
+        k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
+        chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
+        BS=BS, BD=BD, BO=BO, **flags, **launch,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None
     q_dq = q_part.sum(0) if c.has_decay else None
     bnd = bnd.sum(-1) if c.has_decay else None
-    return dq, dk, dv, dS0, (dn0 if c.track_n else None), q_dq, k_dk, R_M, dS_T, dn_T, bnd
+    return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd
 
 
 class ChunkFunction(torch.autograd.Function):

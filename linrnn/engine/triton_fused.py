@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import (
+from linrnn.engine.triton_common import (
     _bounds,
     _denominator,
     _dot_n,

@@ -45,8 +45,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _state_tile
-from linrnn.engine.triton_tiles import _tile, _tile_t
+from linrnn.engine.triton_common import _state_tile, _tile, _tile_t
 
 
 @triton.jit

@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _bounds
+from linrnn.engine.triton_common import _bounds
 from linrnn.engine.vector_common import _gate, _ld_row
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _bounds
+from linrnn.engine.triton_common import _bounds
 
 
 @triton.jit(do_not_specialize=["T", "NT"])

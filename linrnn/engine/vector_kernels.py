@@ -24,8 +24,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _bounds, _chunk_rows, _start_state, _state_tile, _walk
-from linrnn.engine.triton_tiles import _tile
+from linrnn.engine.triton_common import (
+    _bounds,
+    _chunk_rows,
+    _start_state,
+    _state_tile,
+    _tile,
+    _walk,
+)
 from linrnn.engine.vector_common import (
     _fast_chunk,
     _vec_cols_off,

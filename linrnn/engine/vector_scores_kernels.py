@@ -33,8 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_kernels import _chunk_rows
-from linrnn.engine.triton_tiles import _tile, _tile_t
+from linrnn.engine.triton_common import _chunk_rows, _tile, _tile_t
 from linrnn.engine.vector_common import (
     _chunk_fast_out,
     _chunk_ref,

@@ -1,0 +1,622 @@
+"""Triton kernels of the chunkwise engine for scalar gates (docs/DESIGN.md §3, TFLA two-level).
+
+Per sequence and head, inside chunk c (rows r, columns s, both chunk-local; ``b`` the chunk-local
+cumulative log decay, ``a`` the log input gate, ``m`` the mLSTM max state)::
+
+    D_rs  = exp(b_r − b_s + a_s − m_r)                                (s ≤ r, else 0)
+    o_r   = scale·[ exp(b_r + m_c − m_r) q_r C_c + Σ_s D_rs (q_r·k_s) v_s ]
+    C_c+1 = exp(b_L + m_c − m_c+1) C_c + Σ_s exp(b_L − b_s + a_s − m_c+1) k_s v_sᵀ
+
+Every exponent is ≤ 0: without the stabilizer b is non-increasing and a ≤ 0; with it, m_r and
+m_c+1 are the exact maxima of the terms they divide (computed here from the same fp32 values).
+The normalizer n rides along as a vector state beside C.
+
+One kernel per job:
+
+* ``states_fwd_kernel`` — walks the chunks, stores C_c, n_c, m_c and the final state.
+* ``out_fwd_kernel`` — the output, tiled over (query tile, V tile), looping over the chunk's key
+  tiles and over depth tiles. The exact row max m_r is found first by a cheap pass over the
+  scalar gates, so the main loop needs no online rescaling.
+* ``dq_bwd_kernel`` — dq: the forward's products with (q, k, v, C) → (do, v, k, Cᵀ); it shares
+  the forward's body (:func:`_rows_inter`, :func:`_rows_intra`).
+* ``states_bwd_kernel`` — the reverse recurrence of the state gradient dC_c (and dn_c).
+* ``dk_bwd_kernel``, ``dv_bwd_kernel`` — the transposed-causal products, tiled over (key tile,
+  output tile): dv from (k, q, do, dC), dk from (v, do, q, dCᵀ); one body (:func:`_cols`).
+* ``norm_bwd_kernel`` — per-row factors of the normalizer's backward.
+
+Optional tensors are None with a ``HAS_*`` flag the host derives from them: ``HAS_DECAY`` (g,
+the rows of b), ``HAS_IGATE`` (gi, the rows of a), ``HAS_MAX`` (the max state: mc, m_row),
+``HAS_N`` (the normalizer state), ``HAS_NORM`` (the normalizer's row factors ra, rd),
+``HAS_H0`` / ``HAS_DHT`` (initial state, final state's gradient). ``NORM`` is the normalizer's
+kind (:func:`linrnn.engine.config.norm_code`).
+
+Per-channel decays (GLA's gk/gv, RWKV6's w and u) have kernels of their own: vector_kernels.
+
+Layouts: q, k, v, o and their gradients ``[B, T, H, D]`` contiguous; gates and per-row values
+``[B·H, T]`` fp32; chunk states ``[B·H, NT, K, V]`` fp32; max states ``[B·H, NT + NSEQ]``.
+Offsets are int64.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from linrnn.engine.triton_common import (
+    NORM_MAX1,
+    NORM_NONE,
+    NORM_SUM,
+    _bounds,
+    _chunk_rows,
+    _denominator,
+    _dot_n,
+    _log_weights,
+    _start_state,
+    _state_tile,
+    _tile,
+    _tile_t,
+    _vec,
+    _walk,
+)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
+def states_fwd_kernel(
+    k, v, g, gi, cmax, h0, n0, m0, h, hn, mc, ht, nt, co, chunks,
+    T, H, K, V, L, NT, NSEQ,
+    BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
+    HAS_H0: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Grid (K tiles, V tiles, N·H). Stores the state entering each chunk (h [B·H, NT, K, V],
+    hn [B·H, NT, K], mc [B·H, NT + NSEQ]) and the final state (ht [N, H, K, V], nt [N, H, K],
+    the last slot of each sequence in mc), from the initial one (h0, n0, m0). cmax [B·H, NT]:
+    each chunk's max over s of (a_s − b_s), the chunk's own candidate for the max state. The max
+    state of chunk i_c of sequence n sits at mc[row, i_c + n]."""
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_bh, i_st, c_lo, c_hi, i_n = _walk(co, i_nh, H, NT, VARLEN)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    p_k = k + (i_b * T * H + i_h) * K
+    p_v = v + (i_b * T * H + i_h) * V
+    if HAS_DECAY:
+        g += i_bh * T
+    if HAS_IGATE:
+        gi += i_bh * T
+    p_h = h + i_bh * NT * K * V
+    b_C, b_n = _start_state(h0, n0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_H0, HAS_N, BK, BV)
+    if HAS_MAX and HAS_H0:
+        b_m = tl.load(m0 + i_st).to(tl.float32)
+    else:  # m_0 = −∞ (no state yet), as a tensor so the loop carries one type
+        b_m = tl.max(tl.full([2], float("-inf"), tl.float32), 0)
+    head = (i_k == 0) & (i_v == 0)
+    if HAS_MAX:
+        p_mc = mc + i_bh * (NT + NSEQ) + i_n
+    for i_c in range(c_lo, c_hi):
+        c0, c1, _ = _bounds(chunks, i_c, L, T, VARLEN)
+        p_c = p_h + i_c * K * V
+        tl.store(
+            p_c + o_k[:, None] * V + o_v[None, :], b_C.to(h.dtype.element_ty),
+            mask=m_k[:, None] & m_v[None, :],
+        )  # fmt: skip
+        if HAS_N:
+            tl.store(hn + (i_bh * NT + i_c) * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
+        b_last = tl.load(g + c1 - 1) if HAS_DECAY else 0.0
+        if HAS_MAX:
+            tl.store(p_mc + i_c, b_m, mask=head)
+            m_next = b_last + tl.maximum(b_m, tl.load(cmax + i_bh * NT + i_c))
+            decay = tl.exp(b_last + b_m - m_next)
+        elif HAS_DECAY:
+            m_next = 0.0
+            decay = tl.exp(b_last)
+        else:
+            m_next = 0.0
+            decay = 1.0
+        b_C *= decay
+        b_n *= decay
+        for s0 in range(c0, c1, BS):
+            o_s = s0 + tl.arange(0, BS)
+            m_s = o_s < c1
+            b_kt = _tile_t(p_k, o_s, o_k, H * K, m_s, m_k)  # [BK, BS]
+            b_vs = _tile(p_v, o_s, o_v, H * V, m_s, m_v)  # [BS, BV]
+            w = -m_next + tl.zeros([BS], dtype=tl.float32)
+            if HAS_DECAY:
+                w += b_last - _vec(g, o_s, m_s)
+            if HAS_IGATE:
+                w += _vec(gi, o_s, m_s)
+            w = tl.exp(tl.where(m_s, w, float("-inf")))  # [BS], ≤ 1
+            b_kw = b_kt.to(tl.float32) * w[None, :]
+            b_C += tl.dot(b_kw.to(b_vs.dtype), b_vs, input_precision=DOT_PREC)
+            if HAS_N:
+                b_n += tl.sum(b_kw, 1)
+        b_m = m_next
+    tl.store(
+        ht + i_st * K * V + o_k[:, None] * V + o_v[None, :], b_C.to(ht.dtype.element_ty),
+        mask=m_k[:, None] & m_v[None, :],
+    )  # fmt: skip
+    if HAS_N:
+        tl.store(nt + i_st * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
+    if HAS_MAX:
+        tl.store(p_mc + c_hi, b_m, mask=head)
+
+
+# The output and dq share one body: rows r of one query tile,
+#
+#     out_r = scale·[ e_r (A_r x_r S_c + dd_r n_c) + Σ_{s≤r} D_rs (A_r x_r·y_s + dd_r) z_s ],
+#
+# e_r = exp(b_r + m_c − m_r); forward: (x, y, z, S) = (q, k, v, C), A = 1, dd = 0; dq: (do, v,
+# k, Cᵀ) with A = 1/denominator and dd the normalizer's row gradient (``AFFINE``).
+
+
+@triton.jit
+def _row_max(g, gi, b_br, m_c, o_r, m_r, c0, c1, r_end, BS: tl.constexpr):
+    """The exact row max m_r = max(b_r + m_c, max_{s≤r} (b_r − b_s + a_s)) [BQ] of the rows o_r,
+    from the scalar gates alone (no matmul); 0 on rows past the chunk."""
+    b_mr = b_br + m_c
+    for s0 in range(c0, r_end, BS):
+        o_s = s0 + tl.arange(0, BS)
+        m_s = o_s < c1
+        z = b_br[:, None] + (_vec(gi, o_s, m_s) - _vec(g, o_s, m_s))[None, :]
+        causal = (o_r[:, None] >= o_s[None, :]) & m_s[None, :]
+        b_mr = tl.maximum(b_mr, tl.max(tl.where(causal, z, float("-inf")), 1))
+    return tl.where(m_r, b_mr, 0.0)
+
+
+@triton.jit
+def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, H, s_sd, s_so,
+                BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, DEN: tl.constexpr,
+                DOT_PREC: tl.constexpr):  # fmt: skip
+    """One pass over depth for the rows o_r: the inter-chunk product x_r·S_c [BQ, BO] (S_c at
+    p_s with element strides (s_sd, s_so)) and the diagonal key tile's scores x_r·y_s [BQ, BQ]
+    (the key tile s = r0 is the query tile itself) share each load of x; ``DEN``: also x_r·n_c
+    [BQ] (n_c at p_n). Returns (inter, scores, den)."""
+    b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
+    b_den = tl.zeros([BQ], dtype=tl.float32)
+    b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
+        b_s = _state_tile(p_s, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+        b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
+        b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, H * D, m_r, m_d), input_precision=DOT_PREC)
+        if DEN:
+            b_n = _vec(p_n, o_d, m_d)
+            b_den += _dot_n(b_x, b_n, DOT_PREC)
+    return b_acc, b_p, b_den
+
+
+@triton.jit
+def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, r0,
+                c0, c1, o_o, m_o, D, O, H, BQ: tl.constexpr, BD: tl.constexpr,
+                HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+                DEN: tl.constexpr, AFFINE: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """Adds Σ_{s≤r} D_rs p_rs z_s to b_acc [BQ, BO]: the diagonal key tile from its scores b_p
+    (causal mask), then the full key tiles before it. ``AFFINE``: p_rs → A_r p_rs + dd_r (b_A,
+    b_dd [BQ]); ``DEN``: also Σ_s D_rs p_rs into b_den. Returns (acc, den)."""
+    if AFFINE:
+        b_p = b_p * b_A[:, None] + b_dd[:, None]
+    b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
+    causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
+    b_p *= _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+    if DEN:
+        b_den += tl.sum(b_p, 1)
+    b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BQ, BO]
+    b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    for s0 in range(c0, r0, BQ):
+        o_s = s0 + tl.arange(0, BQ)
+        m_s = o_s < c1
+        b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            o_d = d0 + tl.arange(0, BD)
+            m_d = o_d < D
+            b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
+            b_yt = _tile_t(p_y, o_s, o_d, H * D, m_s, m_d)  # [BD, BQ]
+            b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        if AFFINE:
+            b_p = b_p * b_A[:, None] + b_dd[:, None]
+        b_bs = _vec(g, o_s, m_s) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+        b_as = _vec(gi, o_s, m_s) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
+        full = m_r[:, None] & m_s[None, :]  # every s < r0 ≤ r
+        b_p *= _log_weights(b_br, b_bs, b_as, b_mr, full, HAS_DECAY, HAS_IGATE, HAS_MAX)
+        if DEN:
+            b_den += tl.sum(b_p, 1)
+        b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BQ, BO]
+        b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    return b_acc, b_den
+
+
+@triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
+def out_fwd_kernel(
+    q, k, v, h, hn, mc, g, gi, o, den, m_row, chunks,
+    T, H, K, V, L, NT, NQ, NSEQ, scale, eps,
+    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
+    DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks × query tiles, V tiles, B·H): o_r = scale·[e_r q_r C_c + Σ_{s≤r} D_rs
+    (q_r·k_s) v_s] of one query tile from the chunk states h (and hn, mc). ``NORM``: divided
+    by the normalizer's denominator, den [B·H, T] = scale·q·n stored; ``HAS_MAX``: the row max
+    m_row [B·H, T] stored."""
+    i_cq, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
+    if r0 >= c1:
+        return
+    o_v = i_v * BO + tl.arange(0, BO)
+    m_v = o_v < V
+    p_q = q + (i_b * T * H + i_h) * K
+    p_k = k + (i_b * T * H + i_h) * K
+    p_v = v + (i_b * T * H + i_h) * V
+    if HAS_DECAY:
+        g += i_bh * T
+    if HAS_IGATE:
+        gi += i_bh * T
+    if NORM != NORM_NONE:
+        hn += (i_bh * NT + i_c) * K
+
+    b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+    b_mr = tl.zeros([BQ], dtype=tl.float32)
+    if HAS_MAX:
+        m_c = tl.load(mc + i_bh * (NT + NSEQ) + i_c + i_n)
+        b_mr = _row_max(g, gi, b_br, m_c, o_r, m_r, c0, c1, tl.minimum(r0 + BQ, c1), BQ)
+        e_r = tl.exp(b_br + m_c - b_mr)
+    else:
+        e_r = tl.exp(b_br)
+
+    p_h = h + (i_bh * NT + i_c) * K * V
+    b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, H, V, 1, BQ, BD,
+                                    BO, NORM != NORM_NONE, DOT_PREC)  # fmt: skip
+    b_acc *= e_r[:, None]
+    b_den *= e_r
+    b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None, None,
+                               o_r, m_r, r0, c0, c1, o_v, m_v, K, V, H, BQ, BD, HAS_DECAY,
+                               HAS_IGATE, HAS_MAX, NORM != NORM_NONE, False,
+                               DOT_PREC)  # fmt: skip
+    b_acc *= scale
+
+    p_o = o + (i_b * T * H + i_h) * V + o_r.to(tl.int64)[:, None] * H * V + o_v[None, :]
+    first = m_r & ((o_r * 0 + i_v) == 0)  # the per-row values, from the first V tile
+    if NORM != NORM_NONE:
+        b_den *= scale
+        b_acc = b_acc / _denominator(b_den, b_mr, eps, NORM)[:, None]
+        tl.store(den + i_bh * T + o_r, b_den, mask=first)
+    if HAS_MAX:
+        tl.store(m_row + i_bh * T + o_r, b_mr, mask=first)
+    tl.store(p_o, b_acc.to(o.dtype.element_ty), mask=m_r[:, None] & m_v[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
+def dq_bwd_kernel(
+    do, v, k, q, h, hn, mc, g, gi, m_row, ra, rd, dq, qdq, chunks,
+    T, H, K, V, L, NT, NQ, NSEQ, scale,
+    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+    HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks × query tiles, K tiles, B·H): dq_r = scale·[e_r (A_r do_r C_cᵀ + dd_r n_c)
+    + Σ_{s≤r} D_rs (A_r do_r·v_s + dd_r) k_s] of one query tile; ``HAS_NORM``: A = ra, dd = rd
+    (:func:`norm_bwd_kernel`), else A = 1, dd = 0. ``HAS_DECAY``: also this K tile's part of
+    q·dq, qdq [K tiles, B·H, T] fp32, for the log-decay gradient."""
+    i_cq, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
+    if r0 >= c1:
+        return
+    o_k = i_k * BO + tl.arange(0, BO)
+    m_k = o_k < K
+    p_do = do + (i_b * T * H + i_h) * V
+    p_v = v + (i_b * T * H + i_h) * V
+    p_k = k + (i_b * T * H + i_h) * K
+    if HAS_DECAY:
+        g += i_bh * T
+    if HAS_IGATE:
+        gi += i_bh * T
+
+    b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+    b_mr = tl.zeros([BQ], dtype=tl.float32)
+    if HAS_MAX:
+        m_c = tl.load(mc + i_bh * (NT + NSEQ) + i_c + i_n)
+        b_mr = _vec(m_row + i_bh * T, o_r, m_r)
+        e_r = tl.exp(b_br + m_c - b_mr)
+    else:
+        e_r = tl.exp(b_br)
+    b_A = None
+    b_dd = None
+    if HAS_NORM:
+        b_A = _vec(ra + i_bh * T, o_r, m_r)
+        b_dd = _vec(rd + i_bh * T, o_r, m_r)
+
+    p_h = h + (i_bh * NT + i_c) * K * V
+    b_acc, b_p, _ = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H, 1, V, BQ, BD,
+                                BO, False, DOT_PREC)  # fmt: skip
+    if HAS_NORM:
+        b_no = _vec(hn + (i_bh * NT + i_c) * K, o_k, m_k)  # [BO]
+        b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
+    b_acc *= e_r[:, None]
+    b_acc, _ = _rows_intra(b_acc, None, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd, o_r,
+                           m_r, r0, c0, c1, o_k, m_k, V, K, H, BQ, BD, HAS_DECAY, HAS_IGATE,
+                           HAS_MAX, False, HAS_NORM, DOT_PREC)  # fmt: skip
+    b_acc *= scale
+
+    p_dq = dq + (i_b * T * H + i_h) * K + o_r.to(tl.int64)[:, None] * H * K + o_k[None, :]
+    tl.store(p_dq, b_acc.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
+    if HAS_DECAY:  # q·dq over this K tile, for the log-decay gradient
+        b_q = _tile(q + (i_b * T * H + i_h) * K, o_r, o_k, H * K, m_r, m_k)
+        part = tl.sum(b_q.to(tl.float32) * b_acc, 1)
+        tl.store(qdq + (i_k * tl.num_programs(2) + i_bh) * T + o_r, part, mask=m_r)
+
+
+@triton.jit(do_not_specialize=["T"])
+def norm_bwd_kernel(
+    do, o, den, m_row, ra, rd, dm_row, T, H, V, eps,
+    BT: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr, HAS_MAX: tl.constexpr,
+):  # fmt: skip
+    """Grid (T tiles, B·H). With h = o / P, P = f(den) + eps: ra = 1/P, rd = ∂L/∂den =
+    −(do·h)/P · f'(den) and (``HAS_MAX``) dm_row = ∂L/∂m_r = −(do·h)·eps/P (m enters h only
+    through eps once the state's scale cancels); each [B·H, T] fp32."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    base = (i_b * T * H + i_h) * V
+    dot = tl.zeros([BT], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        o_v = v0 + tl.arange(0, BV)
+        m_v = o_v < V
+        b_do = _tile(do + base, o_t, o_v, H * V, m_t, m_v).to(tl.float32)
+        b_h = _tile(o + base, o_t, o_v, H * V, m_t, m_v).to(tl.float32)
+        dot += tl.sum(b_do * b_h, 1)
+    b_den = _vec(den + i_bh * T, o_t, m_t)
+    if NORM == NORM_SUM:
+        p = b_den + eps
+        slope = tl.full([BT], 1.0, tl.float32)
+    else:
+        if NORM == NORM_MAX1:
+            floor = tl.full([BT], 1.0, tl.float32)
+        else:
+            floor = tl.exp(-_vec(m_row + i_bh * T, o_t, m_t))
+        p = tl.maximum(tl.abs(b_den), floor) + eps
+        slope = tl.where(tl.abs(b_den) > floor, tl.where(b_den >= 0, 1.0, -1.0), 0.0)
+    tl.store(ra + i_bh * T + o_t, 1.0 / p, mask=m_t)
+    tl.store(rd + i_bh * T + o_t, -dot / p * slope, mask=m_t)
+    if HAS_MAX:
+        tl.store(dm_row + i_bh * T + o_t, -dot * eps / p, mask=m_t)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
+def states_bwd_kernel(
+    q, do, g, mc, m_row, ra, rd, h, hn, ht, nt, dht, dnt, dh, dhn, dh0, dn0, bnd, co, chunks,
+    T, H, K, V, L, NT, NSEQ, scale,
+    BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr, HAS_NORM: tl.constexpr,
+    HAS_DHT: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Grid (K tiles, V tiles, N·H). Walks the chunks backwards from the final state's gradient
+    (dht, dnt); stores the gradient of the state leaving each chunk (dh [B·H, NT, K, V] in its
+    dtype, dhn [B·H, NT, K]) and of the initial state (dh0 [N, H, K, V], dn0 [N, H, K]).
+    ``HAS_NORM``: the outputs' row factors ra, rd of :func:`norm_bwd_kernel`.
+
+    ``HAS_DECAY``: also this tile's part of ⟨dC, C⟩ + ⟨dn, n⟩ for the state leaving each chunk
+    (bnd [B·H, NT, K tiles · V tiles]): the exact log-decay gradient at the chunk's end (the
+    next chunk's stored state h, hn, or the final state ht, nt after a sequence's last
+    chunk)."""
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_bh, i_st, c_lo, c_hi, i_n = _walk(co, i_nh, H, NT, VARLEN)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    p_q = q + (i_b * T * H + i_h) * K
+    p_do = do + (i_b * T * H + i_h) * V
+    if HAS_DECAY:
+        g += i_bh * T
+    b_dC, b_dn = _start_state(dht, dnt, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DHT, HAS_N, BK, BV)
+    if HAS_MAX:
+        p_mc = mc + i_bh * (NT + NSEQ) + i_n
+    for j in range(c_hi - c_lo):
+        i_c = c_hi - 1 - j
+        c0, c1, _ = _bounds(chunks, i_c, L, T, VARLEN)
+        tl.store(
+            dh + (i_bh * NT + i_c) * K * V + o_k[:, None] * V + o_v[None, :],
+            b_dC.to(dh.dtype.element_ty), mask=m_k[:, None] & m_v[None, :],
+        )  # fmt: skip
+        if HAS_N:
+            tl.store(dhn + (i_bh * NT + i_c) * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
+        if HAS_DECAY:
+            if i_c + 1 < c_hi:
+                p_nx = h + (i_bh * NT + i_c + 1) * K * V
+                if HAS_N:
+                    p_nn = hn + (i_bh * NT + i_c + 1) * K
+            else:
+                p_nx = ht + i_st * K * V
+                if HAS_N:
+                    p_nn = nt + i_st * K
+            b_nx = _state_tile(p_nx, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
+            b_bnd = tl.sum(tl.sum(b_dC * b_nx, 1), 0)
+            if HAS_N:
+                b_bnd += tl.where(i_v == 0, tl.sum(b_dn * _vec(p_nn, o_k, m_k), 0), 0.0)
+            n_tiles = tl.num_programs(0) * tl.num_programs(1)
+            tl.store(bnd + (i_bh * NT + i_c) * n_tiles + i_k * tl.num_programs(1) + i_v, b_bnd)
+        b_last = tl.load(g + c1 - 1) if HAS_DECAY else 0.0
+        if HAS_MAX:
+            m_c = tl.load(p_mc + i_c)
+            decay = tl.exp(b_last + m_c - tl.load(p_mc + i_c + 1))
+        elif HAS_DECAY:
+            decay = tl.exp(b_last)
+        else:
+            decay = 1.0
+        b_dC *= decay
+        b_dn *= decay
+        for r0 in range(c0, c1, BQ):
+            o_r = r0 + tl.arange(0, BQ)
+            m_r = o_r < c1
+            lf = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+            if HAS_MAX:
+                lf += m_c - _vec(m_row + i_bh * T, o_r, m_r)
+            f = scale * tl.exp(tl.where(m_r, lf, float("-inf")))  # [BQ]
+            b_qt = _tile_t(p_q, o_r, o_k, H * K, m_r, m_k).to(tl.float32)  # [BK, BQ]
+            b_do = _tile(p_do, o_r, o_v, H * V, m_r, m_v)  # [BQ, BV]
+            if HAS_NORM:
+                b_dC += tl.dot(
+                    (b_qt * (f * _vec(ra + i_bh * T, o_r, m_r))[None, :]).to(b_do.dtype), b_do,
+                    input_precision=DOT_PREC,
+                )  # fmt: skip
+                if HAS_N:
+                    b_dn += tl.sum(b_qt * (f * _vec(rd + i_bh * T, o_r, m_r))[None, :], 1)
+            else:
+                b_qf = (b_qt * f[None, :]).to(b_do.dtype)
+                b_dC += tl.dot(b_qf, b_do, input_precision=DOT_PREC)
+    tl.store(
+        dh0 + i_st * K * V + o_k[:, None] * V + o_v[None, :], b_dC,
+        mask=m_k[:, None] & m_v[None, :],
+    )  # fmt: skip
+    if HAS_N:
+        tl.store(dn0 + i_st * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
+
+
+@triton.jit
+def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_o, m_o, D,
+          O, H, s_sd, s_so, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+          HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+          HAS_NORM: tl.constexpr, ADD_DN: tl.constexpr, SHIFT: tl.constexpr,
+          DOT_PREC: tl.constexpr):  # fmt: skip
+    """The columns s of one key tile of dk or dv (pointers at this row, chunk):
+
+        out_s = w_s (x_s dS_c+1 + [ADD_DN] dn_c+1) + scale·Σ_{r≥s} D_rs M_sr z_r,
+        M_sr = A_r (x_s·y_r) + [SHIFT] dd_r,   w_s = exp(b_L − b_s + a_s − m_c+1)
+
+    dS_c+1 at p_ds with element strides (s_sd, s_so), dn_c+1 at p_dn; mc at this chunk's max
+    state (m_c+1 at mc + 1), g, gi, m_row, ra, rd at this row. A = ra with ``HAS_NORM``, else 1.
+    Returns out [BS, BO] fp32."""
+    b_bs = _vec(g, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
+    b_as = _vec(gi, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
+    lw = b_as - b_bs
+    if HAS_DECAY:
+        lw += tl.load(g + c1 - 1)
+    if HAS_MAX:
+        lw -= tl.load(mc + 1)
+    w_s = tl.exp(tl.where(m_s, lw, float("-inf")))  # [BS], ≤ 1
+
+    # One pass over depth: the inter-chunk product x_s·dS_c+1 and the diagonal query tile's
+    # x_s·y_r share each load of x (the query tile r = s0 is the key tile itself).
+    b_int = tl.zeros([BS, BO], dtype=tl.float32)
+    b_mt = tl.zeros([BS, BS], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
+        b_st = _state_tile(p_ds, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+        b_int += tl.dot(b_x, b_st.to(b_x.dtype), input_precision=DOT_PREC)
+        b_mt += tl.dot(b_x, _tile_t(p_y, o_s, o_d, H * D, m_s, m_d), input_precision=DOT_PREC)
+    if ADD_DN:
+        b_int += _vec(p_dn, o_o, m_o)[None, :]
+
+    b_acc = tl.zeros([BS, BO], dtype=tl.float32)
+    for r0 in range(s0, c1, BS):
+        o_r = r0 + tl.arange(0, BS)
+        m_r = o_r < c1
+        if r0 > s0:  # a full query tile after the diagonal
+            b_mt = tl.zeros([BS, BS], dtype=tl.float32)
+            for d0 in range(0, D, BD):
+                o_d = d0 + tl.arange(0, BD)
+                m_d = o_d < D
+                b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
+                b_yt = _tile_t(p_y, o_r, o_d, H * D, m_r, m_d)  # [BD, BS]
+                b_mt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        if HAS_NORM:
+            b_mt *= _vec(ra, o_r, m_r)[None, :]
+            if SHIFT:
+                b_mt += _vec(rd, o_r, m_r)[None, :]
+        b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
+        b_mr = _vec(m_row, o_r, m_r) if HAS_MAX else tl.zeros([BS], dtype=tl.float32)
+        causal = (o_r[:, None] >= o_s[None, :]) & m_r[:, None]  # [BS (r), BS (s)]
+        b_d = _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+        b_mt *= tl.trans(b_d)
+        b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BS, BO]
+        b_acc += tl.dot(b_mt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    return b_acc * scale + b_int * w_s[:, None]
+
+
+@triton.jit(do_not_specialize=["T", "NT", "NS", "NSEQ"])
+def dk_bwd_kernel(
+    v, do, q, k, dh, dhn, mc, g, gi, m_row, ra, rd, dk, kdk, chunks,
+    T, H, K, V, L, NT, NS, NSEQ, scale,
+    BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
+    HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks × key tiles, K tiles, B·H): dk_s = w_s (v_s dC_c+1ᵀ + dn_c+1) + scale·Σ_{r≥s}
+    D_rs (A_r v_s·do_r + dd_r) q_r of one key tile (:func:`_cols`), from the state gradients
+    dh, dhn. With a gate (``HAS_DECAY`` or ``HAS_IGATE``) also this K tile's part of k·dk,
+    kdk [K tiles, B·H, T] fp32, for the gate gradients."""
+    i_cs, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c, _, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    if s0 >= c1:
+        return
+    o_k = i_k * BO + tl.arange(0, BO)
+    m_k = o_k < K
+    if HAS_DECAY:
+        g += i_bh * T
+    if HAS_IGATE:
+        gi += i_bh * T
+    if HAS_MAX:
+        mc += i_bh * (NT + NSEQ) + i_c + i_n
+        m_row += i_bh * T
+    if HAS_NORM:
+        ra += i_bh * T
+        rd += i_bh * T
+    if HAS_N:
+        dhn += (i_bh * NT + i_c) * K
+    b_dk = _cols(
+        v + (i_b * T * H + i_h) * V, do + (i_b * T * H + i_h) * V, q + (i_b * T * H + i_h) * K,
+        dh + (i_bh * NT + i_c) * K * V, dhn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_k,
+        m_k, V, K, H, 1, V, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, HAS_N,
+        HAS_NORM, DOT_PREC,
+    )  # fmt: skip
+
+    p_dk = dk + (i_b * T * H + i_h) * K + o_s.to(tl.int64)[:, None] * H * K + o_k[None, :]
+    tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & m_k[None, :])
+    if HAS_DECAY or HAS_IGATE:  # k·dk over this K tile, for the gate gradients
+        b_k = _tile(k + (i_b * T * H + i_h) * K, o_s, o_k, H * K, m_s, m_k)
+        part = tl.sum(b_k.to(tl.float32) * b_dk, 1)
+        tl.store(kdk + (i_k * tl.num_programs(2) + i_bh) * T + o_s, part, mask=m_s)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "NS", "NSEQ"])
+def dv_bwd_kernel(
+    k, q, do, dh, mc, g, gi, m_row, ra, dv, chunks,
+    T, H, K, V, L, NT, NS, NSEQ, scale,
+    BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+    HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks × key tiles, V tiles, B·H): dv_s = w_s k_s dC_c+1 + scale·Σ_{r≥s} D_rs A_r
+    (k_s·q_r) do_r of one key tile (:func:`_cols`), from the state gradients dh."""
+    i_cs, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c, _, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    if s0 >= c1:
+        return
+    o_v = i_v * BO + tl.arange(0, BO)
+    m_v = o_v < V
+    if HAS_DECAY:
+        g += i_bh * T
+    if HAS_IGATE:
+        gi += i_bh * T
+    if HAS_MAX:
+        mc += i_bh * (NT + NSEQ) + i_c + i_n
+        m_row += i_bh * T
+    if HAS_NORM:
+        ra += i_bh * T
+    b_dv = _cols(
+        k + (i_b * T * H + i_h) * K, q + (i_b * T * H + i_h) * K, do + (i_b * T * H + i_h) * V,
+        dh + (i_bh * NT + i_c) * K * V, None, g, gi, mc, m_row, ra, None, o_s, m_s, s0, c1, o_v,
+        m_v, K, V, H, V, 1, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, False,
+        False, DOT_PREC,
+    )  # fmt: skip
+    p_dv = dv + (i_b * T * H + i_h) * V + o_s.to(tl.int64)[:, None] * H * V + o_v[None, :]
+    tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & m_v[None, :])

@@ -1,0 +1,146 @@
+"""The @triton.jit helpers every kernel file of the engine shares (scalar, vector, fused and
+recurrent kernels): block loads with int64 row offsets, a walking program's chunk range, a chunk's
+bounds and row tile, the starting state of a walk, the normalizer's denominator and the
+intra-chunk weights of scalar gates. Kernel files import them from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from linrnn.engine import config
+
+# The kernels' NORM codes (config.norm_code), as constexprs a kernel can compare against.
+NORM_NONE = tl.constexpr(config.NORM_NONE)
+NORM_SUM = tl.constexpr(config.NORM_SUM)
+NORM_MAX1 = tl.constexpr(config.NORM_MAX1)
+NORM_MAXM = tl.constexpr(config.NORM_MAXM)
+
+
+@triton.jit
+def _tile(ptr, rows, cols, row_stride, m_rows, m_cols):
+    """Load ``ptr[rows, cols]`` as a [len(rows), len(cols)] block (row-major, int64 rows)."""
+    p = ptr + rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
+    return tl.load(p, mask=m_rows[:, None] & m_cols[None, :], other=0.0)
+
+
+@triton.jit
+def _tile_t(ptr, rows, cols, row_stride, m_rows, m_cols):
+    """Load ``ptr[rows, cols]`` transposed, as a [len(cols), len(rows)] block."""
+    p = ptr + rows.to(tl.int64)[None, :] * row_stride + cols[:, None]
+    return tl.load(p, mask=m_cols[:, None] & m_rows[None, :], other=0.0)
+
+
+@triton.jit
+def _vec(ptr, idx, mask):
+    """``ptr[idx]`` as fp32, 0 where masked off."""
+    return tl.load(ptr + idx, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _state_tile(ptr, o_d, o_o, s_d, s_o, m_d, m_o):
+    """A [len(o_d), len(o_o)] block of a state with element strides (s_d, s_o)."""
+    p = ptr + o_d[:, None] * s_d + o_o[None, :] * s_o
+    return tl.load(p, mask=m_d[:, None] & m_o[None, :], other=0.0)
+
+
+@triton.jit
+def _start_state(h, n, i_st, o_k, o_v, K, V, m_k, m_v, HAS_H: tl.constexpr,
+                 HAS_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """A walk's starting slice of state ``i_st`` (h [.., K, V], n [.., K], fp32): C [BK, BV]
+    and n [BK] (zeros without the state, n zeros without ``HAS_N``)."""
+    if HAS_H:
+        b_C = _state_tile(h + i_st * K * V, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
+    else:
+        b_C = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_N and HAS_H:
+        b_n = _vec(n + i_st * K, o_k, m_k)
+    else:
+        b_n = tl.zeros([BK], dtype=tl.float32)
+    return b_C, b_n
+
+
+@triton.jit
+def _dot_n(b_x, b_n, DOT_PREC: tl.constexpr):
+    """x·n per row, for x [BT, BD] in its input dtype and the fp32 normalizer state n [BD], on
+    the tensor cores: n as n_hi + n_lo in x's dtype (8 columns each), so the sum keeps about fp32
+    precision (den picks the normalizer's branch and scales the backward).
+
+    Not an elementwise product with x: where x is also an operand of a dot in a pipelined loop
+    (the forward's depth pass), Triton 3.6 on Hopper read the shared-memory copy of x for that
+    product while a later pipeline stage was overwriting it (num_stages ≥ 2), so den differed
+    between two runs on the same inputs; and at BD = 256 the [BT, BD] fp32 temporary spills."""
+    b_hi = b_n.to(b_x.dtype)
+    b_lo = (b_n - b_hi.to(tl.float32)).to(b_x.dtype)
+    col = tl.arange(0, 16)[None, :]
+    b_nn = tl.where(col < 8, b_hi[:, None], b_lo[:, None])  # [BD, 16]
+    return tl.sum(tl.dot(b_x, b_nn, input_precision=DOT_PREC), 1) * (1.0 / 8)
+
+
+@triton.jit
+def _denominator(b_den, b_mr, eps, NORM: tl.constexpr):
+    """The normalizer's denominator from den = scale·q·n: den + eps (sum), max(|den|, 1) + eps
+    (mLSTM, sigmoid gate) or max(|den|, exp(−m_r)) + eps (mLSTM, max state)."""
+    if NORM == NORM_SUM:
+        return b_den + eps
+    elif NORM == NORM_MAX1:
+        return tl.maximum(tl.abs(b_den), 1.0) + eps
+    else:
+        return tl.maximum(tl.abs(b_den), tl.exp(-b_mr)) + eps
+
+
+@triton.jit
+def _log_weights(b_r, b_s, a_s, m_r, causal, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
+                 HAS_MAX: tl.constexpr):  # fmt: skip
+    """The [R, S] intra-chunk weights D_rs = exp(b_r − b_s + a_s − m_r) of scalar gates on the
+    causal mask (``HAS_MAX``: with the max state's row values m_r)."""
+    if HAS_DECAY or HAS_IGATE or HAS_MAX:
+        lw = tl.zeros(causal.shape, dtype=tl.float32)
+        if HAS_DECAY:
+            lw += b_r[:, None] - b_s[None, :]
+        if HAS_IGATE:
+            lw += a_s[None, :]
+        if HAS_MAX:
+            lw -= m_r[:, None]
+        return tl.exp(tl.where(causal, lw, float("-inf")))
+    else:
+        return tl.where(causal, 1.0, 0.0)
+
+
+@triton.jit
+def _walk(co, i_nh, H, NT, VARLEN: tl.constexpr):
+    """A walking program's (row i_bh of the gates and chunk states, state index i_st, first and
+    end chunk, sequence). Packed sequences (B = 1): program i_nh = n·H + h walks sequence n's
+    chunks co[n] … co[n+1]."""
+    if VARLEN:
+        i_n = i_nh // H
+        c_lo = tl.load(co + i_n)
+        c_hi = tl.load(co + i_n + 1)
+        return i_nh % H, i_nh, c_lo, c_hi, i_n
+    else:
+        return i_nh, i_nh, 0, NT, 0
+
+
+@triton.jit
+def _bounds(chunks, i_c, L, T, VARLEN: tl.constexpr):
+    """Chunk i_c's token range [c0, c1) and its sequence (chunks: [NC, 3] int32 rows
+    (start, end, sequence) for packed sequences)."""
+    if VARLEN:
+        c0 = tl.load(chunks + i_c * 3)
+        c1 = tl.load(chunks + i_c * 3 + 1)
+        return c0, c1, tl.load(chunks + i_c * 3 + 2)
+    else:
+        c0 = i_c * L
+        return c0, tl.minimum(c0 + L, T), 0
+
+
+@triton.jit
+def _chunk_rows(chunks, i_cq, NQ, L, T, BQ: tl.constexpr, VARLEN: tl.constexpr):
+    """Row tile i_cq % NQ of chunk i_cq // NQ (a program's first grid index): (i_c, c0, c1,
+    i_n, r0, o_r, m_r) with rows o_r = r0 + [0, BQ), m_r = o_r < c1; r0 ≥ c1: an empty tile."""
+    i_c = i_cq // NQ
+    c0, c1, i_n = _bounds(chunks, i_c, L, T, VARLEN)
+    r0 = c0 + (i_cq % NQ) * BQ
+    o_r = r0 + tl.arange(0, BQ)
+    return i_c, c0, c1, i_n, r0, o_r, o_r < c1
