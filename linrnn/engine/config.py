@@ -271,6 +271,31 @@ TILES = {
     "fused": (0, 0, 0, 4, 1),
 }
 
+# Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
+# num_stages); the states kernels: (time tile, K tile, V tile, num_warps, num_stages). A kernel
+# whose output dimension carries a gate uses GATED_BO as its output tile.
+VEC_TILES = {
+    "states": (64, 32, 256, 4, 2),  # (time tile, K tile, V tile, ...): gk-only calls
+    "states_gv": (64, 64, 128, 4, 2),  # with gv
+    "rows": (16, 64, 32, 64, 4, 2),
+    "cols": (16, 64, 32, 64, 4, 1),
+    "fused": (16, 0, 32, 0, 4, 1),
+}
+GATED_BO = 64
+
+# Tiles of the stored-scores kernels (vector_scores_kernels), used by gk-only calls in chunk mode:
+# scores (sub-chunk, key tile, depth tile, warps, stages), apply (row tile, key tile, depth
+# tile, output tile, warps, stages), dscores (the backward's ungated do vᵀ), inter (dq's and
+# dk's inter-chunk parts: rows, depth tile, output tile, warps, stages), fast
+# (fast_scores_kernel: rows, key tile, depth tile, warps, stages).
+SCORE_TILES = {
+    "scores": (16, 32, 32, 2, 2),
+    "apply": (64, 64, 32, 64, 4, 1),
+    "dscores": (64, 64, 64, 4, 2),
+    "inter": (64, 64, 64, 4, 1),
+    "fast": (64, 64, 32, 4, 2),
+}
+
 # Normalizer codes of the kernels' NORM constexpr.
 NORM_NONE, NORM_SUM, NORM_MAX1, NORM_MAXM = 0, 1, 2, 3
 

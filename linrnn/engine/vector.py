@@ -44,22 +44,10 @@ from linrnn.engine import vector_cumsum_kernels as cs
 from linrnn.engine import vector_gate_grad_kernels as gg
 from linrnn.engine import vector_kernels as vk
 from linrnn.engine import vector_scores_kernels as sc
-from linrnn.engine.config import ChunkConfig
+from linrnn.engine.config import GATED_BO, SCORE_TILES, VEC_TILES, ChunkConfig
 from linrnn.engine.gate_grads import final_grads
 from linrnn.engine.host_math import cdiv, next_pow2
 
-# Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
-# num_stages); the states kernels: (time tile, K tile, V tile, num_warps, num_stages). A kernel
-# whose output dimension carries a gate uses GATED_BO as its output tile. Tuning history:
-# docs/tuning.md.
-VEC_TILES = {
-    "states": (64, 32, 256, 4, 2),  # (time tile, K tile, V tile, ...): gk-only calls
-    "states_gv": (64, 64, 128, 4, 2),  # with gv
-    "rows": (16, 64, 32, 64, 4, 2),
-    "cols": (16, 64, 32, 64, 4, 1),
-    "fused": (16, 0, 32, 0, 4, 1),
-}
-GATED_BO = 64
 # The diagonal sub-chunk's gated products walk its BC key rows, each a [BC, tile] product (a loop,
 # unrolled in calls with gv). Under the Triton interpreter (CPU) that walk is ~8x slower, so
 # there they take the block form, one [BC, BC, tile] fp32 product per depth/output tile (the
@@ -94,20 +82,6 @@ def _diag(c: ChunkConfig) -> dict:
     """The kernels' diagonal constexprs: BLOCK_DIAG (the interpreter's fallback) and DIAG_SPAN
     (0 where the call takes no fast forms)."""
     return dict(BLOCK_DIAG=INTERPRETER, DIAG_SPAN=DIAG_SPAN if _fast_forms(c.dtype) else 0.0)
-
-
-# Tiles of the stored-scores kernels (vector_scores_kernels), used by gk-only calls in chunk mode:
-# scores (sub-chunk, key tile, depth tile, warps, stages), apply (row tile, key tile, depth
-# tile, output tile, warps, stages), dscores (the backward's ungated do vᵀ), inter (dq's and
-# dk's inter-chunk parts: rows, depth tile, output tile, warps, stages), fast
-# (fast_scores_kernel: rows, key tile, depth tile, warps, stages).
-SCORE_TILES = {
-    "scores": (16, 32, 32, 2, 2),
-    "apply": (64, 64, 32, 64, 4, 1),
-    "dscores": (64, 64, 64, 4, 2),
-    "inter": (64, 64, 64, 4, 1),
-    "fast": (64, 64, 32, 4, 2),
-}
 
 
 def _pre_gate(has_gv: bool, fused: bool, V: int) -> bool:
