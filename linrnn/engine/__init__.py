@@ -1,6 +1,34 @@
-"""Chunkwise and recurrent engines. ``torch_chunk`` is the pure-PyTorch path (CPU users, and the
-fallback everywhere); ``triton_kernels`` + ``triton_chunk`` the Triton chunk engine (per-channel
-decays: ``vector_kernels`` and the other ``vector_*`` modules + ``triton_chunk_vec``),
-``triton_fused`` its non-materializing
-variant, ``triton_recurrent`` the recurrent (decoding) kernel for every family and
-``triton_recurrent_bwd`` its backward."""
+"""The engine behind the ops: where a call goes and which file does what.
+
+A call flows one way (docs/DESIGN.md §8)::
+
+    linrnn.ops.<family> -> ops._generic.route (mode, backend, chunk size, decided once)
+        -> torch_chunk                     the pure-PyTorch chunkwise path (CPU, fp64)
+        -> scalar | vector | recurrent     Triton hosts: forward(...) -> (outputs, saved),
+                                           backward(saved, ...) -> gradients
+        -> *_kernels                       the Triton kernels they launch
+
+Host side (plain Python and PyTorch):
+
+* ``config``      the call config (ChunkConfig), packed-sequence tables, every tile table and
+                  the one chunk-size rule (default, ints, ``"auto"``); no Triton needed.
+* ``scalar``      chunk and fused_chunk modes for scalar gates: linear attention, retention,
+                  simple GLA, mLSTM (sigmoid and exp input gate).
+* ``vector``      chunk and fused_chunk modes for per-channel gates: GLA (gk, gv), RWKV6 (w, u).
+* ``recurrent``   the recurrent mode of every family (decoding, short sequences), with backward.
+* ``gate_grads``  the gate-gradient reductions the hosts share.
+* ``custom_ops``  torch.library ops over the hosts' forward/backward, for torch.compile.
+* ``host_math``   integer helpers for grids and tiles.
+
+Kernels (Triton):
+
+* ``triton_common``        @triton.jit helpers every kernel file shares.
+* ``scalar_kernels``       scalar gates: chunk states fwd/bwd, output, dq, dk, dv, normalizer bwd.
+* ``vector_kernels``       per-channel gates: chunk states fwd/bwd, output, dq, dk, dv (sub-chunk
+                           forms), on the helpers of ``vector_common``;
+  ``vector_scores_kernels``  the stored intra-chunk scores and the fast chunks (gk-only calls),
+  ``vector_cumsum_kernels``  the chunk-local gate cumsums (and pre-gated q, k),
+  ``vector_gate_grad_kernels``  the per-channel log-decay gradient.
+* ``fused_kernels``        mode "fused_chunk": the non-materializing kernels, both gate kinds.
+* ``recurrent_kernels``    the recurrent forward and backward kernels.
+"""
