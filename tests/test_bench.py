@@ -74,7 +74,7 @@ def test_chunk_flops_by_hand():
     #   sum                                                = 19,071,685
     assert flops.chunk_flops_per_chunk(64, 256, 256) == 19_071_685
     # B=8, T=8192, H=16: 8·16·(8192/64) chunks = 16,384 → 312,470,487,040 ≈ 0.31 TFLOP
-    # (DESIGN.md §4 quotes ≈ 0.31 TFLOP for this shape).
+    # (docs/DESIGN.md §4 quotes ≈ 0.31 TFLOP for this shape).
     assert flops.chunkwise_flops(8, 8192, 16, 256, 256, 64) == 16_384 * 19_071_685
     # leading terms only: B·T·H·[L(K+V) + 4KV] = 1,048,576 · (32,768 + 262,144)
     assert flops.chunkwise_flops_leading(8, 8192, 16, 256, 256, 64) == 1_048_576 * 294_912
@@ -94,7 +94,7 @@ def test_chunk_flops_by_hand():
 
 
 def test_bytes_by_hand():
-    # DESIGN.md §4: q, k, v read and o written in bf16 at B=8, T=8192, H=16, K=V=256:
+    # docs/DESIGN.md §4: q, k, v read and o written in bf16 at B=8, T=8192, H=16, K=V=256:
     # 1,048,576 tokens·heads · 2 bytes · (2·256 + 2·256) = 2,147,483,648 ≈ 2.15 GB
     assert flops.min_bytes(8, 8192, 16, 256, 256, elt=2) == 2_147_483_648
     # plus mLSTM's two fp32 gates: + 1,048,576 · 8

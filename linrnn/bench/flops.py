@@ -76,7 +76,7 @@ def chunkwise_flops(B: int, T: int, H: int, K: int, V: int, L: int) -> float:
 
 
 def chunkwise_flops_leading(B: int, T: int, H: int, K: int, V: int, L: int) -> float:
-    """The matmul terms only (DESIGN.md §4): ``B·T·H·[2L(K + V)·½ + 4·K·V]`` — App. G's count
+    """The matmul terms only (docs/DESIGN.md §4): ``B·T·H·[2L(K + V)·½ + 4·K·V]`` — App. G's count
     without its gate and pointwise terms, per token (``T/L`` chunks of ``L²·F_c·(2K+2V) +
     4LKV``)."""
     return B * T * H * (2 * L * (K + V) * F_CAUSAL + 4 * K * V)
@@ -138,7 +138,7 @@ def min_bytes(
     state_out: bool = False,
     state_elems: int | None = None,
 ) -> float:
-    """The fewest bytes one forward must move (the floor; DESIGN.md §4)::
+    """The fewest bytes one forward must move (the floor; docs/DESIGN.md §4)::
 
         B·T·H·[elt·(2K + 2V) + 4·g] + (state_in + state_out)·B·H·bytes_C·s
 

@@ -1,4 +1,4 @@
-"""Pure-PyTorch chunkwise engine (DESIGN.md §2-3), matmul-based, differentiable by autograd.
+"""Pure-PyTorch chunkwise engine (docs/DESIGN.md §9), matmul-based, differentiable by autograd.
 
 Two levels, as in TFLA: a sequential scan over chunks materializes the chunk-boundary states
 (each chunk's own contribution is one batched matmul for all chunks at once), then the outputs

@@ -33,7 +33,7 @@ def mlstm(
 ):
     """mLSTM cell.
 
-    ``input_gate="exp"`` (stabilized, DESIGN.md §1)::
+    ``input_gate="exp"`` (stabilized, docs/DESIGN.md §1)::
 
         m_t = max(log σ(f̃_t) + m_{t-1}, ĩ_t)
         C_t = exp(log σ(f̃_t) + m_{t-1} − m_t) C_{t-1} + exp(ĩ_t − m_t) k_t v_tᵀ
