@@ -61,6 +61,17 @@ def _program(cu_seqlens, T, H, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _tile(i_tile, K, V, BK: tl.constexpr, BV: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Offsets and masks over K [BK] and V [BV]: tile i_tile of K (``SPLIT_K``) or of V, the
+    other dimension held whole."""
+    if SPLIT_K:
+        o_k, o_v = i_tile * BK + tl.arange(0, BK), tl.arange(0, BV)
+    else:
+        o_k, o_v = tl.arange(0, BK), i_tile * BV + tl.arange(0, BV)
+    return o_k, o_v, o_k < K, o_v < V
+
+
+@triton.jit
 def _step_index(bos, t, T, H, i_h, K, V):
     """Step t's token row in [B·T], its [B·H, T] row index, and the offsets of its q/k row
     and its v row."""
@@ -184,8 +195,7 @@ def recurrent_fwd_kernel(
     denominator (``STORE_DEN``) and max state (``STORE_M``) in [B·H, T] rows. ht may be h0
     itself: each program reads its tile of the state before the loop and writes it after."""
     i_v, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
-    o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    o_k, o_v, m_k, m_v = _tile(i_v, K, V, BK, BV, False)
     b_h, b_n = _start_state(h0, n0, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_H0, TRACK_N, BK, BV)
     b_m = _m_start(m0, i_nh, STABILIZE, HAS_H0)
     b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
@@ -251,8 +261,7 @@ def recurrent_bwd_kernel_dq(
 ):  # fmt: skip
     """Grid (K tiles, N·H), BV ≥ V: dq, and q⊙dq (``STORE_QDQ``, zeros where not written)."""
     i_k, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
-    o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    o_k, o_v, m_k, m_v = _tile(i_k, K, V, BK, BV, True)
     b_h, b_n = _start_state(h0, n0, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_H0, TRACK_N, BK, BV)
     b_m0 = _m_start(m0, i_nh, STABILIZE, HAS_H0)
     b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
@@ -289,8 +298,7 @@ def recurrent_bwd_kernel_dk(
     dnt; zeros without ``HAS_DHT``): dk, k⊙dk (``STORE_KDK``), the bonus's per-head partial du
     [N·H, K] (``HAS_U``) and the initial state's gradients dh0, dn0."""
     i_k, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
-    o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    o_k, o_v, m_k, m_v = _tile(i_k, K, V, BK, BV, True)
     b_dh, b_dn = _start_state(dht, dnt, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_DHT, TRACK_N, BK,
                               BV)  # fmt: skip
     b_m0 = _m_start(m0, i_nh, STABILIZE, HAS_H0)
@@ -339,8 +347,7 @@ def recurrent_bwd_kernel_dv(
     """Grid (V tiles, N·H), BK ≥ K, the walk of :func:`recurrent_bwd_kernel_dk` for dv and
     v⊙dv (``STORE_VDV``)."""
     i_v, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
-    o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    o_k, o_v, m_k, m_v = _tile(i_v, K, V, BK, BV, False)
     b_dh, _ = _start_state(dht, dnt, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_DHT, TRACK_N, BK, BV)
     b_m0 = _m_start(m0, i_nh, STABILIZE, HAS_H0)
     b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
