@@ -398,3 +398,27 @@ def chunk_counts(B: int, T, L: int, offsets):
     N = len(offsets) - 1
     rows = sum((offsets[n + 1] - offsets[n] + L - 1) // L for n in range(N))
     return N, max(rows, 1), N
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs as the kernels read them
+
+
+def fp32_contiguous(x):
+    """x as fp32 contiguous (None stays None)."""
+    return None if x is None else x.float().contiguous()
+
+
+def prepare_state(S0, n0, m0, track_n: bool, stabilize: bool):
+    """The initial state as the kernels read it: fp32 contiguous, n0/m0 zeros where the call
+    tracks them but none was given, None where it does not (all None without S0). An fp32
+    contiguous S0 comes back as the same tensor, so a final state may be written over it."""
+    if S0 is None:
+        return None, None, None
+    if track_n and n0 is None:
+        n0 = S0.new_zeros(S0.shape[:3])
+    if stabilize and m0 is None:
+        m0 = S0.new_zeros(S0.shape[:2])
+    n0 = fp32_contiguous(n0) if track_n else None
+    m0 = fp32_contiguous(m0) if stabilize else None
+    return fp32_contiguous(S0), n0, m0

@@ -15,20 +15,54 @@ m_t = F_t + max(m_0, max_{s≤t}(a_s − F_s)) reaches the output only through e
 state through its stabilized scale), and routes to F_t and to the argmax (:func:`route_argmax`).
 
 The helpers take a config ``c`` that needs only has_decay, has_igate, stab, track_n, norm,
-varlen, N, L and, when packed, offsets, tok_chunk and CHUNKS (:class:`~linrnn.engine.config.
-ChunkConfig`, or the recurrent host's own).
+varlen, N, offsets (when packed) and, for the chunk restarts, L, tok_chunk and CHUNKS: a
+:class:`~linrnn.engine.config.ChunkConfig`, or :class:`GateFlags` for a host without chunks
+(the recurrent one). Per-channel decays take :func:`reverse_sum`.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 
-def rows(g: torch.Tensor) -> torch.Tensor:
-    """[B, T, H] → [B·H, T] fp32 contiguous."""
-    B, T, H = g.shape
-    return g.permute(0, 2, 1).reshape(B * H, T).float().contiguous()
+@dataclass(frozen=True)
+class GateFlags:
+    """The switches :func:`gate_grads` and :func:`final_grads` read, for a call without a
+    :class:`~linrnn.engine.config.ChunkConfig` (no chunk restarts: ``bnd`` None). ``N``: the
+    number of sequences (B, or len(offsets) − 1 when packed); ``norm``: the normalizer's
+    code (0 none)."""
+
+    N: int
+    has_decay: bool
+    has_igate: bool
+    stab: bool
+    track_n: bool
+    norm: int
+    offsets: list[int] | None = None
+
+    @property
+    def varlen(self) -> bool:
+        return self.offsets is not None
+
+
+def rows(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[B, T, H(, D)] → [B·H(·D), T] contiguous, fp32 (or ``dtype``)."""
+    return x.movedim(1, -1).reshape(-1, x.shape[1]).to(dtype).contiguous()
+
+
+def tokens(y: torch.Tensor, shape) -> torch.Tensor:
+    """The inverse of :func:`rows`: [B·H(·D), T] → [B, T, H(, D)] (a view)."""
+    B, T, *rest = shape
+    return y.reshape(B, *rest, T).movedim(-1, 1)
+
+
+def rev_cumsum(y: torch.Tensor) -> torch.Tensor:
+    """Σ_{s≥t} y_s along the last dimension, in fp64."""
+    return y.double().flip(-1).cumsum(-1).flip(-1)
 
 
 def final_grads(dS_T, dn_T, q, K, V, c):
@@ -44,14 +78,17 @@ def final_grads(dS_T, dn_T, q, K, V, c):
 
 
 class Seqs:
-    """Per-sequence view of [B·H, T] row tensors: [N·H, Lmax] with zero padding (the identity
-    without packing; packed sequences are spread out by (sequence, position))."""
+    """Per-sequence view of [B·H, T] row tensors (:func:`rows`): [N·H, Lmax] with zero padding,
+    one row per (sequence, head). Without packing (``offsets`` None) it is the identity; packed
+    sequences (B = 1, ``offsets`` the N + 1 token offsets) are spread out by (sequence,
+    position). H counts the rows of one sequence: heads, or heads × channels."""
 
-    def __init__(self, c, B, T, H, device):
-        self.c, self.H, self.T = c, H, T
-        self.N = c.N
-        if c.varlen:
-            off = torch.tensor(c.offsets, device=device)
+    def __init__(self, offsets, B, T, H, device):
+        self.H, self.T = H, T
+        self.varlen = offsets is not None
+        if self.varlen:
+            off = torch.as_tensor(offsets, dtype=torch.int64, device=device)
+            self.N = len(off) - 1
             lens = off[1:] - off[:-1]
             self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens)
             self.pos = torch.arange(T, device=device) - off[:-1][self.seq]
@@ -59,19 +96,24 @@ class Seqs:
             self.last = (lens - 1).clamp_min(0)
             self.nonempty = lens > 0
         else:
-            self.Lmax = T
+            self.N, self.Lmax = B, T
             self.last = torch.full((B,), T - 1, device=device)
             self.nonempty = torch.ones(B, dtype=torch.bool, device=device)
 
+    @classmethod
+    def of(cls, c, B, T, H, device):
+        """The view for the call config ``c`` (module docstring)."""
+        return cls(c.offsets if c.varlen else None, B, T, H, device)
+
     def spread(self, x, fill=0.0):
-        if not self.c.varlen:
+        if not self.varlen:
             return x
         y = x.new_full((self.N, self.H, self.Lmax), fill)
         y[self.seq, :, self.pos] = x.transpose(0, 1)
         return y.view(self.N * self.H, self.Lmax)
 
     def gather(self, y):
-        if not self.c.varlen:
+        if not self.varlen:
             return y
         return y.view(self.N, self.H, self.Lmax)[self.seq, :, self.pos].transpose(0, 1)
 
@@ -85,7 +127,7 @@ def chunk_local(dF, bnd, c):
     """The reverse sum of dF ([rows, T], token layout) restarted at every chunk's end, plus
     that chunk's exact boundary value bnd ([rows, NT]): fp64."""
     T = dF.shape[1]
-    G = F.pad(dF.double().flip(-1).cumsum(-1).flip(-1), (0, 1))  # G[:, T] = 0
+    G = F.pad(rev_cumsum(dF), (0, 1))  # G[:, T] = 0
     if c.varlen:
         chunk = c.tok_chunk
         end = c.CHUNKS.view(-1, 3)[:, 1].long()[chunk]
@@ -117,7 +159,7 @@ def gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T,
     With it the long sum restarts at every chunk: its terms largely cancel, so over a whole
     sequence their rounding errors (bf16 inputs to the kernels' products) would pile up."""
     B, T, H = b_shape
-    sq = Seqs(c, B, T, H, q_dq.device if q_dq is not None else k_dk.device)
+    sq = Seqs.of(c, B, T, H, q_dq.device if q_dq is not None else k_dk.device)
     NH = sq.N * H
     local = None
     if c.has_decay and bnd is not None:
@@ -158,9 +200,23 @@ def gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T,
         if local is not None and not c.stab:  # dF stayed zero: nothing to add
             rev = local
         else:  # a reverse sum over whole sequences (up to 10⁵ terms that largely cancel): fp64
-            rev = sq.gather(dF.double().flip(-1).cumsum(-1).flip(-1))
+            rev = sq.gather(rev_cumsum(dF))
             rev = rev if local is None else rev + local
-        dg = rev.float().reshape(B, H, T).transpose(1, 2)
+        dg = tokens(rev.float(), b_shape)
     if da is not None:
-        da = sq.gather(da).reshape(B, H, T).transpose(1, 2)
+        da = tokens(sq.gather(da).float(), b_shape)
     return dg, da, dm0
+
+
+def reverse_sum(dF, end, offsets):
+    """∂L/∂g of a log decay over token layout ([B, T, H] or per channel [B, T, H, D]) from
+    ∂L/∂F (dF, same shape; F the decay's cumulative sum): Σ_{s≥t} dF_s within each sequence
+    in fp64, with the final state's own term ``end`` ([N, H(, D)] or None) added at each
+    non-empty sequence's last step. ``offsets``: the packed sequences' token offsets (B = 1),
+    or None. Returns fp32."""
+    B, T = dF.shape[:2]
+    sq = Seqs(offsets, B, T, math.prod(dF.shape[2:]), dF.device)
+    y = sq.spread(rows(dF, torch.float64))
+    if end is not None:
+        sq.add_at_last(y, end.reshape(-1).double())
+    return tokens(sq.gather(rev_cumsum(y)).float(), dF.shape)

@@ -12,18 +12,19 @@ Gate gradients. With the max state m held fixed, a log decay g_t enters through 
 sum F_t, +F_t beside q and −F_t beside k, so ∂L/∂F_t = q_t·dq_t − k_t·dk_t (+ ⟨dS_T, S_T⟩ +
 ⟨dn_T, n_T⟩ at a sequence's last step) and ∂L/∂g_u = Σ_{t≥u} ∂L/∂F_t within the sequence; a
 decay over V takes o_t·do_t − v_t·dv_t; a log input gate gets k_t·dk_t. The kernels store the
-per-channel products; the reverse sums run here in fp64. mLSTM-exp's max state routes its own
-gradient to F and to the input gate through the running argmax (:func:`_max_state_grads`).
+per-channel products; the reverse sums run on the host in fp64 with the chunk hosts' helpers
+(:mod:`linrnn.engine.gate_grads`: :func:`~linrnn.engine.gate_grads.gate_grads` for scalar
+gates, which also routes mLSTM-exp's max-state gradient through the running argmax, and
+:func:`~linrnn.engine.gate_grads.reverse_sum` for per-channel decays).
 """
 
 from __future__ import annotations
 
-import itertools
-
 import torch
-import torch.nn.functional as F
 
 from linrnn.engine import recurrent_kernels as kern
+from linrnn.engine.config import fp32_contiguous, prepare_state
+from linrnn.engine.gate_grads import GateFlags, final_grads, gate_grads, reverse_sum, rows
 from linrnn.engine.host_math import cdiv, next_pow2
 from linrnn.engine.scalar_kernels import norm_bwd_kernel
 
@@ -57,23 +58,6 @@ def value_tile(K: int, V: int, tile: dict | None = None) -> tuple[int, int, int]
     BK = max(16, next_pow2(K))
     BV = max(16, min(t["BV_MAX"], t["STATE_ELEMS"] // BK, next_pow2(V)))
     return BK, BV, t["FULL_WARPS"] if BK * BV >= t["STATE_ELEMS"] else t["NUM_WARPS"]
-
-
-def fp32_contiguous(x):
-    return None if x is None else x.float().contiguous()
-
-
-def prepare_state(S0, n0, m0, track_n: bool, stabilize: bool):
-    """The initial state as the kernels take it: fp32, contiguous, a missing n_0 / m_0 as
-    zeros (None without an initial state, or where the family has no n / m)."""
-    if S0 is None:
-        return None, None, None
-    if track_n and n0 is None:
-        n0 = S0.new_zeros(S0.shape[:3])
-    if stabilize and m0 is None:
-        m0 = S0.new_zeros(S0.shape[:2])
-    return (S0.float().contiguous(), fp32_contiguous(n0) if track_n else None,
-            fp32_contiguous(m0) if stabilize else None)  # fmt: skip
 
 
 def _split_decay(g):
@@ -180,17 +164,14 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
     dev = q.device
     f32 = dict(device=dev, dtype=torch.float32)
     norm = norm_code(normalizer, stabilize)
+    flags = GateFlags(N=N, has_decay=g is not None, has_igate=gi is not None,
+                      stab=stabilize and g is not None, track_n=track_n, norm=norm,
+                      offsets=None if offsets is None else [int(x) for x in offsets])  # fmt: skip
     do = torch.zeros_like(o) if do is None else do.contiguous()
     r_a = r_d = r_m = None
     if norm:
         r_a, r_d, r_m = _norm_rows(do, o, s["den"], s["m_row"], norm, stabilize, eps)
-    has_dht = dS_T is not None or dn_T is not None
-    if has_dht:
-        dS_T = torch.zeros(N, H, K, V, **f32) if dS_T is None else dS_T.float().contiguous()
-        dn_T = None if not track_n else (
-            torch.zeros(N, H, K, **f32) if dn_T is None else dn_T.float().contiguous())  # fmt: skip
-    else:
-        dS_T = dn_T = None
+    has_dht, dS_T, dn_T = final_grads(dS_T, dn_T if track_n else None, q, K, V, flags)
     gs, gk = _split_decay(g)
     cu_seqlens = None if offsets is None else torch.as_tensor(offsets, dtype=torch.int64,
                                                               device=dev)  # fmt: skip
@@ -230,9 +211,7 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
     dm0 = None
     if S0 is not None and stabilize:
         dm0 = (dS0 * S0).sum((-2, -1)) + (dn0 * n0).sum(-1)
-    dg, dgv, dgi, dm0 = _gate_grads(
-        s, do, qdq, kdk, vdv, r_m, dS_T, dn_T, dm_T, dm0, offsets, N, stabilize, track_n
-    )
+    dg, dgv, dgi, dm0 = _gate_grads(s, do, qdq, kdk, vdv, r_m, dS_T, dn_T, dm_T, dm0, flags)
     return dict(
         q=dq.to(q.dtype), k=dk.to(k.dtype), v=dv.to(v.dtype), g=dg, gv=dgv, gi=dgi,
         u=du.view(N, H, K).sum(0) if u is not None else None,
@@ -244,134 +223,30 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
 # Gate gradients (token layout [B, T, H(, D)]; packed sequences: B = 1, sequences along T)
 
 
-def _ends(offsets, device):
-    """Per token: the index one past its sequence's last token."""
-    off = torch.as_tensor(offsets, dtype=torch.int64, device=device)
-    return torch.repeat_interleave(off[1:], off[1:] - off[:-1])
+def _head_rows(x):
+    """Σ over K of a per-channel product [B, T, H, K], as [B·H, T] fp64 rows."""
+    return rows(x.sum(-1, dtype=torch.float64), torch.float64)
 
 
-def _rev_cumsum(x, offsets):
-    """Σ_{s ≥ t} x_s within each sequence, along dim 1, in fp64."""
-    x = x.double()
-    cs = x.flip(1).cumsum(1).flip(1)
-    if offsets is None:
-        return cs
-    cs = torch.cat([cs, torch.zeros_like(cs[:, :1])], 1)
-    return cs[:, :-1] - cs[:, _ends(offsets, x.device)]
-
-
-def _add_at_last(x, vals, offsets):
-    """x [B, T, H, ...] += vals [N, H, ...] at each non-empty sequence's last token."""
-    if offsets is None:
-        x[:, -1] += vals
-        return
-    for n in range(len(offsets) - 1):
-        if offsets[n + 1] > offsets[n]:
-            x[0, offsets[n + 1] - 1] += vals[n]
-
-
-class _SeqRows:
-    """[B, T, H] token tensors as [N·H, L] rows, one per (sequence, head), padded at the end
-    (a reshape without packing)."""
-
-    def __init__(self, offsets, B, T, H, device):
-        self.B, self.T, self.H, self.offsets = B, T, H, offsets
-        if offsets is None:
-            self.N, self.L = B, T
-            return
-        off = torch.as_tensor(offsets, dtype=torch.int64, device=device)
-        lens = off[1:] - off[:-1]
-        self.N = len(offsets) - 1
-        self.L = max(max(b - a for a, b in itertools.pairwise(offsets)), 1)
-        self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens)
-        self.pos = torch.arange(T, device=device) - off[:-1][self.seq]
-
-    def spread(self, x, fill=0.0):
-        if self.offsets is None:
-            return x.transpose(1, 2).reshape(self.B * self.H, self.T)
-        y = x.new_full((self.N, self.H, self.L), fill)
-        y[self.seq, :, self.pos] = x[0]
-        return y.view(self.N * self.H, self.L)
-
-    def gather(self, y):
-        if self.offsets is None:
-            return y.view(self.B, self.H, self.T).transpose(1, 2)
-        return y.view(self.N, self.H, self.L)[self.seq, :, self.pos].unsqueeze(0)
-
-
-def _route(dm, idx, width: int):
-    """dz[p] = Σ_{t: idx_t = p} dm_t ([rows, width] fp32), deterministically: idx (a running
-    argmax) never decreases along a row, so each p collects one contiguous run of t, and its
-    sum is E[p] − E[p−1] with E[p] = Σ_{t: idx_t ≤ p} dm_t, an fp64 prefix sum found by a
-    sorted search (a CUDA scatter_add would add in a varying order)."""
-    rows = dm.shape[0]
-    S = F.pad(dm.double().cumsum(1), (1, 0))  # S[:, t] = Σ_{t' < t} dm_t'
-    p = torch.arange(width, device=dm.device, dtype=idx.dtype).expand(rows, width)
-    E = S.gather(1, torch.searchsorted(idx.contiguous(), p.contiguous(), right=True))
-    return torch.diff(E, dim=1, prepend=E.new_zeros(rows, 1)).float()
-
-
-def _max_state_grads(g, gi, dm, m0, offsets):
-    """mLSTM-exp: m_t = F_t + max(m_0, max_{s≤t}(gi_s − F_s)), so ∂L/∂m_t (dm [B, T, H]) goes
-    to F_t and, through the running argmax, to gi at the argmax or to m_0. Returns the part
-    taken back from F per token (dz), the part for gi per token, and the part for m_0 [N, H]."""
-    B, T, H = g.shape
-    rows = _SeqRows(offsets, B, T, H, g.device)
-    NH = rows.N * H
-    Fg = rows.spread(g.double()).cumsum(-1)
-    if m0 is not None:
-        start = m0.double().reshape(NH, 1)
-    else:
-        start = Fg.new_full((NH, 1), -torch.inf)
-    z = torch.cat([start, rows.spread(gi.double(), fill=-torch.inf) - Fg], dim=1)
-    idx = z.cummax(dim=1).indices[:, 1:]  # the argmax behind each m_t (0: m_0)
-    dz = _route(rows.spread(dm), idx, rows.L + 1)
-    return rows.gather(dz[:, 1:]), dz[:, 0].view(rows.N, H)
-
-
-def _gate_grads(s, do, qdq, kdk, vdv, r_m, dS_T, dn_T, dm_T, dm0, offsets, N, stabilize,
-                track_n):  # fmt: skip
+def _gate_grads(s, do, qdq, kdk, vdv, r_m, dS_T, dn_T, dm_T, dm0, flags: GateFlags):
     """(dg, dgv, dgi, dm0) from the kernels' per-channel products (module docstring)."""
-    g, gv, gi, S_T = s["g"], s["gv"], s["gi"], s["S_T"]
+    g, gv, gi, S_T, n_T = s["g"], s["gv"], s["gi"], s["S_T"], s["n_T"]
     dg = dgv = dgi = None
-    end = None  # ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩ per key channel: the final state's own decay term
-    if dS_T is not None:
-        end = (dS_T * S_T).sum(-1)
-        if track_n:
-            end = end + dn_T * s["n_T"]
-    if gi is not None:
-        dgi = kdk.sum(-1)
-    if g is not None:
-        scalar = g.dim() == 3
-        dF = qdq.double() - kdk
-        if scalar:
-            dF = dF.sum(-1)
-        if end is not None:
-            _add_at_last(dF, (end.sum(-1) if scalar else end).double(), offsets)
-        if stabilize:  # ∂L/∂m_t, with the final m's cotangent less its share of the end term
-            B, T, H = g.shape
-            dm = torch.zeros(B, T, H, device=g.device)
-            if r_m is not None:
-                dm += r_m.view(B, H, T).transpose(1, 2)
-            tail = torch.zeros(N, H, device=g.device)
-            if dm_T is not None:
-                tail = tail + dm_T.float()
-            if end is not None:
-                tail = tail - end.sum(-1)
-            _add_at_last(dm, tail, offsets)
-            dz, dz0 = _max_state_grads(g, gi, dm, s["m0"], offsets)
-            dF += dm - dz
-            dgi = dgi + dz
-            dm0 = None if dm0 is None else dm0 + dz0
-            if dm0 is not None and offsets is not None:  # an empty sequence's final m is m_0
-                lens = torch.as_tensor(offsets, device=g.device).diff()
-                dm0 = dm0 + tail * (lens == 0).float()[:, None]
-        dg = _rev_cumsum(dF, offsets).float()
-    if gv is not None:
-        dFv = s["o"].double() * do - vdv
+    if g is not None and g.dim() == 4:  # a decay per key channel (no max state)
+        end = None  # ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩ per key channel: the final state's own term
         if dS_T is not None:
-            _add_at_last(dFv, (dS_T * S_T).sum(-2).double(), offsets)
-        dgv = _rev_cumsum(dFv, offsets).float()
+            end = (dS_T * S_T).sum(-1)
+            if flags.track_n:
+                end = end + dn_T * n_T
+        dg = reverse_sum(qdq.double() - kdk, end, flags.offsets)
+        dgi = kdk.sum(-1) if gi is not None else None
+    elif g is not None or gi is not None:  # scalar gates: the chunk hosts' helper, per head
+        q_dq = _head_rows(qdq) if g is not None else None
+        dg, dgi, dm0 = gate_grads(g, gi, do.shape[:3], q_dq, _head_rows(kdk), r_m, S_T, n_T,
+                                  None, dS_T, dn_T, dm_T, s["m0"], dm0, flags)  # fmt: skip
+    if gv is not None:
+        end = None if dS_T is None else (dS_T * S_T).sum(-2)
+        dgv = reverse_sum(s["o"].double() * do - vdv, end, flags.offsets)
     return dg, dgv, dgi, dm0
 
 

@@ -51,6 +51,53 @@ def _seq_span(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _program(cu_seqlens, T, H, IS_VARLEN: tl.constexpr):
+    """This program's tile (grid axis 0), its state row i_nh (sequence, head) and head i_h,
+    and its sequence's first token row in [B·T] and number of steps."""
+    i_tile, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_h = i_nh % H
+    bos, n_steps = _seq_span(cu_seqlens, i_nh // H, T, IS_VARLEN)
+    return i_tile, i_nh, i_h, bos, n_steps
+
+
+@triton.jit
+def _tile(i_tile, K, V, BK: tl.constexpr, BV: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Offsets and masks over K [BK] and V [BV]: tile i_tile of K (``SPLIT_K``) or of V, the
+    other dimension held whole."""
+    if SPLIT_K:
+        o_k, o_v = i_tile * BK + tl.arange(0, BK), tl.arange(0, BV)
+    else:
+        o_k, o_v = tl.arange(0, BK), i_tile * BV + tl.arange(0, BV)
+    return o_k, o_v, o_k < K, o_v < V
+
+
+@triton.jit
+def _step_index(bos, t, T, H, i_h, K, V):
+    """Step t's token row in [B·T], its [B·H, T] row index, and the offsets of its q/k row
+    and its v row."""
+    row = bos + t
+    rid = (row // T * H + i_h) * T + row % T
+    return row, rid, (row * H + i_h) * K, (row * H + i_h) * V
+
+
+@triton.jit
+def _load_bonus(u, i_h, o_k, m_k, K, HAS_U: tl.constexpr):
+    """RWKV6's bonus u of head i_h over this K tile [BK] (zeros without it)."""
+    if HAS_U:
+        b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    else:
+        b_u = tl.zeros(o_k.shape, tl.float32)
+    return b_u
+
+
+@triton.jit
+def _store_state(p, b_h, i_nh, o_k, o_v, m_k, m_v, K, V):
+    """Write this program's [BK, BV] tile of state i_nh into p [N·H, K, V]."""
+    p_h = p + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
+    tl.store(p_h, b_h, mask=m_k[:, None] & m_v[None, :])
+
+
+@triton.jit
 def _m_start(m0, i_nh, STABILIZE: tl.constexpr, HAS_H0: tl.constexpr):
     """The initial max state m_0 of head i_nh (−∞ without a state, as a tensor so that a loop
     carries one type)."""
@@ -108,6 +155,32 @@ def _step_decay(g, gk, gv, gi, m_row, row, rid, i_h, b_m, o_k, m_k, o_v, m_v, H,
     return a_k, a_v, w, b_m
 
 
+@triton.jit
+def _m_prev(m_row, rid, t, b_m0):
+    """m_{t-1} in a backward walk: the forward's row, or m_0 at t = 0."""
+    b_mp = tl.load(m_row + rid - 1, mask=t > 0, other=0.0)
+    return tl.where(t > 0, b_mp, b_m0)
+
+
+@triton.jit
+def _bwd_step(q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v,
+              m_v, T, H, K, V, HAS_G: tl.constexpr, HAS_GK: tl.constexpr,
+              HAS_GV: tl.constexpr, HAS_GI: tl.constexpr, STABILIZE: tl.constexpr,
+              NORM: tl.constexpr):  # fmt: skip
+    """What every backward kernel reads at step t: the offsets of its q/k and v rows, q_t,
+    k_t, v_t, dO_t and dd_t (:func:`_load_dh`), and the step's decays and input weight
+    (:func:`_step_decay`, m_{t-1} from the forward's rows)."""
+    row, rid, p_qk, p_v = _step_index(bos, t, T, H, i_h, K, V)
+    b_q, b_k, b_v = _load_step(q, k, v, p_qk, p_v, o_k, m_k, o_v, m_v)
+    b_do, b_dd = _load_dh(do, r_a, r_d, p_v, o_v, m_v, rid, NORM)
+    b_mp = b_m0
+    if STABILIZE:
+        b_mp = _m_prev(m_row, rid, t, b_m0)
+    a_k, a_v, w, _ = _step_decay(g, gk, gv, gi, m_row, row, rid, i_h, b_mp, o_k, m_k, o_v, m_v,
+                                 H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE)  # fmt: skip
+    return p_qk, p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w
+
+
 @triton.jit(do_not_specialize=["T"])
 def recurrent_fwd_kernel(
     q, k, v, o, g, gk, gv, gi, u, h0, n0, m0, ht, nt, mt, den, m_row, cu_seqlens,
@@ -121,20 +194,14 @@ def recurrent_fwd_kernel(
     with ``STABILIZE``; nt/mt only from the first V tile), and for the backward each step's
     denominator (``STORE_DEN``) and max state (``STORE_M``) in [B·H, T] rows. ht may be h0
     itself: each program reads its tile of the state before the loop and writes it after."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, n_steps = _seq_span(cu_seqlens, i_n, T, IS_VARLEN)
-    o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    i_v, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
+    o_k, o_v, m_k, m_v = _tile(i_v, K, V, BK, BV, False)
     b_h, b_n = _start_state(h0, n0, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_H0, TRACK_N, BK, BV)
     b_m = _m_start(m0, i_nh, STABILIZE, HAS_H0)
-    if HAS_U:
-        b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)  # [BK]
+    b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
     for t in range(n_steps):
-        row = bos + t  # token index in [B·T]
-        rid = (row // T * H + i_h) * T + row % T  # its [B·H, T] row index
-        b_q, b_k, b_v = _load_step(q, k, v, (row * H + i_h) * K, (row * H + i_h) * V, o_k, m_k,
-                                   o_v, m_v)  # fmt: skip
+        row, rid, p_qk, p_v = _step_index(bos, t, T, H, i_h, K, V)
+        b_q, b_k, b_v = _load_step(q, k, v, p_qk, p_v, o_k, m_k, o_v, m_v)
         w_in = 1.0
         if STABILIZE:  # m_t = max(g_t + m_{t-1}, gi_t); all exponents ≤ 0
             b_g = tl.load(g + row * H + i_h)
@@ -157,11 +224,11 @@ def recurrent_fwd_kernel(
                 b_h *= b_a
                 b_n *= b_a
             if HAS_GK:
-                b_ak = tl.exp(tl.load(gk + (row * H + i_h) * K + o_k, mask=m_k, other=0.0))
+                b_ak = tl.exp(tl.load(gk + p_qk + o_k, mask=m_k, other=0.0))
                 b_h *= b_ak[:, None]
                 b_n *= b_ak
             if HAS_GV:
-                b_av = tl.exp(tl.load(gv + (row * H + i_h) * V + o_v, mask=m_v, other=0.0))
+                b_av = tl.exp(tl.load(gv + p_v + o_v, mask=m_v, other=0.0))
                 b_h *= b_av[None, :]
         b_kw = b_k * w_in
         b_h += b_kw[:, None] * b_v[None, :]
@@ -175,9 +242,8 @@ def recurrent_fwd_kernel(
             if STORE_DEN:
                 tl.store(den + rid, b_den, mask=i_v == 0)
             b_o = b_o / _denominator(b_den, b_m, eps, NORM)
-        tl.store(o + (row * H + i_h) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
-    p_h = ht + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
-    tl.store(p_h, b_h, mask=m_k[:, None] & m_v[None, :])
+        tl.store(o + p_v + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+    _store_state(ht, b_h, i_nh, o_k, o_v, m_k, m_v, K, V)
     if TRACK_N:
         tl.store(nt + i_nh * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
     if STABILIZE:
@@ -194,29 +260,21 @@ def recurrent_bwd_kernel_dq(
     STORE_QDQ: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (K tiles, N·H), BV ≥ V: dq, and q⊙dq (``STORE_QDQ``, zeros where not written)."""
-    i_k, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, n_steps = _seq_span(cu_seqlens, i_n, T, IS_VARLEN)
-    o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    i_k, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
+    o_k, o_v, m_k, m_v = _tile(i_k, K, V, BK, BV, True)
     b_h, b_n = _start_state(h0, n0, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_H0, TRACK_N, BK, BV)
-    b_m = _m_start(m0, i_nh, STABILIZE, HAS_H0)  # m_{t-1}
-    if HAS_U:
-        b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0.0)
+    b_m0 = _m_start(m0, i_nh, STABILIZE, HAS_H0)
+    b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
     for t in range(n_steps):
-        row = bos + t
-        rid = (row // T * H + i_h) * T + row % T
-        p_qk, p_v = (row * H + i_h) * K, (row * H + i_h) * V
-        b_q, b_k, b_v = _load_step(q, k, v, p_qk, p_v, o_k, m_k, o_v, m_v)
-        b_do, b_dd = _load_dh(do, r_a, r_d, p_v, o_v, m_v, rid, NORM)
+        p_qk, _, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w = _bwd_step(
+            q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v, m_v,
+            T, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
+        )  # fmt: skip
         if HAS_U:
             b_dqs = tl.sum(b_h * b_do[None, :], 1) * scale
             b_dq = b_dqs + b_u * b_k * (tl.sum(b_v * b_do) * scale)
             if STORE_QDQ:  # q_t reads the decays up to t−1: stored at the previous token
                 tl.store(qdq + p_qk - H * K + o_k, b_q * b_dqs, mask=m_k & (t > 0))
-        a_k, a_v, w, b_m = _step_decay(g, gk, gv, gi, m_row, row, rid, i_h, b_m, o_k, m_k, o_v,
-                                       m_v, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI,
-                                       STABILIZE)  # fmt: skip
         b_h = b_h * a_k[:, None] * a_v[None, :] + (b_k * w)[:, None] * b_v[None, :]
         if TRACK_N:
             b_n = b_n * a_k + b_k * w
@@ -225,13 +283,6 @@ def recurrent_bwd_kernel_dq(
             if STORE_QDQ:
                 tl.store(qdq + p_qk + o_k, b_q * b_dq, mask=m_k)
         tl.store(dq + p_qk + o_k, b_dq, mask=m_k)
-
-
-@triton.jit
-def _m_prev(m_row, rid, t, b_m0):
-    """m_{t-1} in a backward walk: the forward's row, or m_0 at t = 0."""
-    b_mp = tl.load(m_row + rid - 1, mask=t > 0, other=0.0)
-    return tl.where(t > 0, b_mp, b_m0)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -246,30 +297,19 @@ def recurrent_bwd_kernel_dk(
     """Grid (K tiles, N·H), BV ≥ V, walking backward from the final state's cotangents (dht,
     dnt; zeros without ``HAS_DHT``): dk, k⊙dk (``STORE_KDK``), the bonus's per-head partial du
     [N·H, K] (``HAS_U``) and the initial state's gradients dh0, dn0."""
-    i_k, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, n_steps = _seq_span(cu_seqlens, i_n, T, IS_VARLEN)
-    o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    i_k, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
+    o_k, o_v, m_k, m_v = _tile(i_k, K, V, BK, BV, True)
     b_dh, b_dn = _start_state(dht, dnt, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_DHT, TRACK_N, BK,
                               BV)  # fmt: skip
     b_m0 = _m_start(m0, i_nh, STABILIZE, HAS_H0)
-    if HAS_U:
-        b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0.0)
-        b_du = tl.zeros([BK], dtype=tl.float32)
+    b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
+    b_du = tl.zeros([BK], dtype=tl.float32)
     for j in range(n_steps):
         t = n_steps - 1 - j
-        row = bos + t
-        rid = (row // T * H + i_h) * T + row % T
-        p_qk, p_v = (row * H + i_h) * K, (row * H + i_h) * V
-        b_q, b_k, b_v = _load_step(q, k, v, p_qk, p_v, o_k, m_k, o_v, m_v)
-        b_do, b_dd = _load_dh(do, r_a, r_d, p_v, o_v, m_v, rid, NORM)
-        b_mp = b_m0
-        if STABILIZE:
-            b_mp = _m_prev(m_row, rid, t, b_m0)
-        a_k, a_v, w, _ = _step_decay(g, gk, gv, gi, m_row, row, rid, i_h, b_mp, o_k, m_k, o_v,
-                                     m_v, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI,
-                                     STABILIZE)  # fmt: skip
+        p_qk, _, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w = _bwd_step(
+            q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v, m_v,
+            T, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
+        )  # fmt: skip
         if HAS_U:  # dh holds ∂L/∂S_t; o_t read S_{t-1} and the bonus
             b_vdo = tl.sum(b_v * b_do)
             b_dks = tl.sum(b_dh * b_v[None, :], 1)
@@ -288,8 +328,7 @@ def recurrent_bwd_kernel_dk(
             b_dh = b_dh * a_k[:, None] * a_v[None, :]
             b_dn = b_dn * a_k
         tl.store(dk + p_qk + o_k, b_dk, mask=m_k)
-    p_h = dh0 + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
-    tl.store(p_h, b_dh, mask=m_k[:, None] & m_v[None, :])
+    _store_state(dh0, b_dh, i_nh, o_k, o_v, m_k, m_v, K, V)
     if TRACK_N:
         tl.store(dn0 + i_nh * K + o_k, b_dn, mask=m_k)
     if HAS_U:
@@ -307,29 +346,17 @@ def recurrent_bwd_kernel_dv(
 ):  # fmt: skip
     """Grid (V tiles, N·H), BK ≥ K, the walk of :func:`recurrent_bwd_kernel_dk` for dv and
     v⊙dv (``STORE_VDV``)."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, n_steps = _seq_span(cu_seqlens, i_n, T, IS_VARLEN)
-    o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    b_dh, _ = _start_state(dht, dnt, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_DHT, TRACK_N, BK,
-                              BV)  # fmt: skip
+    i_v, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
+    o_k, o_v, m_k, m_v = _tile(i_v, K, V, BK, BV, False)
+    b_dh, _ = _start_state(dht, dnt, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_DHT, TRACK_N, BK, BV)
     b_m0 = _m_start(m0, i_nh, STABILIZE, HAS_H0)
-    if HAS_U:
-        b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0.0)
+    b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
     for j in range(n_steps):
         t = n_steps - 1 - j
-        row = bos + t
-        rid = (row // T * H + i_h) * T + row % T
-        p_qk, p_v = (row * H + i_h) * K, (row * H + i_h) * V
-        b_q, b_k, b_v = _load_step(q, k, v, p_qk, p_v, o_k, m_k, o_v, m_v)
-        b_do, _ = _load_dh(do, r_a, r_d, p_v, o_v, m_v, rid, NORM)
-        b_mp = b_m0
-        if STABILIZE:
-            b_mp = _m_prev(m_row, rid, t, b_m0)
-        a_k, a_v, w, _ = _step_decay(g, gk, gv, gi, m_row, row, rid, i_h, b_mp, o_k, m_k, o_v,
-                                     m_v, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI,
-                                     STABILIZE)  # fmt: skip
+        _, p_v, b_q, b_k, b_v, b_do, _, a_k, a_v, w = _bwd_step(
+            q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v, m_v,
+            T, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
+        )  # fmt: skip
         if HAS_U:
             b_dv = tl.sum(b_dh * b_k[:, None], 0) + tl.sum(b_q * b_u * b_k) * scale * b_do
             b_dh = b_dh * a_k[:, None] * a_v[None, :] + (b_q * scale)[:, None] * b_do[None, :]

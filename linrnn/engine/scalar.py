@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from linrnn.engine import scalar_kernels as kern
 from linrnn.engine import triton_fused as fused
-from linrnn.engine.config import ChunkConfig
+from linrnn.engine.config import ChunkConfig, prepare_state
 from linrnn.engine.gate_grads import final_grads, gate_grads, rows
 from linrnn.engine.host_math import cdiv, next_pow2
 
@@ -37,21 +37,6 @@ def kept(cfg: ChunkConfig) -> dict[str, bool]:
         states=not cfg.fused, ns=cfg.track_n and not cfg.fused, mc=cfg.stab,
         den=cfg.norm != 0, m_row=cfg.stab,
     )  # fmt: skip
-
-
-def prepare_state(S0, n0, m0, track_n: bool, stabilize: bool):
-    """The initial state as the kernels read it: fp32 contiguous, n0/m0 zeros where the call
-    tracks them but none was given, None where it does not."""
-    if S0 is None:
-        return None, None, None
-    if track_n and n0 is None:
-        n0 = S0.new_zeros(S0.shape[:3])
-    if stabilize and m0 is None:
-        m0 = S0.new_zeros(S0.shape[:2])
-    S0 = S0.float().contiguous()
-    n0 = n0.float().contiguous() if track_n else None
-    m0 = m0.float().contiguous() if stabilize else None
-    return S0, n0, m0
 
 
 def gate_rows(g, gi, cfg: ChunkConfig):
