@@ -296,6 +296,20 @@ SCORE_TILES = {
     "fast": (64, 64, 32, 4, 2),
 }
 
+
+# --------------------------------------------------------------------------------------------
+# Tiles of the recurrent kernels
+
+# The decode step's tile: the whole key dimension (BK = next power of two ≥ K) by a value tile
+# BV = min(BV_MAX, STATE_ELEMS // BK, next power of two ≥ V) (at least 16), on NUM_WARPS warps,
+# or FULL_WARPS once the tile holds STATE_ELEMS fp32 entries. A step reads and writes the state
+# once, so this tile sets how close it comes to the memory floor (docs/tuning.md).
+STEP_TILE = {"BV_MAX": 64, "STATE_ELEMS": 8192, "NUM_WARPS": 4, "FULL_WARPS": 2}
+
+# The backward's tiles: the dimension a program splits is tiled by up to 64, the other held whole
+# (the product at most BWD_STATE_ELEMS).
+BWD_TILE_MAX, BWD_STATE_ELEMS = 64, 8192
+
 # Normalizer codes of the kernels' NORM constexpr.
 NORM_NONE, NORM_SUM, NORM_MAX1, NORM_MAXM = 0, 1, 2, 3
 

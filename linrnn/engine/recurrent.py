@@ -23,20 +23,16 @@ from __future__ import annotations
 import torch
 
 from linrnn.engine import recurrent_kernels as kern
-from linrnn.engine.config import fp32_contiguous, prepare_state
+from linrnn.engine.config import (
+    BWD_STATE_ELEMS,
+    BWD_TILE_MAX,
+    STEP_TILE,
+    fp32_contiguous,
+    prepare_state,
+)
 from linrnn.engine.gate_grads import GateFlags, final_grads, gate_grads, reverse_sum, rows
 from linrnn.engine.host_math import cdiv, next_pow2
 from linrnn.engine.scalar_kernels import norm_bwd_kernel
-
-# The decode step's tile: the whole key dimension (BK = next power of two ≥ K) by a value tile
-# BV = min(BV_MAX, STATE_ELEMS // BK, next power of two ≥ V) (at least 16), on NUM_WARPS warps,
-# or FULL_WARPS once the tile holds STATE_ELEMS fp32 entries. A step reads and writes the state
-# once, so this tile sets how close it comes to the memory floor (docs/tuning.md).
-STEP_TILE = {"BV_MAX": 64, "STATE_ELEMS": 8192, "NUM_WARPS": 4, "FULL_WARPS": 2}
-
-# The backward's tiles: the dimension a program splits is tiled by up to 64, the other held whole
-# (the product at most BWD_STATE_ELEMS).
-BWD_TILE_MAX, BWD_STATE_ELEMS = 64, 8192
 
 # What forward(save=True) keeps for backward, and the inputs backward returns gradients for.
 SAVED = ("q", "k", "v", "g", "gv", "gi", "u", "S0", "n0", "m0", "o", "S_T", "n_T", "den", "m_row")
