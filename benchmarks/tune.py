@@ -6,7 +6,7 @@ e.g. ``TILES``, ``VEC_TILES``, ``SCORE_TILES``, ``STEP_TILE``) against the shipp
     python3 benchmarks/tune.py --op gla --shape B8-T8192-H16-K256-V256 \\
         --try "VEC_TILES[states]=(64, 64, 256, 4, 2)" \\
               "VEC_TILES[states]=(64, 32, 128, 4, 2); VEC_TILES[cols]=(16, 64, 32, 64, 4, 2)"
-    python3 benchmarks/tune.py --op mlstm --entry "TILES[rows_fwd]" \\
+    python3 benchmarks/tune.py --op mlstm --entry "TILES[out_fwd]" \\
         --values "(64, 32, 256, 4, 2)" "(64, 64, 128, 8, 3)"          # one entry, several values
 
 Each candidate sets its entries in place (the engine reads its tables at launch; a tile is a

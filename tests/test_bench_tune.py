@@ -67,9 +67,9 @@ def test_patched_sets_and_restores_even_on_error(tune, tables):
 
 def test_tiny_run_checks_and_times_candidates(tune, tables, tmp_path, capsys):
     name, _ = scalar_table(tables)
-    assert "rows_fwd" in tables[name]
+    assert "out_fwd" in tables[name]
     before = dict(tables[name])
-    small = f"{name}[rows_fwd]=(16, 16, 16, 4, 1)"
+    small = f"{name}[out_fwd]=(16, 16, 16, 4, 1)"
     out = tmp_path / "tune.json"
     argv = ["--op", "simple_gla", "--shape", "B1-T40-H1-K16-V16", "--dtype", "fp32",
             "--try", small, "--out", str(out)]  # fmt: skip
@@ -83,7 +83,7 @@ def test_tiny_run_checks_and_times_candidates(tune, tables, tmp_path, capsys):
 
 
 def test_bad_command_lines_exit_2(tune):
-    for argv in (["--entry", "TILES[rows_fwd]"], ["--op", "nope"], ["--shape", "B1"]):
+    for argv in (["--entry", "TILES[out_fwd]"], ["--op", "nope"], ["--shape", "B1"]):
         with pytest.raises(SystemExit) as exc:
             tune.main(argv)
         assert exc.value.code == 2
