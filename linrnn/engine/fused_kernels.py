@@ -74,19 +74,6 @@ def _program(co, T, H, NT, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _vec_gates(gk, gkx, gv, u, base, i_h, K, V, VEC_V: tl.constexpr, EXCL: tl.constexpr):
-    """Pointers at (b, h) to the per-channel gates G^K, G^X (over K), G^V (over V, ``VEC_V``)
-    and to u[h] (``EXCL``); gv and u stay None without their flags."""
-    p_gv = gv
-    if VEC_V:
-        p_gv = gv + base * V
-    p_u = u
-    if EXCL:
-        p_u = u + i_h * K
-    return gk + base * K, gkx + base * K, p_gv, p_u
-
-
-@triton.jit
 def _dot_state(a, b_f32, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr):
     """a @ b for an fp32 state b and 16-bit a. SPLIT: b as b_hi + b_lo, both in a's dtype (two
     products), so the state keeps about twice the mantissa. The gate gradients need it: their
@@ -200,7 +187,7 @@ def fused_fwd_kernel(
     (a_s − b_s). ``VEC_V``: also o's intra- and inter-chunk parts, fp32 and unscaled by
     exp(G^V_r), into o_in and o_x (for gv's gradient, :func:`fused_dv_kernel`)."""
     i_v = tl.program_id(0)
-    i_bh, _, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
+    i_bh, _i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     p_q, p_k = q + base * K, k + base * K
@@ -214,7 +201,9 @@ def fused_fwd_kernel(
     for i_c in range(c_lo, c_hi):
         c0, c1, _ = _bounds(chunks, i_c, L, T, VARLEN)
         if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
-            p_gk, p_gkx, p_gv, p_u = _vec_gates(gk, gkx, gv, u, base, i_h, K, V, VEC_V, EXCL)
+            p_gk, p_gkx = gk + base * K, gkx + base * K
+            p_gv = gv + base * V if VEC_V else None
+            p_u = u + i_h * K if EXCL else None
             for r0 in range(c0, c1, BC):
                 o_r = r0 + tl.arange(0, BC)
                 m_r = o_r < c1
@@ -330,7 +319,9 @@ def fused_dq_kernel(
     for i_c in range(c_lo, c_hi):
         c0, c1, _ = _bounds(chunks, i_c, L, T, VARLEN)
         if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
-            p_gk, p_gkx, p_gv, p_u = _vec_gates(gk, gkx, gv, u, base, i_h, K, V, VEC_V, EXCL)
+            p_gk, p_gkx = gk + base * K, gkx + base * K
+            p_gv = gv + base * V if VEC_V else None
+            p_u = u + i_h * K if EXCL else None
             b_tot = tl.zeros([BK], dtype=tl.float32)
             for r0 in range(c0, c1, BC):
                 o_r = r0 + tl.arange(0, BC)
@@ -443,7 +434,9 @@ def fused_dk_kernel(
         i_c = c_hi - 1 - j
         c0, c1, _ = _bounds(chunks, i_c, L, T, VARLEN)
         if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
-            p_gk, p_gkx, p_gv, p_u = _vec_gates(gk, gkx, gv, u, base, i_h, K, V, VEC_V, EXCL)
+            p_gk, p_gkx = gk + base * K, gkx + base * K
+            p_gv = gv + base * V if VEC_V else None
+            p_u = u + i_h * K if EXCL else None
             b_tot = tl.zeros([BK], dtype=tl.float32)
             for s0 in range(c0, c1, BC):
                 o_s = s0 + tl.arange(0, BC)
@@ -559,7 +552,9 @@ def fused_dv_kernel(
         i_c = c_hi - 1 - j
         c0, c1, _ = _bounds(chunks, i_c, L, T, VARLEN)
         if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
-            p_gk, p_gkx, p_gv, p_u = _vec_gates(gk, gkx, gv, u, base, i_h, K, V, VEC_V, EXCL)
+            p_gk, p_gkx = gk + base * K, gkx + base * K
+            p_gv = gv + base * V if VEC_V else None
+            p_u = u + i_h * K if EXCL else None
             b_tot = tl.zeros([BV], dtype=tl.float32)
             for s0 in range(c0, c1, BC):
                 o_s = s0 + tl.arange(0, BC)
