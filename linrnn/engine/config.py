@@ -391,12 +391,6 @@ class ChunkConfig:
         fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
         return fit(t, self.L), fit(d, D), fit(o, O), dict(num_warps=nw, num_stages=ns)
 
-    def flags(self):
-        return dict(
-            HAS_DECAY=self.has_decay, HAS_IGATE=self.has_igate, STAB=self.stab,
-            TRACK_N=self.track_n, DOT_PREC=self.prec, VARLEN=self.varlen,
-        )  # fmt: skip
-
     def m_final(self, mc):
         """The final max state [N, H] from the chunk-boundary table MC [rows, NT + NSEQ]."""
         if self.varlen:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from linrnn.engine import fused_kernels as fused
 from linrnn.engine import scalar_kernels as kern
-from linrnn.engine import triton_fused as fused
 from linrnn.engine.config import ChunkConfig, prepare_state
 from linrnn.engine.gate_grads import final_grads, gate_grads, rows
 from linrnn.engine.host_math import cdiv, next_pow2
@@ -67,14 +67,8 @@ def backward(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
     None; None where an input was None)."""
     s = saved
     do = do.contiguous()
-    if cfg.fused:
-        dummy = torch.empty(1, device=s["q"].device)
-        d = {name: _or(s[name], dummy) for name in PRODUCED}
-        grads = _backward_fused(s["q"], s["k"], s["v"], d["b"], d["a"], s["o"],
-                                (d["mc"], d["den"], d["m_row"]), do, dS_T, dn_T, s["S0"],
-                                s["n0"], cfg)  # fmt: skip
-    else:
-        grads = _backward(s, do, dS_T, dn_T, cfg)
+    run = _backward_fused if cfg.fused else _backward
+    grads = run(s, do, dS_T, dn_T, cfg)
     dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd = grads
     S0, n0, m0, g, gi = s["S0"], s["n0"], s["m0"], s["g"], s["gi"]
     dm0 = None
@@ -89,10 +83,6 @@ def backward(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
     if S0 is None:
         dS0 = dn0 = None
     return dq, dk, dv, dg, dgi, dS0, dn0, dm0
-
-
-def _or(x, default):
-    return default if x is None else x
 
 
 def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig | None = None) -> torch.Tensor:
@@ -155,75 +145,71 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
 
 
 def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
+    """fused_chunk's forward (fused_fwd_kernel): the outputs and final state in one walk, with
+    the O(T) tables the backward reads (mc, den, m_row)."""
     T, H, K = q.shape[1:]
     V = v.shape[3]
     BH, NT, N = c.rows, c.NT, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
-    dummy = torch.empty(1, **f32)
-    b, a = _or(b, dummy), _or(a, dummy)
-    mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else dummy
+    mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else None
     S_T = torch.empty(N, H, K, V, **f32)
-    n_T = torch.empty(N, H, K, **f32) if c.track_n else dummy
+    n_T = torch.empty(N, H, K, **f32) if c.track_n else None
     o = torch.empty_like(v, dtype=q.dtype)
-    den = torch.empty(BH, T, **f32) if c.norm else dummy
-    m_row = torch.empty(BH, T, **f32) if c.stab else dummy
-    has_s0 = S0 is not None
+    den = torch.empty(BH, T, **f32) if c.norm else None
+    m_row = torch.empty(BH, T, **f32) if c.stab else None
+    cmax = _chunk_max(b, a, c.L, c) if c.stab else None
     fused.fused_fwd_kernel[(cdiv(V, c.BVf), c.walkers)](
-        q, k, v, o, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
-        m0 if (has_s0 and c.stab) else dummy, S_T, n_T, mc, b, a,
-        _chunk_max(b, a, c.L, c) if c.stab else dummy, m_row, den, c.CO, c.CHUNKS,
-        *[dummy] * 4, T, H, K, V, c.L, NT, c.NSEQ, c.scale, c.eps,
-        BT=c.BT, BK=c.KP, BV=c.BVf, NORM=c.norm,
-        HAS_S0=has_s0, **c.flags(), **c.launch,
+        q=q, k=k, v=v, o=o, h0=S0, ht=S_T, co=c.CO, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=c.L,
+        NT=NT, NSEQ=c.NSEQ, scale=c.scale, BT=c.BT, BK=c.KP, BV=c.BVf, HAS_H0=S0 is not None,
+        DOT_PREC=c.prec, VARLEN=c.varlen, g=b, gi=a, cmax=cmax, n0=n0, m0=m0, nt=n_T, mc=mc,
+        m_row=m_row, den=den, eps=c.eps, HAS_DECAY=b is not None, HAS_IGATE=a is not None,
+        HAS_MAX=mc is not None, HAS_N=n_T is not None, NORM=c.norm, **c.launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
-    return o, S_T, (n_T if c.track_n else None), m_T, dict(mc=mc, den=den, m_row=m_row)
+    return o, S_T, n_T, m_T, dict(mc=mc, den=den, m_row=m_row)
 
 
-def _backward_fused(q, k, v, b, a, o, saved, do, dS_T, dn_T, S0, n0, c: ChunkConfig):
-    mc, den, m_row = saved
+def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig):
+    """fused_chunk's backward: dq, dk (with dS0, dn0) and dv, one walk each."""
+    q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
+    S0, n0, mc, m_row = s["S0"], s["n0"], s["mc"], s["m_row"]
     T, H, K = q.shape[1:]
     V = v.shape[3]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
-    dummy = torch.empty(1, **f32)
-    R_A, R_D, R_M = _norm_rows(do, o, den, m_row, c)
-    R_A, R_D = _or(R_A, dummy), _or(R_D, dummy)
+    R_A, R_D, R_M = _norm_rows(do, s["o"], s["den"], m_row, c)
     has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, q, K, V, c)
-    has_s0 = S0 is not None
     nK = cdiv(K, c.BKf)
-    gates = c.has_decay or c.has_igate
-    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else dummy
-    k_part = torch.empty(nK, BH, T, **f32) if gates else dummy
-    common = dict(HAS_DECAY=c.has_decay, HAS_IGATE=c.has_igate, STAB=c.stab, NORM=c.norm,
-                  DOT_PREC=c.prec, VARLEN=c.varlen, **c.launch)  # fmt: skip
+    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
+    k_part = torch.empty(nK, BH, T, **f32) if c.has_decay or c.has_igate else None
+    sizes = dict(co=c.CO, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ,
+                 scale=c.scale, BT=c.BT, DOT_PREC=c.prec, VARLEN=c.varlen, **c.launch)  # fmt: skip
+    gates = dict(g=b, gi=a, mc=mc, m_row=m_row, ra=R_A, HAS_DECAY=b is not None,
+                 HAS_IGATE=a is not None, HAS_MAX=mc is not None,
+                 HAS_NORM=R_A is not None)  # fmt: skip
     # The log-decay gradient is a whole-sequence sum here: keep the states' products exact.
     split = c.has_decay and q.dtype != torch.float32
     dq = torch.empty_like(q)
     fused.fused_dq_kernel[(nK, c.walkers)](
-        q, k, v, do, dq, S0 if has_s0 else dummy, n0 if (has_s0 and c.track_n) else dummy,
-        mc, b, a, m_row, R_A, R_D, q_part, c.CO, c.CHUNKS, *[dummy] * 5,
-        T, H, K, V, L, NT, c.NSEQ, c.scale,
-        BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_S0=has_s0, SPLIT=split, **common,
+        q=q, k=k, v=v, do=do, dq=dq, h0=S0, qdq=q_part, BK=c.BKf, BV=c.VP, HAS_H0=S0 is not None,
+        SPLIT=split, n0=n0, rd=R_D, HAS_N=c.track_n, **sizes, **gates,
     )  # fmt: skip
     dk = torch.empty_like(k)
     dS0 = torch.empty(N, H, K, V, **f32)
-    dn0 = torch.empty(N, H, K, **f32) if c.track_n else dummy
+    dn0 = torch.empty(N, H, K, **f32) if c.track_n else None
     fused.fused_dk_kernel[(nK, c.walkers)](
-        q, k, v, do, dk, dS0, dn0, dS_T if has_dst else dummy,
-        dn_T if (has_dst and c.track_n) else dummy, mc, b, a, m_row, R_A, R_D, k_part,
-        c.CO, c.CHUNKS, *[dummy] * 5, T, H, K, V, L, NT, c.NSEQ, c.scale,
-        BT=c.BT, BK=c.BKf, BV=c.VP, TRACK_N=c.track_n, HAS_DST=has_dst, SPLIT=split, **common,
+        q=q, k=k, v=v, do=do, dk=dk, dh0=dS0, dht=dS_T if has_dst else None, kdk=k_part,
+        BK=c.BKf, BV=c.VP, HAS_DHT=has_dst, SPLIT=split, dn0=dn0,
+        dnt=dn_T if has_dst else None, rd=R_D, HAS_N=dn0 is not None, **sizes, **gates,
     )  # fmt: skip
     dv = torch.empty_like(v)
     fused.fused_dv_kernel[(cdiv(V, c.BVf), c.walkers)](
-        q, k, do, dv, dS_T if has_dst else dummy, mc, b, a, m_row, R_A, c.CO, c.CHUNKS,
-        *[dummy] * 9, T, H, K, V, L, NT, c.NSEQ, c.scale,
-        BT=c.BT, BK=c.KP, BV=c.BVf, HAS_DST=has_dst, **common,
+        q=q, k=k, do=do, dv=dv, dht=dS_T if has_dst else None, BK=c.KP, BV=c.BVf,
+        HAS_DHT=has_dst, **sizes, **gates,
     )  # fmt: skip
-    k_dk = k_part.sum(0) if gates else None
-    q_dq = q_part.sum(0) if c.has_decay else None
-    return dq, dk, dv, dS0, (dn0 if c.track_n else None), q_dq, k_dk, R_M, dS_T, dn_T, None
+    k_dk = k_part.sum(0) if k_part is not None else None
+    q_dq = q_part.sum(0) if q_part is not None else None
+    return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, None
 
 
 def _norm_rows(do, o, den, m_row, c: ChunkConfig):
@@ -337,7 +323,7 @@ def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, no
     """Scalar-gate chunkwise forward (autograd-enabled). q, k, v ``[B, T, H, *]`` in one of
     fp16/bf16/fp32; g, gi ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial
     state (n0 with ``track_n``, m0 with ``stabilize``; N = B, or the number of sequences).
-    ``fused``: the non-materializing kernels (triton_fused). ``offsets``: ``[N + 1]`` ints of
+    ``fused``: the non-materializing kernels (fused_kernels). ``offsets``: ``[N + 1]`` ints of
     packed sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``."""
     cfg = config(q, k, v, scale=scale, g=g, gi=gi, stabilize=stabilize, track_n=track_n,
                  normalizer=normalizer, eps=eps, chunk_size=chunk_size, fused=fused,

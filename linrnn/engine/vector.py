@@ -9,9 +9,9 @@ autograd Function over them (docs/DESIGN.md §3, §6.4, §6.5).
 ``saved`` is a dict of the tensors the backward reads (:data:`SAVED`; None where the call does
 not use one, see :func:`kept`). Chunk mode's kernels are vector_kernels (states, output, dq, dk,
 dv), vector_scores_kernels (stored scores, gk alone), vector_cumsum_kernels (the gates' chunk-local
-sums) and vector_gate_grad_kernels (the decay gradient); fused_chunk runs triton_fused's kernels
-with their ``VEC`` flag. The custom ops of :mod:`linrnn.engine.custom_ops` call the same two
-functions.
+sums) and vector_gate_grad_kernels (the decay gradient); fused_chunk runs fused_kernels, whose
+``VEC`` path serves per-channel gates. The custom ops of :mod:`linrnn.engine.custom_ops` call
+the same two functions.
 
 Gates. gk and gv enter as chunk-local cumulative sums ``[B, T, H, D]`` fp32 (G^K, inclusive);
 RWKV6's query side reads the state before its own step, so its row gate is the exclusive sum
@@ -39,7 +39,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from linrnn.engine import triton_fused as fused
+from linrnn.engine import fused_kernels as fused
 from linrnn.engine import vector_cumsum_kernels as cs
 from linrnn.engine import vector_gate_grad_kernels as gg
 from linrnn.engine import vector_kernels as vk
@@ -564,12 +564,12 @@ def _backward_chunk(s: dict, c: ChunkConfig, do, dS_T, slow) -> dict:
 
 
 def _fused_common(c: ChunkConfig, has_gv: bool):
-    """The constexprs and launch options of triton_fused's kernels for a vector-gate call."""
+    """The constexprs and launch options fused_kernels' kernels share in a vector-gate call."""
     BC, _, BD, _, nw, ns = VEC_TILES["fused"]
     return dict(
-        BT=c.BT, VEC=True, VEC_V=has_gv, EXCL=c.excl, **_diag(c), BC=BC, BD=BD, HAS_DECAY=False,
-        HAS_IGATE=False, STAB=False, NORM=0, DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw,
-        num_stages=ns,
+        co=c.CO, chunks=c.CHUNKS, L=c.L, NT=c.NT, NSEQ=c.NSEQ, scale=c.scale, BT=c.BT,
+        DOT_PREC=c.prec, VARLEN=c.varlen, VEC=True, VEC_V=has_gv, EXCL=c.excl, **_diag(c), BC=BC,
+        BD=BD, num_warps=nw, num_stages=ns,
     )  # fmt: skip
 
 
@@ -578,19 +578,17 @@ def _forward_fused(q, k, v, Gk, Gx, Gv, u, S0, c: ChunkConfig):
     T, H, K = q.shape[1:]
     V = v.shape[3]
     f32 = dict(device=q.device, dtype=torch.float32)
-    dummy = torch.empty(1, **f32)
-    has_gv, has_s0 = Gv is not None, S0 is not None
+    has_gv = Gv is not None
     S_T = torch.empty(c.N, H, K, V, **f32)
     o = torch.empty_like(v, dtype=q.dtype)
     # For gv's gradient: the output's intra- and inter-chunk parts (fp32), see fused_dv_kernel
-    o_in = torch.empty(v.shape, **f32) if has_gv else dummy
-    o_x = torch.empty(v.shape, **f32) if has_gv else dummy
+    o_in = torch.empty(v.shape, **f32) if has_gv else None
+    o_x = torch.empty(v.shape, **f32) if has_gv else None
     fused.fused_fwd_kernel[(cdiv(V, c.BVf), c.walkers)](
-        q, k, v, o, S0 if has_s0 else dummy, dummy, dummy, S_T, dummy, dummy, dummy, dummy,
-        dummy, o_x, o_in, c.CO, c.CHUNKS, Gk, Gx, Gv if has_gv else dummy,
-        u if c.excl else dummy, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale, 0.0,
-        BK=c.KP, BV=c.BVf, TRACK_N=False, HAS_S0=has_s0, **_fused_common(c, has_gv),
+        q=q, k=k, v=v, o=o, h0=S0, ht=S_T, T=T, H=H, K=K, V=V, BK=c.KP, BV=c.BVf,
+        HAS_H0=S0 is not None, gk=Gk, gkx=Gx, gv=Gv, u=u if c.excl else None, o_in=o_in, o_x=o_x,
         SPLIT=has_gv and q.dtype != torch.float32,  # gv's gradient: see _backward_fused
+        **_fused_common(c, has_gv),
     )  # fmt: skip
     return o, S_T, (dict(o_in=o_in, o_x=o_x) if has_gv else {})
 
@@ -599,17 +597,17 @@ def _backward_fused(s: dict, c: ChunkConfig, do, dS_T) -> dict:
     """fused_chunk's backward from the saved tensors ``s``: dq, dk, dv, dS0 and the gate
     gradients' parts (qdq, kdk; vdv = o ⊙ do − v ⊙ dv with gv) with each chunk's inter-chunk
     totals (tot_k of q ⊙ dq − k ⊙ dk, tot_v), by name."""
-    q, k, v, u, S0 = s["q"], s["k"], s["v"], s["u"], s["S0"]
+    q, k, v, S0 = s["q"], s["k"], s["v"], s["S0"]
     Gk, Gv = s["Gk"], s["Gv"]
     Gx = s["Gx"] if c.excl else Gk
     T, H, K = q.shape[1:]
     V = v.shape[3]
     f32 = dict(device=q.device, dtype=torch.float32)
-    dummy = torch.empty(1, **f32)
-    has_gv, has_s0 = Gv is not None, S0 is not None
+    has_gv = Gv is not None
     has_dst, dS_T, _ = final_grads(dS_T, None, q, K, V, c)
-    gates = (Gk, Gx, Gv if has_gv else dummy, u if c.excl else dummy)
-    common = _fused_common(c, has_gv)
+    dht = dS_T if has_dst else None
+    gates = dict(gk=Gk, gkx=Gx, gv=Gv, u=s["u"] if c.excl else None, T=T, H=H, K=K, V=V,
+                 **_fused_common(c, has_gv))  # fmt: skip
     # 16-bit products with the fp32 state as hi + lo: the gate gradients are whole-sequence
     # sums of o·do − v·dv (gv) and q·dq − k·dk (gk) whose cross-chunk terms cancel only if
     # both sides see the state at (nearly) fp32 precision, so the forward's and dv's
@@ -619,34 +617,31 @@ def _backward_fused(s: dict, c: ChunkConfig, do, dS_T) -> dict:
     dq = torch.empty_like(q)
     qdq = torch.empty(q.shape, **f32)
     # Per chunk, the inter-chunk parts of q⊙dq, k⊙dk (and o⊙do − v⊙dv): the tails the gate
-    # gradients' reverse sums restart from (triton_fused._store_total)
+    # gradients' reverse sums restart from (fused_kernels._store_total)
     B, NT = q.shape[0], c.NT
     q_tot = torch.empty(B, NT, H, K, **f32)
     k_tot = torch.empty(B, NT, H, K, **f32)
-    v_tot = torch.empty(B, NT, H, V, **f32) if has_gv else dummy
+    v_tot = torch.empty(B, NT, H, V, **f32) if has_gv else None
     fused.fused_dq_kernel[(nK, c.walkers)](
-        q, k, v, do, dq, S0 if has_s0 else dummy, dummy, dummy, dummy, dummy, dummy, dummy,
-        dummy, qdq, c.CO, c.CHUNKS, *gates, q_tot, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
-        BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_S0=has_s0, SPLIT=split, **common,
+        q=q, k=k, v=v, do=do, dq=dq, h0=S0, qdq=qdq, tot=q_tot, BK=c.BKf, BV=c.VP,
+        HAS_H0=S0 is not None, SPLIT=split, **gates,
     )  # fmt: skip
     dk = torch.empty_like(k)
     kdk = torch.empty(k.shape, **f32)
     dS0 = torch.empty(c.N, H, K, V, **f32)
     fused.fused_dk_kernel[(nK, c.walkers)](
-        q, k, v, do, dk, dS0, dummy, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy,
-        dummy, dummy, dummy, kdk, c.CO, c.CHUNKS, *gates, k_tot, T, H, K, V, c.L, c.NT, c.NSEQ,
-        c.scale, BK=c.BKf, BV=c.VP, TRACK_N=False, HAS_DST=has_dst, SPLIT=split, **common,
+        q=q, k=k, v=v, do=do, dk=dk, dh0=dS0, dht=dht, kdk=kdk, tot=k_tot, BK=c.BKf, BV=c.VP,
+        HAS_DHT=has_dst, SPLIT=split, **gates,
     )  # fmt: skip
     dv = torch.empty_like(v)
     # With gv: o ⊙ do − v ⊙ dv per step (fp32), ready for the reverse sum
-    vdv = torch.empty(v.shape, **f32) if has_gv else dummy
-    o_in, o_x = (s["o_in"], s["o_x"]) if has_gv else (dummy, dummy)
+    vdv = torch.empty(v.shape, **f32) if has_gv else None
     fused.fused_dv_kernel[(cdiv(V, c.BVf), c.walkers)](
-        q, k, do, dv, dS_T if has_dst else dummy, dummy, dummy, dummy, dummy, dummy, c.CO,
-        c.CHUNKS, *gates, v, vdv, o_in, o_x, v_tot, T, H, K, V, c.L, c.NT, c.NSEQ, c.scale,
-        BK=c.KP, BV=c.BVf, HAS_DST=has_dst, SPLIT=split and has_gv, **common,
+        q=q, k=k, do=do, dv=dv, dht=dht, v=v if has_gv else None, vdv=vdv, o_in=s["o_in"],
+        o_x=s["o_x"], tot=v_tot, BK=c.KP, BV=c.BVf, HAS_DHT=has_dst, SPLIT=split and has_gv,
+        **gates,
     )  # fmt: skip
     return dict(
-        dq=dq, dk=dk, dv=dv, dS0=dS0, qdq=qdq, kdk=kdk, vdv=vdv if has_gv else None,
-        tot_k=q_tot - k_tot, tot_v=v_tot if has_gv else None,
+        dq=dq, dk=dk, dv=dv, dS0=dS0, qdq=qdq, kdk=kdk, vdv=vdv,
+        tot_k=q_tot - k_tot, tot_v=v_tot,
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """The shared @triton.jit helpers of the vector-gate kernels (GLA's gk/gv, RWKV6's w with the
 bonus u): vector_kernels, vector_scores_kernels, vector_cumsum_kernels and the fused chunk
-kernels (triton_fused) build on them.
+kernels (fused_kernels) build on them.
 
 A per-channel decay sits inside the products. With G the chunk-local cumulative log decay of
 one channel (G^X on the query side: inclusive, or exclusive for RWKV6; G^K on the key side)
