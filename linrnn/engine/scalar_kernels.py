@@ -95,7 +95,7 @@ def states_fwd_kernel(
     if HAS_MAX:
         p_mc = mc + i_bh * (NT + NSEQ) + i_n
     for i_c in range(c_lo, c_hi):
-        c0, c1, _ = _bounds(chunks, i_c, L, T, VARLEN)
+        c0, c1, _x1 = _bounds(chunks, i_c, L, T, VARLEN)
         p_c = p_h + i_c * K * V
         tl.store(
             p_c + o_k[:, None] * V + o_v[None, :], b_C.to(h.dtype.element_ty),
@@ -330,13 +330,13 @@ def dq_bwd_kernel(
         b_dd = _vec(rd + i_bh * T, o_r, m_r)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    b_acc, b_p, _ = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H, 1, V, BQ, BD,
+    b_acc, b_p, _x2 = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H, 1, V, BQ, BD,
                                 BO, False, DOT_PREC)  # fmt: skip
     if HAS_NORM:
         b_no = _vec(hn + (i_bh * NT + i_c) * K, o_k, m_k)  # [BO]
         b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
     b_acc *= e_r[:, None]
-    b_acc, _ = _rows_intra(b_acc, None, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd, o_r,
+    b_acc, _x3 = _rows_intra(b_acc, None, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd, o_r,
                            m_r, r0, c0, c1, o_k, m_k, V, K, H, BQ, BD, HAS_DECAY, HAS_IGATE,
                            HAS_MAX, False, HAS_NORM, DOT_PREC)  # fmt: skip
     b_acc *= scale
@@ -418,7 +418,7 @@ def states_bwd_kernel(
         p_mc = mc + i_bh * (NT + NSEQ) + i_n
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
-        c0, c1, _ = _bounds(chunks, i_c, L, T, VARLEN)
+        c0, c1, _x4 = _bounds(chunks, i_c, L, T, VARLEN)
         tl.store(
             dh + (i_bh * NT + i_c) * K * V + o_k[:, None] * V + o_v[None, :],
             b_dC.to(dh.dtype.element_ty), mask=m_k[:, None] & m_v[None, :],
@@ -554,7 +554,7 @@ def dk_bwd_kernel(
     kdk [K tiles, B·H, T] fp32, for the gate gradients."""
     i_cs, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, _, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    i_c, _x5, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
     if s0 >= c1:
         return
     o_k = i_k * BO + tl.arange(0, BO)
@@ -598,7 +598,7 @@ def dv_bwd_kernel(
     (k_s·q_r) do_r of one key tile (:func:`_cols`), from the state gradients dh."""
     i_cs, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, _, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    i_c, _x6, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
     if s0 >= c1:
         return
     o_v = i_v * BO + tl.arange(0, BO)
