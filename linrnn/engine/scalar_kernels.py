@@ -330,13 +330,14 @@ def dq_bwd_kernel(
         b_dd = _vec(rd + i_bh * T, o_r, m_r)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    b_acc, b_p, _x2 = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H, 1, V, BQ, BD,
+    b_acc, b_p, b_den = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H, 1, V, BQ, BD,
                                 BO, False, DOT_PREC)  # fmt: skip
     if HAS_NORM:
         b_no = _vec(hn + (i_bh * NT + i_c) * K, o_k, m_k)  # [BO]
         b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
     b_acc *= e_r[:, None]
-    b_acc, _x3 = _rows_intra(b_acc, None, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd, o_r,
+    # (b_den: zeros, unused; a jit helper may not return a None it was given)
+    b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd, o_r,
                            m_r, r0, c0, c1, o_k, m_k, V, K, H, BQ, BD, HAS_DECAY, HAS_IGATE,
                            HAS_MAX, False, HAS_NORM, DOT_PREC)  # fmt: skip
     b_acc *= scale
