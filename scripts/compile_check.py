@@ -1,0 +1,198 @@
+"""Compile every Triton kernel specialization the public ops reach, for a GPU target, on a
+machine without a GPU.
+
+The interpreter (TRITON_INTERPRET=1) runs the kernels as NumPy and never meets the compiler, so
+code it accepts can still fail to compile: a jit helper returning a None it was given, a
+loop-carried variable whose type changes (``_`` reused for a scalar and a block), a construct
+one Triton version takes and another refuses. This script finds those without a GPU:
+
+1. capture: under the interpreter, run every family in modes chunk, fused_chunk and recurrent
+   (forward and backward; bf16, fp16, fp32; with and without packed sequences, initial states,
+   gv, the bonus u, the normalizers) and record each kernel launch's argument kinds;
+2. compile: in a fresh process without the interpreter, compile each distinct specialization
+   with ``triton.compile`` for the target (default sm_90, Hopper) and report the failures.
+
+    python3 scripts/compile_check.py                   # this Triton, sm_90
+    PYTHONPATH=<other triton>:. python3 scripts/compile_check.py --arch 90
+    python3 scripts/compile_check.py --only dq_bwd_kernel   # one kernel's specializations
+
+Exit status 1 when any specialization fails to compile. Compiling takes minutes (several
+hundred specializations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import inspect
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+POINTER_TYPES = {"torch.float16": "*fp16", "torch.bfloat16": "*bf16", "torch.float32": "*fp32",
+                 "torch.int32": "*i32", "torch.int64": "*i64"}  # fmt: skip
+
+
+def _describe(value):
+    import torch
+
+    return ("tensor", str(value.dtype)) if isinstance(value, torch.Tensor) else ("value", value)
+
+
+def _calls(linrnn, torch, F):
+    """The public calls whose launches are recorded: (op, args, kwargs)."""
+    B, T, H, K, V = 1, 40, 2, 32, 32
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        for mode in ("chunk", "fused_chunk", "recurrent"):
+            for cu in (None, torch.tensor([0, 17, 40])):
+                q, k, v = (torch.randn(B, T, H, D, dtype=dt).requires_grad_() for D in (K, K, V))
+                N = B if cu is None else len(cu) - 1
+                S0 = torch.randn(N, H, K, V).requires_grad_()
+
+                def decay(*shape):
+                    return F.logsigmoid(torch.randn(*shape)).requires_grad_()
+
+                def pre(*shape):
+                    return torch.randn(*shape).requires_grad_()
+
+                kw = dict(mode=mode, backend="triton", chunk_size=16, cu_seqlens=cu,
+                          output_final_state=True)  # fmt: skip
+                sig_gate = dict(input_gate="sigmoid", normalize=True)
+                yield from (
+                    (linrnn.linear_attn, (q, k, v), kw),
+                    (linrnn.linear_attn, (q, k, v), dict(kw, normalize=True)),
+                    (linrnn.retention, (q, k, v, decay(H)), dict(kw, initial_state=S0)),
+                    (linrnn.simple_gla, (q, k, v, decay(B, T, H)), dict(kw, initial_state=S0)),
+                    (linrnn.gla, (q, k, v, decay(B, T, H, K)), dict(kw, initial_state=S0)),
+                    (linrnn.gla, (q, k, v, decay(B, T, H, K)), dict(kw, gv=decay(B, T, H, V))),
+                    (linrnn.rwkv6, (q, k, v, decay(B, T, H, K), pre(H, K)), kw),
+                    (linrnn.mlstm, (q, k, v, pre(B, T, H), pre(B, T, H)), kw),
+                    (linrnn.mlstm, (q, k, v, pre(B, T, H), pre(B, T, H)), dict(kw, **sig_gate)),
+                )
+
+
+def capture(path: str, limit: int | None) -> None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    import torch.nn.functional as F
+    import triton.runtime.interpreter as interpreter
+
+    import linrnn
+
+    records = []
+    real = interpreter.InterpretedFunction.__getitem__
+
+    def getitem(self, grid):
+        launch = real(self, grid)
+        names = list(inspect.signature(self.fn).parameters)
+
+        def run(*args, **kwargs):
+            given = dict(zip(names, args), **kwargs)
+            records.append((self.fn.__module__, self.fn.__name__,
+                            {k: _describe(x) for k, x in given.items()}))  # fmt: skip
+            return launch(*args, **kwargs)
+
+        return run
+
+    interpreter.InterpretedFunction.__getitem__ = getitem
+    torch.manual_seed(0)
+    for i, (op, args, kwargs) in enumerate(_calls(linrnn, torch, F)):
+        if limit is not None and i >= limit:
+            break
+        o, state = op(*args, **kwargs)
+        parts = state if isinstance(state, tuple) else (state,)
+        loss = o.float().sum() + sum(p.float().sum() for p in parts if p is not None)
+        loss.backward()
+    with open(path, "wb") as f:
+        pickle.dump(records, f)
+
+
+def _signature(fn, given):
+    """triton.compile's signature and constants for one recorded launch."""
+    signature, constants = {}, {}
+    for p in fn.params:
+        kind, value = given.get(p.name, ("value", fn.signature.parameters[p.name].default))
+        if p.is_constexpr or (kind == "value" and value is None):
+            signature[p.name] = "constexpr"
+            constants[(p.num,)] = value
+        elif kind == "tensor":
+            signature[p.name] = POINTER_TYPES[value]
+        elif isinstance(value, bool):
+            signature[p.name] = "i1"
+        elif isinstance(value, float):
+            signature[p.name] = "fp32"
+        else:
+            signature[p.name] = "i64" if abs(int(value)) >= 2**31 else "i32"
+    return signature, constants
+
+
+def compile_all(path: str, arch: int, only: set[str]) -> int:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    with open(path, "rb") as f:
+        records = pickle.load(f)
+    target = GPUTarget("cuda", arch, 32)
+    seen, failures, compiled = set(), collections.Counter(), 0
+    for module, name, given in records:
+        if only and name not in only:
+            continue
+        fn = getattr(importlib.import_module(module), name)
+        params = {p.name: p for p in fn.params}
+        # runtime ints and floats do not specialize (beyond the i32/i64 split): leave them out
+        key_items = {k: v for k, v in given.items() if k in ("num_warps", "num_stages") or (
+            k in params and (params[k].is_constexpr or v[0] == "tensor" or v[1] is None
+                             or isinstance(v[1], bool)))}  # fmt: skip
+        key = (module, name, tuple(sorted((k, str(v)) for k, v in key_items.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        signature, constants = _signature(fn, given)
+        options = {k: given[k][1] for k in ("num_warps", "num_stages") if k in given}
+        try:
+            triton.compile(ASTSource(fn, signature, constants), target=target, options=options)
+            compiled += 1
+        except Exception as e:  # every compiler failure is a finding
+            lines = [ln for ln in str(e).splitlines() if "Error" in ln] or [type(e).__name__]
+            failures[(name, lines[-1].strip()[:200])] += 1
+    print(f"Triton {triton.__version__}, sm_{arch}: {compiled} specializations compiled, "
+          f"{sum(failures.values())} failed")  # fmt: skip
+    for (name, message), count in failures.most_common():
+        print(f"  {count:4d} × {name}: {message}")
+    return 1 if failures else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability (90: Hopper)")
+    ap.add_argument("--only", default="", help="comma-separated kernel names to compile")
+    ap.add_argument("--limit", type=int, default=None, help="record only the first N calls")
+    ap.add_argument("--phase", choices=("all", "capture", "compile"), default="all")
+    ap.add_argument("--records", default=None, help="the capture file (default: a temp file)")
+    a = ap.parse_args(argv)
+    path = a.records or os.path.join(tempfile.mkdtemp(), "launches.pkl")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get(
+        "PYTHONPATH"), ROOT])))  # fmt: skip
+    if a.phase == "capture":
+        capture(path, a.limit)
+        return 0
+    if a.phase == "compile":
+        return compile_all(path, a.arch, set(filter(None, a.only.split(","))))
+    # Two processes: the interpreter must be chosen before triton is imported, and compiling
+    # needs it off.
+    base = [sys.executable, os.path.abspath(__file__), "--records", path]
+    limit = [] if a.limit is None else ["--limit", str(a.limit)]
+    subprocess.run([*base, "--phase", "capture", *limit], check=True, env=env)
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([*base, "--phase", "compile", "--arch", str(a.arch), "--only", a.only],
+                          env=env)  # fmt: skip
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

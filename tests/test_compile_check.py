@@ -1,0 +1,57 @@
+"""scripts/compile_check.py: it compiles recorded launches for a GPU target without a GPU, and
+reports what the Triton interpreter lets through (here a loop-carried variable whose type
+changes, the mistake that once failed only on the GPU)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@triton.jit
+def _copy_kernel(x, y, N, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(y + o, tl.load(x + o, mask=o < N), mask=o < N)
+
+
+@triton.jit
+def _retyped_kernel(x, y, N, BLOCK: tl.constexpr):
+    acc = tl.zeros([BLOCK], dtype=tl.float32)  # a block ...
+    for i in range(N):
+        acc = tl.load(x + i)  # ... then a scalar: its type changes inside the loop
+    tl.store(y, acc)
+
+
+def _compile(tmp_path, name):
+    records = tmp_path / "launches.pkl"
+    args = {"x": ("tensor", "torch.float32"), "y": ("tensor", "torch.float32"),
+            "N": ("value", 5), "BLOCK": ("value", 16)}  # fmt: skip
+    records.write_bytes(pickle.dumps([(__name__, name, args)]))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
+    cmd = [sys.executable, str(ROOT / "scripts" / "compile_check.py"), "--phase", "compile",
+           "--records", str(records), "--only", name]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_sound_kernel_compiles(tmp_path):
+    done = _compile(tmp_path, "_copy_kernel")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 specializations compiled, 0 failed" in done.stdout
+
+
+def test_a_kernel_the_interpreter_accepts_fails_to_compile(tmp_path):
+    done = _compile(tmp_path, "_retyped_kernel")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "0 specializations compiled, 1 failed" in done.stdout
+    assert "_retyped_kernel" in done.stdout
