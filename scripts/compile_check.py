@@ -13,8 +13,14 @@ one Triton version takes and another refuses. This script finds those without a 
    with ``triton.compile`` for the target (default sm_90, Hopper) and report the failures.
 
     python3 scripts/compile_check.py                   # this Triton, sm_90
-    PYTHONPATH=<other triton>:. python3 scripts/compile_check.py --arch 90
     python3 scripts/compile_check.py --only dq_bwd_kernel   # one kernel's specializations
+
+Another Triton version (e.g. the GPU machine's, installed with ``pip install --target DIR``):
+record with this one's interpreter, compile with the other (interpreters differ between
+versions; the compiler is what must accept the kernels)::
+
+    python3 scripts/compile_check.py --phase capture --records launches.pkl
+    PYTHONPATH=DIR python3 scripts/compile_check.py --phase compile --records launches.pkl
 
 Exit status 1 when any specialization fails to compile. Compiling takes minutes (several
 hundred specializations).

@@ -14,8 +14,9 @@ def stage(tmp_path, *argv) -> tuple[list[list[str]], subprocess.CompletedProcess
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "python3"
-    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\037" "$a"; done >>"{log}"\n'
-                    f'echo >>"{log}"\n')  # fmt: skip
+    # One write per call: the check stage runs several python3 processes at once.
+    fake.write_text(f'#!/bin/sh\nline=$(for a in "$@"; do printf "%s\\037" "$a"; done)\n'
+                    f'printf "%s\\n" "$line" >>"{log}"\n')  # fmt: skip
     fake.chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
            "LINRNN_COMMIT": "abc"}  # fmt: skip
