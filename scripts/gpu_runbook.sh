@@ -41,14 +41,16 @@ paper_rows() {  # <checkout> <json>: the paper suite's linrnn chunk rows from th
 stage=${1:?stage: check, paper-rows, decode, varlen, tune}
 case "$stage" in
 check)
-    # The kernel tests in the background, one process per file (compilation is CPU-bound),
-    # beside tests/gpu, whose matrix runs its own worker processes.
+    # tests/gpu first and alone (its matrix compiles ~120 cases in LINRNN_GPU_JOBS worker
+    # processes: compilation is CPU-bound), then the kernel test files side by side, one
+    # process each, in what is left of the call.
+    LINRNN_GPU_JOBS=${LINRNN_GPU_JOBS:-10} timeout 330 python3 -m pytest tests/gpu -q \
+        -p no:cacheprovider 2>&1 | tee "$OUT/tests_gpu.txt"
     for f in tests/test_triton_*.py; do
         n=$(basename "$f" .py)
-        (timeout 540 python3 -m pytest -q -p no:cacheprovider "$f" >"$OUT/$n.txt" 2>&1
+        (timeout 220 python3 -m pytest -q -p no:cacheprovider "$f" >"$OUT/$n.txt" 2>&1
          echo "rc=$?" >>"$OUT/$n.txt") &
     done
-    timeout 540 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/tests_gpu.txt"
     wait
     for f in "$OUT"/test_triton_*.txt; do echo "$(basename "$f"): $(tail -n 2 "$f" | tr '\n' ' ')"; done
     ;;
