@@ -199,7 +199,7 @@ def fused_fwd_kernel(
         b_m = tl.max(tl.full([2], float("-inf"), tl.float32), 0)
     first = i_v == 0
     for i_c in range(c_lo, c_hi):
-        c0, c1, _x1 = _bounds(chunks, i_c, L, T, VARLEN)
+        c0, c1, _seq_c = _bounds(chunks, i_c, L, T, VARLEN)
         if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
             p_gk, p_gkx = gk + base * K, gkx + base * K
             p_gv = gv + base * V if VEC_V else None
@@ -317,7 +317,7 @@ def fused_dq_kernel(
     p_v, p_do = v + base * V, do + base * V
     b_C, b_n = _start_state(h0, n0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_H0, HAS_N, BK, BV)
     for i_c in range(c_lo, c_hi):
-        c0, c1, _x2 = _bounds(chunks, i_c, L, T, VARLEN)
+        c0, c1, _seq_c = _bounds(chunks, i_c, L, T, VARLEN)
         if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
             p_gk, p_gkx = gk + base * K, gkx + base * K
             p_gv = gv + base * V if VEC_V else None
@@ -432,7 +432,7 @@ def fused_dk_kernel(
     b_dC, b_dn = _start_state(dht, dnt, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DHT, HAS_N, BK, BV)
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
-        c0, c1, _x3 = _bounds(chunks, i_c, L, T, VARLEN)
+        c0, c1, _seq_c = _bounds(chunks, i_c, L, T, VARLEN)
         if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
             p_gk, p_gkx = gk + base * K, gkx + base * K
             p_gv = gv + base * V if VEC_V else None
@@ -550,7 +550,7 @@ def fused_dv_kernel(
     b_dC, b_dn = _start_state(dht, None, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DHT, False, BK, BV)
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
-        c0, c1, _x4 = _bounds(chunks, i_c, L, T, VARLEN)
+        c0, c1, _seq_c = _bounds(chunks, i_c, L, T, VARLEN)
         if VEC:  # per-channel decays: sub-chunks of BC steps (vector_common)
             p_gk, p_gkx = gk + base * K, gkx + base * K
             p_gv = gv + base * V if VEC_V else None

@@ -176,7 +176,7 @@ def _bwd_step(q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_
     b_mp = b_m0
     if STABILIZE:
         b_mp = _m_prev(m_row, rid, t, b_m0)
-    a_k, a_v, w, _x1 = _step_decay(g, gk, gv, gi, m_row, row, rid, i_h, b_mp, o_k, m_k, o_v, m_v,
+    a_k, a_v, w, _b_m = _step_decay(g, gk, gv, gi, m_row, row, rid, i_h, b_mp, o_k, m_k, o_v, m_v,
                                  H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE)  # fmt: skip
     return p_qk, p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w
 
@@ -266,7 +266,7 @@ def recurrent_bwd_kernel_dq(
     b_m0 = _m_start(m0, i_nh, STABILIZE, HAS_H0)
     b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
     for t in range(n_steps):
-        p_qk, _x2, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w = _bwd_step(
+        p_qk, _p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w = _bwd_step(
             q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v, m_v,
             T, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
         )  # fmt: skip
@@ -306,7 +306,7 @@ def recurrent_bwd_kernel_dk(
     b_du = tl.zeros([BK], dtype=tl.float32)
     for j in range(n_steps):
         t = n_steps - 1 - j
-        p_qk, _x3, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w = _bwd_step(
+        p_qk, _p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w = _bwd_step(
             q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v, m_v,
             T, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
         )  # fmt: skip
@@ -348,12 +348,12 @@ def recurrent_bwd_kernel_dv(
     v⊙dv (``STORE_VDV``)."""
     i_v, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
     o_k, o_v, m_k, m_v = _tile(i_v, K, V, BK, BV, False)
-    b_dh, _x4 = _start_state(dht, dnt, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_DHT, TRACK_N, BK, BV)
+    b_dh, _b_dn0 = _start_state(dht, dnt, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_DHT, TRACK_N, BK, BV)
     b_m0 = _m_start(m0, i_nh, STABILIZE, HAS_H0)
     b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
     for j in range(n_steps):
         t = n_steps - 1 - j
-        _x5, p_v, b_q, b_k, b_v, b_do, _x6, a_k, a_v, w = _bwd_step(
+        _p_qk, p_v, b_q, b_k, b_v, b_do, _b_dd, a_k, a_v, w = _bwd_step(
             q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v, m_v,
             T, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
         )  # fmt: skip

@@ -95,7 +95,7 @@ def states_fwd_kernel(
     if HAS_MAX:
         p_mc = mc + i_bh * (NT + NSEQ) + i_n
     for i_c in range(c_lo, c_hi):
-        c0, c1, _x1 = _bounds(chunks, i_c, L, T, VARLEN)
+        c0, c1, _seq_c = _bounds(chunks, i_c, L, T, VARLEN)
         p_c = p_h + i_c * K * V
         tl.store(
             p_c + o_k[:, None] * V + o_v[None, :], b_C.to(h.dtype.element_ty),
@@ -419,7 +419,7 @@ def states_bwd_kernel(
         p_mc = mc + i_bh * (NT + NSEQ) + i_n
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
-        c0, c1, _x4 = _bounds(chunks, i_c, L, T, VARLEN)
+        c0, c1, _seq_c = _bounds(chunks, i_c, L, T, VARLEN)
         tl.store(
             dh + (i_bh * NT + i_c) * K * V + o_k[:, None] * V + o_v[None, :],
             b_dC.to(dh.dtype.element_ty), mask=m_k[:, None] & m_v[None, :],
@@ -555,7 +555,7 @@ def dk_bwd_kernel(
     kdk [K tiles, B·H, T] fp32, for the gate gradients."""
     i_cs, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, _x5, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    i_c, _c0, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
     if s0 >= c1:
         return
     o_k = i_k * BO + tl.arange(0, BO)
@@ -599,7 +599,7 @@ def dv_bwd_kernel(
     (k_s·q_r) do_r of one key tile (:func:`_cols`), from the state gradients dh."""
     i_cs, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, _x6, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    i_c, _c0, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
     if s0 >= c1:
         return
     o_v = i_v * BO + tl.arange(0, BO)

@@ -35,7 +35,7 @@ def decay_grad_kernel(
     ``[H, D]`` fp32 and DU ``[B·H, NT, D]`` fp32 (the chunk's Σ w), else None."""
     i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    c0, c1, _x1 = _bounds(CHUNKS, i_c, L, T, VARLEN)
+    c0, c1, _seq_c = _bounds(CHUNKS, i_c, L, T, VARLEN)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     row = (i_bh * NT + i_c) * D

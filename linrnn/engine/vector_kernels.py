@@ -56,7 +56,7 @@ def states_fwd_kernel(
     (``HAS_H0``). ``PRE_GATED``: k is k ⊙ exp(G^K_L − G^K) already (vector_cumsum_kernels'
     KG)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_bh, i_st, c_lo, c_hi, _x1 = _walk(co, i_nh, H, NT, VARLEN)
+    i_bh, i_st, c_lo, c_hi, _seq = _walk(co, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -66,10 +66,10 @@ def states_fwd_kernel(
     p_gv = gv
     if USE_GV:
         p_gv = gv + base * V
-    b_h, _x2 = _start_state(h0, h0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_H0, False, BK, BV)
+    b_h, _b_n0 = _start_state(h0, h0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_H0, False, BK, BV)
     p_h = h + i_bh * NT * K * V
     for i_c in range(c_lo, c_hi):
-        c0, c1, _x3 = _bounds(chunks, i_c, L, T, VARLEN)
+        c0, c1, _seq_c = _bounds(chunks, i_c, L, T, VARLEN)
         p = p_h + i_c * K * V + o_k[:, None] * V + o_v[None, :]
         tl.store(p, b_h.to(h.dtype.element_ty), mask=m_kv)
         b_h = _vec_state_fwd(
@@ -96,7 +96,7 @@ def states_bwd_kernel(
     bnd_v [B·H, NT, K tiles, V], fp32. ``PRE_GATED``: q is q ⊙ exp(G^X) already
     (vector_cumsum_kernels' QG)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_bh, i_st, c_lo, c_hi, _x4 = _walk(co, i_nh, H, NT, VARLEN)
+    i_bh, i_st, c_lo, c_hi, _seq = _walk(co, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -106,10 +106,10 @@ def states_bwd_kernel(
     p_gv = gv
     if USE_GV:
         p_gv = gv + base * V
-    b_dh, _x5 = _start_state(dht, dht, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DHT, False, BK, BV)
+    b_dh, _b_dn0 = _start_state(dht, dht, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DHT, False, BK, BV)
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
-        c0, c1, _x6 = _bounds(chunks, i_c, L, T, VARLEN)
+        c0, c1, _seq_c = _bounds(chunks, i_c, L, T, VARLEN)
         p = dh + (i_bh * NT + i_c) * K * V + o_k[:, None] * V + o_v[None, :]
         tl.store(p, b_dh.to(dh.dtype.element_ty), mask=m_kv)
         if i_c + 1 < c_hi:  # the state leaving the chunk
@@ -148,7 +148,7 @@ def out_fwd_kernel(
     ``DIAG_SPAN``: vector_common's fast form)."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, c0, c1, _x7, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
+    i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
     o_v = i_o * BO + tl.arange(0, BO)
@@ -195,7 +195,7 @@ def dq_bwd_kernel(
     ``SKIP`` > 0 are left out (apply_kernel's FAST finished them)."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, c0, c1, _x8, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
+    i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
     if _fast_chunk(spans, i_c, i_bh, tl.num_programs(2), SKIP):  # apply_kernel's FAST
@@ -254,7 +254,7 @@ def dk_bwd_kernel(
     with gk alone)."""
     i_cs, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, c0, c1, _x9, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    i_c, c0, c1, _i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
     if s0 >= c1:
         return
     if _fast_chunk(spans, i_c, i_bh, tl.num_programs(2), SKIP):  # apply_kernel's FAST
@@ -311,7 +311,7 @@ def dv_bwd_kernel(
     into dv (its dtype) and vdv = v ⊙ dv (fp32, for gv's gradient)."""
     i_cs, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, _x10, c1, _x11, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    i_c, _c0, c1, _i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
     if s0 >= c1:
         return
     o_v = i_o * BO + tl.arange(0, BO)

@@ -62,7 +62,7 @@ def scores_kernel(
     (fast_scores_kernel's)."""
     i_cq, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, c0, c1, _x1, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
+    i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
     if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(1), SKIP):
@@ -83,9 +83,10 @@ def scores_kernel(
                               BD, GATED, DOT_PREC)  # fmt: skip
         tl.store(p_a + (o_s - c0)[None, :], b_p.to(A.dtype.element_ty),
                  mask=m_r[:, None] & m_s[None, :])  # fmt: skip
-    b_p, _x2, _x3 = _vec_diag_scores(p_x, p_y, p_gx, p_gk, p_u, o_r, m_r, D, H * D, BQ, BD, False,
-                                 GATED, EXCL, DOT_PREC, BLOCK_DIAG, False, False,
-                                 DIAG_SPAN)  # fmt: skip
+    b_p, _pair, _same = _vec_diag_scores(
+        p_x, p_y, p_gx, p_gk, p_u, o_r, m_r, D, H * D, BQ, BD, False, GATED, EXCL, DOT_PREC,
+        BLOCK_DIAG, False, False, DIAG_SPAN,
+    )  # fmt: skip
     tl.store(p_a + (o_r - c0)[None, :], b_p.to(A.dtype.element_ty),
              mask=m_r[:, None] & (o_r < c0 + L)[None, :])  # fmt: skip
     for s0 in range(r0 + BQ, c0 + L, BS):  # zeros after the sub-chunk: every entry is written
@@ -106,7 +107,7 @@ def fast_scores_kernel(
     z (fp32 operands, tf32 products), u's Σ X_r Y_r u on RWKV6's diagonal, zeros elsewhere."""
     i_cq, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, c0, c1, _x4, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
+    i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
     if not _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(1), LIM):
@@ -179,7 +180,7 @@ def apply_kernel(
     is."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, c0, c1, _x5, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
+    i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
     o_o = i_o * BO + tl.arange(0, BO)
