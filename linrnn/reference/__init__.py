@@ -14,9 +14,13 @@ Each returns ``(o, m, S_T, m_T)``: the raw output, the per-step stabilizer ``m [
 
 - :func:`recurrent` — the step-by-step loop; the ground truth.
 - :func:`parallel` — the quadratic log-space form; an independent second derivation.
+
+The delta rule (DeltaNet, Gated DeltaNet) has a non-diagonal transition and its own loop:
+:func:`delta_recurrent` (:mod:`linrnn.reference.delta`).
 """
 
+from linrnn.reference.delta import delta_recurrent
 from linrnn.reference.parallel import parallel
 from linrnn.reference.recurrent import recurrent
 
-__all__ = ["parallel", "recurrent"]
+__all__ = ["delta_recurrent", "parallel", "recurrent"]
