@@ -9,7 +9,8 @@
 #   check        pytest tests/gpu (the correctness matrix, offsets beyond 2^31 elements,
 #                determinism, gate-gradient precision) and the Triton kernel tests on CUDA
 #   paper-rows [OTHER]
-#                the paper suite's linrnn rows (every op, mode chunk, the suite's shapes),
+#                the paper suite's linrnn rows (every op, mode chunk, the suite's shapes, or
+#                those of PAPER_SHAPES, e.g. "B8-T8192-H32-K128-V128 B8-T8192-H64-K64-V64"),
 #                fwd+bwd, with `linrnn bench`; with OTHER (a second checkout carried along, e.g.
 #                `git worktree add .base <commit>`), the same rows from it, then a table of
 #                this tree's times over OTHER's
@@ -24,6 +25,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 OUT=${OUT:-results}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the paper-rows stage runs from other folders
 C=${LINRNN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 # Installed once per machine: stages may run side by side and must not race on /tmp/site.
 if [ ! -d /tmp/site/fla ] && compgen -G ".whl/*.whl" >/dev/null; then
@@ -35,7 +37,7 @@ paper_rows() {  # <checkout> <json>: the paper suite's linrnn chunk rows from th
     (cd "$1" && PYTHONPATH=/tmp/site:$PWD timeout 270 python3 -m linrnn.bench --suite paper \
         --ops linrnn --modes chunk --timeout 120 --triton-cache "/tmp/triton-cache-$(basename "$1")" \
         --commit "$(git rev-parse --short HEAD 2>/dev/null || echo "$(basename "$1")")" \
-        --out "$2" --quiet)
+        ${PAPER_SHAPES:+--shapes $PAPER_SHAPES} --out "$2" --quiet)
 }
 
 stage=${1:?stage: check, paper-rows, decode, varlen, tune}
@@ -55,13 +57,13 @@ check)
     for f in "$OUT"/test_triton_*.txt; do echo "$(basename "$f"): $(tail -n 2 "$f" | tr '\n' ' ')"; done
     ;;
 paper-rows)
-    paper_rows "$PWD" "$PWD/$OUT/paper-rows.json"
+    paper_rows "$PWD" "$OUT/paper-rows.json"
     if [ -n "${2:-}" ]; then
-        paper_rows "$(cd "$2" && pwd)" "$PWD/$OUT/paper-rows-other.json"
+        paper_rows "$(cd "$2" && pwd)" "$OUT/paper-rows-other.json"
         python3 - "$OUT/paper-rows.json" "$OUT/paper-rows-other.json" <<'PY'
 import json, sys
 new, old = (json.load(open(p)) for p in sys.argv[1:])
-key = lambda r: (r["op"], r["shape"])  # noqa: E731
+key = lambda r: (r["op"], r["shape"], r.get("note"))  # noqa: E731
 base = {key(r): r for r in old["bench"]}
 print(f"{'op':<26} {'shape':<24} {'this ms':>8} {'other ms':>9} {'ratio':>6}")
 ratios = []
