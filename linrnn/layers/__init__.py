@@ -7,6 +7,7 @@ Every layer takes ``forward(x, attention_mask=None, cache=None)``: the optional 
 """
 
 from linrnn.layers.common import Cache, HeadNorm, Mixer, Packing, RMSNorm
+from linrnn.layers.conv import ShortConvolution
 from linrnn.layers.gla import GatedLinearAttention
 from linrnn.layers.linear_attention import LinearAttention
 from linrnn.layers.mlstm import mLSTMLayer
@@ -25,6 +26,7 @@ __all__ = [
     "Packing",
     "RMSNorm",
     "RWKV6TimeMix",
+    "ShortConvolution",
     "SimpleGLA",
     "SoftmaxAttention",
     "mLSTMLayer",
