@@ -19,7 +19,10 @@ import torch._dynamo.testing
 import torch.nn.functional as F
 from helpers import assert_close
 
-from linrnn.layers import ShortConvolution
+import linrnn
+from linrnn.layers import Cache, DeltaNet, GatedDeltaNet, ShortConvolution
+from linrnn.models import CausalLM, LMConfig
+from linrnn.reference import delta_recurrent
 
 D = 12
 
@@ -31,9 +34,9 @@ D = 12
 def conv_loop(conv: ShortConvolution, x: torch.Tensor, cache: torch.Tensor | None = None):
     """One sequence ``x [T, D]`` step by step: ``y_t = act(Σ_j w_j x_{t−(W−1)+j} + b)`` with
     the cached inputs ``cache [W−1, D]`` (or zeros) before the start; returns (y, last W−1)."""
-    W = conv.kernel_size
-    w = conv.weight.detach()[:, 0].to(x.dtype)  # [D, W]
-    hist = [torch.zeros(D, dtype=x.dtype) for _ in range(W - 1)]
+    W, width = conv.kernel_size, x.shape[1]
+    w = conv.weight[:, 0].to(x.dtype)  # [D, W]
+    hist = [x.new_zeros(width) for _ in range(W - 1)]
     if cache is not None:
         hist = list(cache.unbind(0))
     ys = []
@@ -41,11 +44,11 @@ def conv_loop(conv: ShortConvolution, x: torch.Tensor, cache: torch.Tensor | Non
         hist.append(x[t])
         acc = sum(w[:, j] * hist[len(hist) - W + j] for j in range(W))
         if conv.bias is not None:
-            acc = acc + conv.bias.detach().to(x.dtype)
+            acc = acc + conv.bias.to(x.dtype)
         ys.append(F.silu(acc) if conv.activation else acc)
     tail = hist[len(hist) - (W - 1) :] if W > 1 else []
-    tail = torch.stack(tail) if tail else x.new_zeros(0, D)
-    return torch.stack(ys) if ys else x.new_zeros(0, D), tail
+    tail = torch.stack(tail) if tail else x.new_zeros(0, width)
+    return torch.stack(ys) if ys else x.new_zeros(0, width), tail
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
@@ -141,3 +144,263 @@ def test_short_conv_bad_inputs():
         conv(torch.randn(1, 5, D), cu_seqlens=[0, 3, 4])
     with pytest.raises(ValueError, match="one packed sequence"):
         conv(torch.randn(2, 5, D), cu_seqlens=[0, 5])
+
+
+# ------------------------------------------------------------------------------------------
+# The layers
+
+LAYERS = {
+    "delta_net": lambda **kw: DeltaNet(D, 2, **kw),
+    "delta_net_plain": lambda **kw: DeltaNet(D, 3, use_gate=False, conv_bias=True, **kw),
+    "gated_delta_net": lambda **kw: GatedDeltaNet(D, 2, **kw),
+    # grouped value heads (3 per q/k head), β ∈ [0, 2], K ≠ V
+    "gated_delta_net_gva": lambda **kw: GatedDeltaNet(
+        D, 2, head_dim=4, expand_v=1.5, num_v_heads=6, allow_neg_eigval=True, conv_size=3, **kw
+    ),
+}
+
+
+def make(name: str, dtype=torch.float64, **kw):
+    layer = LAYERS[name](**kw).to(dtype)
+    if isinstance(layer, GatedDeltaNet):
+        # Decays that matter at these lengths: A ∈ [0, 16] with dt ∈ [1e-3, 0.1] makes some
+        # heads decay hardly at all, others by up to e^−1.6 per step.
+        with torch.no_grad():
+            layer.A_log.uniform_(-1.0, 1.0)
+    return layer
+
+
+def layer_reference(layer, x):
+    """The layer's math written out, independently of its code: the convolutions as the
+    explicit loop, the delta rule as the fp64 step-by-step reference (``x [1, T, D]``)."""
+    H, HV, Dk = layer.num_heads, layer.num_v_heads, layer.head_k
+    T = x.shape[1]
+
+    def conv(c, z):
+        return conv_loop(c, z[0])[0][None]
+
+    q = conv(layer.q_conv, layer.q_proj(x)).view(1, T, H, Dk)
+    k = conv(layer.k_conv, layer.k_proj(x)).view(1, T, H, Dk)
+    v = conv(layer.v_conv, layer.v_proj(x)).view(1, T, HV, layer.head_v)
+    q = q / (q.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
+    k = k / (k.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
+    beta = torch.sigmoid(layer.b_proj(x)) * (2 if layer.allow_neg_eigval else 1)
+    g = None
+    if isinstance(layer, GatedDeltaNet):
+        g = -layer.A_log.exp() * F.softplus(layer.a_proj(x) + layer.dt_bias)
+    o, _ = delta_recurrent(q, k, v, beta, scale=Dk**-0.5, g=g)
+    o = o / (o.pow(2).mean(-1, keepdim=True) + layer.o_norm.eps).sqrt() * layer.o_norm.weight
+    if layer.use_gate:
+        o = o * F.silu(layer.g_proj(x)).view(1, T, HV, layer.head_v)
+    return layer.o_proj(o.flatten(-2))
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_layer_matches_its_math_written_out(name):
+    layer = make(name, chunk_size=8)
+    x = torch.randn(1, 21, D, dtype=torch.float64)
+    with torch.no_grad():
+        assert_close(name, layer(x), layer_reference(layer, x), torch.float64)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_forward_backward_reach_every_parameter(name):
+    layer = make(name, torch.float32)
+    x = torch.randn(2, 19, D, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (2, 19, D) and y.dtype == torch.float32 and torch.isfinite(y).all()
+    (y * torch.randn_like(y)).sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    for pname, p in layer.named_parameters():
+        assert p.grad is not None, f"{name}.{pname}: no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name}.{pname}: non-finite gradient"
+        assert p.grad.abs().sum() > 0, f"{name}.{pname}: zero gradient"
+
+
+def _grads(layer, x, y):
+    gen = torch.Generator().manual_seed(7)
+    (y * torch.randn(y.shape, generator=gen, dtype=y.dtype)).sum().backward()
+    out = {"x": x.grad.clone()}
+    out.update({n: p.grad.clone() for n, p in layer.named_parameters()})
+    layer.zero_grad()
+    x.grad = None
+    return out
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_chunk_mode_matches_reference_mode(name):
+    """mode="chunk" (several chunks, a partial last one) against the step-by-step fp64
+    reference inside the same layer: output and every gradient."""
+    layer = make(name, chunk_size=8)
+    x = torch.randn(2, 21, D, dtype=torch.float64, requires_grad=True)
+    y_chunk = layer(x)
+    g_chunk = _grads(layer, x, y_chunk)
+    layer.mode = "reference"
+    y_ref = layer(x)
+    g_ref = _grads(layer, x, y_ref)
+    assert_close(f"{name} y", y_chunk, y_ref, torch.float64)
+    for key in g_ref:
+        assert_close(f"{name} d{key}", g_chunk[key], g_ref[key], torch.float64)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_prompt_then_decoding_equals_one_forward(name):
+    """A prompt shorter than the convolution, one-token steps, a few tokens at once: the
+    outputs are those of one call; the cache holds the state and the three convolutions'."""
+    layer = make(name, chunk_size=8)
+    x = torch.randn(2, 24, D, dtype=torch.float64)
+    with torch.no_grad():
+        full = layer(x)
+        cache = Cache()
+        parts = [layer(x[:, :2], cache=cache)]
+        parts += [layer(x[:, t : t + 1], cache=cache) for t in range(2, 9)]
+        parts.append(layer(x[:, 9:], cache=cache))
+    entry = cache[layer.layer_idx]
+    W1 = layer.q_conv.kernel_size - 1
+    assert sorted(entry) == ["conv_k", "conv_q", "conv_v", "state"]
+    assert entry["state"].shape == (2, layer.num_v_heads, layer.head_k, layer.head_v)
+    assert entry["conv_v"].shape == (2, W1, layer.value_dim)
+    assert_close(f"{name} decoded", torch.cat(parts, dim=1), full, torch.float64)
+
+
+def _padded(x_rows, T, side):
+    """Rows of different lengths → a padded batch and its mask (garbage in the padding)."""
+    B = len(x_rows)
+    x = torch.randn(B, T, D, dtype=torch.float64) * 100
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for b, row in enumerate(x_rows):
+        n = row.shape[0]
+        sl = slice(T - n, T) if side == "left" else slice(0, n)
+        x[b, sl] = row
+        mask[b, sl] = 1
+    return x, mask
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", ["delta_net", "gated_delta_net_gva"])
+def test_padding_mask_equals_unpadded_rows(name, side):
+    """Each row of a padded batch gives what the row alone gives (zeros at the padding); with
+    a cache each row continues from its own tokens, also through a second padded call."""
+    layer = make(name, chunk_size=8)
+    T, lengths = 17, [17, 11, 2, 0]
+    rows = [torch.randn(n, D, dtype=torch.float64) for n in lengths]
+    x, mask = _padded(rows, T, side)
+    more = [torch.randn(n, D, dtype=torch.float64) for n in (1, 3, 0, 2)]
+    x2, mask2 = _padded(more, 3, side)
+    nxt = torch.randn(len(rows), 1, D, dtype=torch.float64)
+    with torch.no_grad():
+        cache = Cache()
+        y = layer(x, attention_mask=mask, cache=cache)
+        y2 = layer(x2, attention_mask=mask2, cache=cache)
+        y_next = layer(nxt, cache=cache)
+        for b, row in enumerate(rows):
+            c = Cache()
+            for part, got, m in ((row, y, mask), (more[b], y2, mask2)):
+                if len(part):  # an empty row leaves its state as it was
+                    alone = layer(part[None], cache=c)
+                    assert_close(f"row {b}", got[b][m[b].bool()][None], alone, torch.float64)
+            alone_next = layer(nxt[b : b + 1], cache=c)
+            assert_close(f"next {b}", y_next[b : b + 1], alone_next, torch.float64)
+        assert torch.equal(y[~mask.bool()], torch.zeros_like(y[~mask.bool()]))
+
+
+def test_padding_gradients_equal_unpadded():
+    """Gradients through the packed path equal the unpadded ones (padding gets none)."""
+    layer = make("gated_delta_net")
+    rows = [torch.randn(n, D, dtype=torch.float64) for n in (9, 5, 2)]
+    x, mask = _padded(rows, 9, "left")
+    x.requires_grad_()
+    (layer(x, attention_mask=mask) ** 2).sum().backward()
+    got = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    for b, row in enumerate(rows):
+        r = row[None].clone().requires_grad_()
+        (layer(r) ** 2).sum().backward()
+        assert_close(f"dx row {b}", x.grad[b][mask[b].bool()][None], r.grad, torch.float64)
+    for n, p in layer.named_parameters():
+        assert_close(f"d{n}", got[n], p.grad, torch.float64)
+    assert torch.equal(x.grad[~mask.bool()], torch.zeros_like(x.grad[~mask.bool()]))
+
+
+def test_shapes_and_initialization():
+    torch.manual_seed(0)
+    g = GatedDeltaNet(64, 4, num_v_heads=8, layer_idx=3)
+    assert (g.head_k, g.head_v, g.key_dim, g.value_dim) == (16, 32, 64, 256)  # expand_v 2
+    assert g.q_conv.weight.shape == (64, 1, 4) and g.v_conv.hidden_size == 256
+    assert g.o_norm.weight.shape == (32,) and g.b_proj.out_features == 8
+    A = g.A_log.exp()
+    assert A.shape == (8,) and (A > 0).all() and (A <= 16).all()
+    dt = F.softplus(g.dt_bias)
+    assert torch.allclose(dt, dt.clamp(1e-3, 0.1), rtol=1e-5)
+    d = DeltaNet(64, 4)
+    assert (d.head_k, d.head_v, d.use_gate) == (16, 16, True) and not hasattr(d, "A_log")
+    assert DeltaNet(64, 4, use_gate=False).g_proj is None
+    with pytest.raises(ValueError, match="num_v_heads=6 must be a multiple of num_heads=4"):
+        DeltaNet(64, 4, num_v_heads=6)
+    with pytest.raises(ValueError, match="d_model=30 must be divisible"):
+        DeltaNet(30, 4)
+    with pytest.raises(ValueError, match="expand_v"):
+        DeltaNet(64, 4, expand_v=0.3)
+    with pytest.raises(ValueError, match="dt_min"):
+        GatedDeltaNet(64, 4, dt_min=0.0)
+
+
+def test_bf16_layer_is_close_to_fp64():
+    layer = make("gated_delta_net_gva", chunk_size=8)
+    x = torch.randn(2, 19, D, dtype=torch.float64)
+    with torch.no_grad():
+        ref = layer(x)
+        low = make("gated_delta_net_gva", torch.bfloat16, chunk_size=8)
+        low.load_state_dict(layer.state_dict())
+        got = low(x.bfloat16())
+    assert got.dtype == torch.bfloat16
+    assert_close("bf16", got, ref, torch.bfloat16, factor=2)
+
+
+# ------------------------------------------------------------------------------------------
+# In the model
+
+
+@pytest.mark.parametrize("mixer", ["delta_net", "gated_delta_net"])
+def test_model_decode_graph_fallback_and_padded_generation(mixer):
+    """generate() with padded prompts ≡ each prompt alone; the static-buffer decode step (the
+    CUDA-graph path, eager here) ≡ generate() and keeps its buffers."""
+    torch.manual_seed(0)
+    model = CausalLM(LMConfig(vocab_size=32, d_model=16, num_layers=2, num_heads=2,
+                              mixer=mixer, chunk_size=4)).double().eval()  # fmt: skip
+    lengths, T = [6, 3, 1], 6
+    rows = [torch.randint(0, 32, (n,)) for n in lengths]
+    ids = torch.full((3, T), 31)
+    mask = torch.zeros(3, T, dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, T - len(row) :], mask[b, T - len(row) :] = row, 1
+    out = model.generate(ids, 5, attention_mask=mask)
+    for b, row in enumerate(rows):
+        assert torch.equal(out[b, T:], model.generate(row[None], 5)[0, len(row) :]), b
+
+    prompt = torch.randint(0, 32, (2, 5))
+    ref = model.generate(prompt, max_new_tokens=6)
+    cache = Cache()
+    with torch.no_grad():
+        first = model(prompt, cache=cache).logits[:, -1].argmax(-1)
+    dec = linrnn.graphs.capture_decode(model, cache)
+    buffers = [t.data_ptr() for t in linrnn.graphs._tensors(dec.cache.layers)]
+    assert len(buffers) == 2 * 4  # per layer: the state and three convolution caches
+    gen = dec.generate(first, 6)
+    assert torch.equal(torch.cat([prompt, gen], dim=1), ref)
+    assert [t.data_ptr() for t in linrnn.graphs._tensors(dec.cache.layers)] == buffers
+
+
+def test_training_run_with_gated_delta_net(tmp_path):
+    from linrnn.train import TrainConfig, train
+
+    cfg = TrainConfig(
+        out=str(tmp_path / "run"), mixer="gated_delta_net", steps=4, warmup=1, eval_every=4,
+        sample_tokens=4, progress=False, d_model=32, num_layers=1, num_heads=2, seq_len=16,
+        batch_size=2, eval_batches=1, plot=False,
+    )  # fmt: skip
+    history = train(cfg)
+    losses = [loss for _, loss in history["train_step_loss"]]
+    assert len(losses) == 4 and all(3.0 < x < 7.0 for x in losses)
+    model = CausalLM.from_pretrained(tmp_path / "run" / "checkpoint")
+    assert model.config.mixer == "gated_delta_net"
