@@ -121,18 +121,21 @@ def test_strong_decays_fp64(mode):
     compare(got, ref)
 
 
+@pytest.mark.parametrize(
+    "T,K,V,L", [(50, 16, 12, 16), (100, 64, 64, 64)], ids=["K16-V12-L16", "K64-V64-L64"]
+)
 @pytest.mark.parametrize("gated", GATED, ids=GATED_IDS)
-def test_chunk_fp32_strong_decays(gated):
+def test_chunk_fp32_strong_decays(gated, T, K, V, L):
     """fp32 inputs on the chunk path (fp32 compute, fp64 log-space decays): within 2× the
     error of the loop run in fp32, against the fp64 loop on the same rounded inputs."""
-    B, T, H, HV, K, V = 1, 50, 2, 2, 16, 12
+    B, H, HV = 1, 2, 2
     inputs = build(B, T, H, HV, K, V, gated=gated, strong=True, beta_max=2.0)
     inputs = {n: x.float().double() for n, x in inputs.items()}
     S0 = torch.randn(B, HV, K, V, dtype=F64).float().double()
     ref = with_grads(loop, inputs, S0)
     f32 = {n: x.float() for n, x in inputs.items()}
     low = with_grads(loop, f32, S0.float())
-    got = with_grads(op, f32, S0.float(), mode="chunk", chunk_size=16, backend="torch")
+    got = with_grads(op, f32, S0.float(), mode="chunk", chunk_size=L, backend="torch")
     assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32
     compare(got, ref, torch.float32, low)
 
