@@ -6,6 +6,7 @@ against an explicit-matrix form, and the input checks."""
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from helpers import assert_close
 
 import linrnn
+from linrnn.ops import _generic
 from linrnn.reference import delta_recurrent
 
 F64 = torch.float64
@@ -119,18 +121,21 @@ def test_strong_decays_fp64(mode):
     compare(got, ref)
 
 
+@pytest.mark.parametrize(
+    "T,K,V,L", [(50, 16, 12, 16), (100, 64, 64, 64)], ids=["K16-V12-L16", "K64-V64-L64"]
+)
 @pytest.mark.parametrize("gated", GATED, ids=GATED_IDS)
-def test_chunk_fp32_strong_decays(gated):
+def test_chunk_fp32_strong_decays(gated, T, K, V, L):
     """fp32 inputs on the chunk path (fp32 compute, fp64 log-space decays): within 2× the
     error of the loop run in fp32, against the fp64 loop on the same rounded inputs."""
-    B, T, H, HV, K, V = 1, 50, 2, 2, 16, 12
+    B, H, HV = 1, 2, 2
     inputs = build(B, T, H, HV, K, V, gated=gated, strong=True, beta_max=2.0)
     inputs = {n: x.float().double() for n, x in inputs.items()}
     S0 = torch.randn(B, HV, K, V, dtype=F64).float().double()
     ref = with_grads(loop, inputs, S0)
     f32 = {n: x.float() for n, x in inputs.items()}
     low = with_grads(loop, f32, S0.float())
-    got = with_grads(op, f32, S0.float(), mode="chunk", chunk_size=16, backend="torch")
+    got = with_grads(op, f32, S0.float(), mode="chunk", chunk_size=L, backend="torch")
     assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32
     compare(got, ref, torch.float32, low)
 
@@ -388,3 +393,87 @@ def test_value_checks_switch():
     ref = loop(inputs)
     assert_close("o", o, ref[0], F64)
     assert_close("final_state", S, ref[1], F64)
+
+
+# --------------------------------------------------------------------------------------------
+# The Triton dispatch contract (stand-in hosts record what the front end passes)
+
+FRONT = importlib.import_module("linrnn.ops.delta_rule")
+NEEDS_TRITON = pytest.mark.skipif(
+    _generic.scalar is None, reason="backend='triton' routing needs Triton"
+)
+
+
+class _Host:
+    """Stands in for linrnn.engine.delta / delta_recurrent: records each call and answers with
+    the fp64 loop (in the kernels' output dtypes)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _answer(self, q, k, v, beta, g, scale, S0):
+        cast = lambda x: None if x is None else x.double()  # noqa: E731
+        o, S = delta_recurrent(*map(cast, (q, k, v, beta)), scale=scale, g=cast(g), S0=cast(S0))
+        return o.to(q.dtype), S.float()
+
+    def chunk(self, q, k, v, beta, g, *, scale, S0, offsets, chunk_size):
+        self.calls.append(dict(mode="chunk", q=q, beta=beta, g=g, S0=S0, offsets=offsets,
+                               chunk_size=chunk_size))  # fmt: skip
+        return self._answer(q, k, v, beta, g, scale, S0)
+
+    def recurrent(self, q, k, v, beta, g, *, scale, S0, offsets, out_state=None):
+        self.calls.append(dict(mode="recurrent", q=q, beta=beta, g=g, S0=S0, offsets=offsets,
+                               out_state=out_state))  # fmt: skip
+        o, S = self._answer(q, k, v, beta, g, scale, S0)
+        if out_state is not None:
+            out_state.copy_(S)
+            S = out_state
+        return o, S
+
+
+@NEEDS_TRITON
+def test_triton_dispatch_contract(monkeypatch):
+    """backend="triton": q, k, v keep their dtype; β, g and the initial state go in as fp32;
+    offsets as a list; chunk_size None (the engine's default) unless given; mode=None without
+    gradients and T ≤ 64 takes the recurrent kernel; an in-place step hands the caller's state
+    to the recurrent kernel as out_state."""
+    host = _Host()
+    monkeypatch.setattr(FRONT, "triton_chunk", host)
+    monkeypatch.setattr(FRONT, "triton_recurrent", host)
+    x = build(1, 12, 1, 2, 8, 4, gated=True, dtype=torch.bfloat16)
+    S0 = torch.randn(2, 2, 8, 4, dtype=torch.float64)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    cu = torch.tensor([0, 5, 12])
+    linrnn.gated_delta_rule(*args, initial_state=S0, cu_seqlens=cu, mode="chunk",
+                            backend="triton")  # fmt: skip
+    linrnn.gated_delta_rule(*args, mode="chunk", chunk_size=16, backend="triton")
+    linrnn.gated_delta_rule(*args, backend="triton")
+    first, second, third = host.calls
+    assert first["mode"] == "chunk" and first["chunk_size"] is None
+    assert first["offsets"] == [0, 5, 12]
+    assert first["q"].dtype == torch.bfloat16
+    assert first["beta"].dtype == first["g"].dtype == first["S0"].dtype == torch.float32
+    assert second["chunk_size"] == 16 and second["S0"] is None and second["offsets"] is None
+    assert third["mode"] == "recurrent" and third["out_state"] is None
+
+    host.calls.clear()
+    state = torch.randn(1, 2, 8, 4)
+    tok = [t[:, :1] for t in args]
+    o, new = linrnn.gated_delta_rule_step(*tok, state=state.clone(), backend="triton")
+    same = state.clone()
+    o2, new2 = linrnn.gated_delta_rule_step(*tok, state=same, inplace=True, backend="triton")
+    copy_call, inplace_call = host.calls
+    assert copy_call["out_state"] is None and inplace_call["out_state"] is same
+    assert new2 is same and torch.equal(new2, new) and torch.equal(o2, o)
+
+
+@NEEDS_TRITON
+def test_triton_missing_host(monkeypatch):
+    """Without the Triton delta-rule host the error names the module and the way out."""
+    monkeypatch.setattr(FRONT, "triton_chunk", None)
+    monkeypatch.setattr(FRONT, "_CHUNK_MISSING", ImportError("stand-in"), raising=False)
+    x = build(1, 4, 1, 1, 4, 4, gated=False, dtype=torch.float32)
+    with pytest.raises(NotImplementedError, match=r"linrnn\.engine\.delta.*backend='torch'"):
+        op(x, mode="chunk", backend="triton")
+    with pytest.raises(TypeError, match="float64"):
+        op({n: t.double() for n, t in x.items()}, mode="chunk", backend="triton")

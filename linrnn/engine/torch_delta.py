@@ -15,6 +15,13 @@ product at the end. Every exponent is a causal difference of chunk-local cumulat
 (≤ 0), formed in fp64 and masked to −∞ before ``exp``: strong decays underflow to 0, never
 overflow.
 
+Under ``torch.compile`` the walk stays a Python loop, so a graph is specialized to its number of
+chunks ``ceil(T / L)``: lengths with the same chunk count share one compilation, a new count
+compiles again (training at a fixed length compiles once). The loop-free alternatives cost more
+than they save: the chunk-to-chunk map ``S ↦ M S + B`` has a K×K matrix M, so a closed form
+needs products of those matrices, and solving for every chunk's new values at once is a T×T
+triangular system (quadratic memory in T).
+
 The solve is backward stable for a well-conditioned ``I + N``: with β ∈ [0, 2] and unit-norm
 keys each step's transition ``I − β k kᵀ`` is non-expansive. With ``β|k|² > 2`` the recurrence
 itself grows exponentially (in every form), and the solve's entries grow with it, amplifying
