@@ -1,5 +1,6 @@
 """linrnn: fast, correct kernels for linear attention and the linear RNNs that share its
-structure (causal linear attention, retention, simple GLA, GLA, RWKV6, mLSTM).
+structure (causal linear attention, retention, simple GLA, GLA, RWKV6, mLSTM) and the delta
+rule (DeltaNet, Gated DeltaNet).
 
 Every op takes ``[B, T, H, K]`` inputs and returns ``(o, final_state)``; see docs/DESIGN.md and
 each op's docstring. :mod:`linrnn.layers` has the ``nn.Module`` layers built on them and
@@ -7,8 +8,19 @@ each op's docstring. :mod:`linrnn.layers` has the ``nn.Module`` layers built on 
 """
 
 from linrnn._runtime import checks, set_checks
-from linrnn.ops import gla, linear_attn, mlstm, retention, rwkv6, simple_gla
+from linrnn.ops import (
+    delta_rule,
+    gated_delta_rule,
+    gla,
+    linear_attn,
+    mlstm,
+    retention,
+    rwkv6,
+    simple_gla,
+)
 from linrnn.ops.step import (
+    delta_rule_step,
+    gated_delta_rule_step,
     gla_step,
     linear_attn_step,
     mlstm_step,
@@ -23,6 +35,10 @@ from linrnn import graphs, layers, models  # isort: skip (the layers build on th
 __version__ = "0.1.0"
 __all__ = [
     "checks",
+    "delta_rule",
+    "delta_rule_step",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
     "gla",
     "gla_step",
     "graphs",

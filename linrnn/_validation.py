@@ -197,3 +197,61 @@ def flag(name: str, value) -> bool:
 def choice(name: str, value, choices: Sequence) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def qkv_grouped(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """Check q, k ``[B, T, H, K]`` and v ``[B, T, HV, V]`` with grouped value heads (HV a
+    multiple of H: value head j reads q/k head ``j // (HV / H)``); returns
+    ``B, T, H, HV, K, V``."""
+    q, k, v = tensor("q", q, 4), tensor("k", k, 4), tensor("v", v, 4)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    same_device(q, "q", k=k, v=v)
+    if k.shape != q.shape:
+        raise ValueError(
+            f"k must have the shape of q [B, T, H, K] = {tuple(q.shape)}, got {tuple(k.shape)}"
+        )
+    if v.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"v must be [B, T, HV, V] with B, T = {tuple(q.shape[:2])} as in q, "
+            f"got {tuple(v.shape)}"
+        )
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if min(B, T, H, K, HV, V) < 1:
+        raise ValueError(
+            f"q, k, v must have every dimension ≥ 1, got B={B}, T={T}, H={H}, K={K}, HV={HV}, "
+            f"V={V} (q {tuple(q.shape)}, v {tuple(v.shape)})"
+        )
+    if HV % H:
+        raise ValueError(
+            f"v's head count HV={HV} must be a multiple of q/k's head count H={H} (grouped "
+            f"value heads), got q {tuple(q.shape)}, v {tuple(v.shape)}"
+        )
+    return B, T, H, HV, K, V
+
+
+def interval(
+    name: str,
+    x,
+    shape: tuple[int, ...],
+    ref: Tensor,
+    *,
+    layout: str,
+    low: float,
+    high: float,
+) -> Tensor:
+    """A per-step coefficient such as the delta rule's β: :func:`gate`'s checks (shape, device,
+    finite) and every value in ``[low, high]`` (the value checks only where
+    :func:`linrnn._runtime.data_checks` allows them)."""
+    x = gate(name, x, shape, ref, layout=layout)
+    if x.numel() == 0 or not _runtime.data_checks(x):
+        return x
+    lo, hi = (t.item() for t in torch.aminmax(x.detach()))
+    if lo < low or hi > high:
+        bad = ((x < low) | (x > high)).nonzero()[0].tolist()
+        raise ValueError(
+            f"{name} must lie in [{low:g}, {high:g}], got values in [{lo:.6g}, {hi:.6g}] "
+            f"(first outside at index {bad}: {x[tuple(bad)].item():.6g})"
+        )
+    return x

@@ -26,6 +26,12 @@ decay total ``F`` (per head, or per key channel ``F_k`` and value channel ``F_v`
 
 with ``exp(−∞ − (−∞))`` never formed (an empty state, m = −∞, contributes exactly 0).
 
+The delta rule (DeltaNet, Gated DeltaNet) has non-diagonal transitions: a segment maps the
+state entering it by ``S ↦ M S + B`` with a K×K matrix M, and its outputs likewise affinely.
+Steps 1 and 3 then merge into one local run of the op with K extra value columns that yields
+M, B and both parts of the outputs; the exchange is the same single all-gather, of (M, B), and
+the combine is ``S' = M S + B`` (see :class:`_DeltaCall`).
+
 A tiny all-gather of shapes and options precedes the state exchange, so that an input error on
 any rank (a bad shape, a positive log decay, a mismatch between ranks) raises a ValueError or
 TypeError on *every* rank instead of leaving the others waiting in a collective.
@@ -46,6 +52,7 @@ from torch import Tensor
 from linrnn import _validation as check
 from linrnn import ops
 from linrnn.ops._generic import compute_dtype
+from linrnn.ops.delta_rule import BETA_RANGE
 
 __all__ = ["context_parallel"]
 
@@ -56,7 +63,10 @@ OPS = {
     "gla": ops.gla,
     "rwkv6": ops.rwkv6,
     "mlstm": ops.mlstm,
+    "delta_rule": ops.delta_rule,
+    "gated_delta_rule": ops.gated_delta_rule,
 }
+DELTA = ("delta_rule", "gated_delta_rule")
 _FAMILY_ID = {name: i for i, name in enumerate(OPS)}
 _DTYPE_ID = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
 
@@ -78,16 +88,17 @@ def context_parallel(op, *args, group=None, **kwargs):
 
     Args:
         op: the op to run: a name (``"linear_attn"``, ``"retention"``, ``"simple_gla"``,
-            ``"gla"``, ``"rwkv6"``, ``"mlstm"``) or the function itself (``linrnn.gla``).
+            ``"gla"``, ``"rwkv6"``, ``"mlstm"``, ``"delta_rule"``, ``"gated_delta_rule"``) or
+            the function itself (``linrnn.gla``).
         *args, **kwargs: the op's arguments.
 
             - Split along T (this rank's tokens ``[s_r, s_r + T_r)``, ``T_r ≥ 1``, any
               lengths): q/r, k, v and the per-step gates — ``g`` (simple_gla), ``gk``, ``gv``
-              (gla), ``w`` (rwkv6), ``i``, ``f`` (mlstm).
+              (gla), ``w`` (rwkv6), ``i``, ``f`` (mlstm), ``g``, ``beta`` (the delta rule).
             - The same on every rank (replicated): ``log_decay`` (retention), ``u`` (rwkv6),
               ``initial_state`` (``[N, …]`` as for one device), ``cu_seqlens``, and every
-              option (``scale``, ``normalize``, ``input_gate``, ``eps``, ``mode``,
-              ``backend``, ``chunk_size``, ``output_final_state``).
+              option (``scale``, ``normalize``, ``input_gate``, ``eps``, ``use_qk_l2norm``,
+              ``mode``, ``backend``, ``chunk_size``, ``output_final_state``).
             - ``cu_seqlens``: the *global* offsets of the N packed documents in the whole
               concatenated sequence (B = 1), exactly as for one device. Documents may cross
               rank boundaries (and may start exactly at one): a document boundary resets the
@@ -112,6 +123,10 @@ def context_parallel(op, *args, group=None, **kwargs):
 
     Cost: one extra pass over k and v (``O(T·K·V)``, no outputs) and one all-gather of one
     state per rank (per document when ``output_final_state`` is set with ``cu_seqlens``).
+    The delta rule's transitions are not diagonal: its segments are summarized by an affine
+    map (a K×K matrix and a state), from one local run with K extra value columns that also
+    gives the outputs; see :class:`_DeltaCall` for the trade-off against passing states from
+    rank to rank.
 
     Raises:
         ValueError / TypeError on every rank when any rank's input is invalid (shapes, gates,
@@ -129,7 +144,8 @@ def context_parallel(op, *args, group=None, **kwargs):
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     error, call = None, None
     try:
-        call = _Call(op, args, kwargs)
+        name = _op_name(op)
+        call = (_DeltaCall if name in DELTA else _Call)(name, args, kwargs)
     except (TypeError, ValueError) as e:  # raised after the exchange, on every rank
         error = e
     meta = call.meta() if call is not None else [-1] * _Call.META_LEN
@@ -182,12 +198,12 @@ class _Call:
     META_NAMES = (
         "validity", "segment length", "family", "options (every non-tensor argument, and "
         "whether gv is given)", "dtype", "B", "H", "K", "V", "number of sequences N",
-        "cu_seqlens", "initial_state (given or not)",
+        "cu_seqlens", "initial_state (given or not)", "value heads HV",
     )  # fmt: skip
     META_LEN = len(META_NAMES)
 
-    def __init__(self, op, args, kwargs):
-        self.name = _op_name(op)
+    def __init__(self, name, args, kwargs):
+        self.name = name
         self.fn = OPS[self.name]
         try:
             bound = inspect.signature(self.fn).bind(*args, **kwargs)
@@ -223,7 +239,7 @@ class _Call:
         cu = 0 if self.offsets is None else hash(tuple(self.offsets)) % (2**62) + 1
         return [
             1, self.T, _FAMILY_ID[self.name], self.options, _DTYPE_ID[self.q.dtype], self.B,
-            self.H, self.K, self.V, self.N, cu, int(self.init is not None),
+            self.H, self.K, self.V, self.N, cu, int(self.init is not None), self.H,
         ]  # fmt: skip
 
     def _gate(self, name, shape, layout, nonpositive=True):
@@ -395,6 +411,158 @@ class _Call:
                 state = _advance(acc[2:], blk, rec.stabilize)
                 acc = (add(acc[0], blk[0]), add(acc[1], blk[1]), *state)
         return acc
+
+
+class _DeltaCall:
+    """One rank's validated delta-rule call (DeltaNet, Gated DeltaNet): the same collective
+    protocol as :class:`_Call`, with the delta rule's affine segment summaries.
+
+    A segment maps the state entering it affinely, ``S ↦ M S + B`` (M ``[K, K]``: the product
+    of the transitions ``exp(g)(I − β k kᵀ)``; B ``[K, V]``: the state reached from zero), and
+    its outputs likewise, ``o_t = o⁰_t + S_inᵀ p_t``. All of it comes from ONE local run of the
+    op with V + K value columns, ``[v | 0]``, from the initial state ``[0 | I]``: its final
+    state is ``[B | M]``, its outputs ``[o⁰ | p]``. After one all-gather of the (M, B) of every
+    rank, each rank folds the summaries before it onto the initial state to get ``S_in`` and
+    finishes its outputs with one ``[T, K] × [K, V]`` product.
+
+    Why not pass states from rank to rank: that needs no K×K matrices (a run with V columns and
+    K·V numbers per message), but rank r waits for ranks 0 … r − 1 to finish, so the forward
+    takes ``world`` times one segment's time; the affine summaries let every rank run at once,
+    at the price of K extra value columns in the local run and K·(K + V) numbers per head in
+    the all-gather. Outputs are combined in fp32 (fp64 for fp64 inputs) from the op's ``o⁰``
+    and ``p``, which the op returns in the input dtype."""
+
+    def __init__(self, name, args, kwargs):
+        self.name = name
+        self.fn = OPS[name]
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"context_parallel({name!r}, …): {e}") from None
+        bound.apply_defaults()
+        self.a = a = dict(bound.arguments)
+        self.q = q = a["q"]
+        self.B, self.T, self.H, self.HV, self.K, self.V = check.qkv_grouped(q, a["k"], a["v"])
+        self.device, self.cdt = q.device, compute_dtype(q)
+        self.output_final_state = check.flag("output_final_state", a["output_final_state"])
+        check.flag("use_qk_l2norm", a["use_qk_l2norm"])
+        self.offsets = None
+        if a["cu_seqlens"] is not None:
+            self.offsets = _offsets(a["cu_seqlens"])
+            if self.B != 1:
+                raise ValueError(
+                    "with cu_seqlens the sequences are packed along T and the batch size must "
+                    f"be 1, got B={self.B}"
+                )
+        self.N = self.B if self.offsets is None else len(self.offsets) - 1
+        per_step = (self.B, self.T, self.HV)
+        if name == "gated_delta_rule":
+            check.gate("g", a["g"], per_step, q, layout="[B, T, HV]", nonpositive=True)
+        check.interval("beta", a["beta"], per_step, q, layout="[B, T, HV]", low=BETA_RANGE[0],
+                       high=BETA_RANGE[1])  # fmt: skip
+        opts = sorted(
+            (key, repr(x)) for key, x in a.items()
+            if not isinstance(x, (Tensor, tuple, list)) and key != "cu_seqlens"
+        )  # fmt: skip
+        self.options = zlib.crc32(repr(opts).encode())
+        self.init = None
+        if a["initial_state"] is not None:
+            shape = (self.N, self.HV, self.K, self.V)
+            x = check.state("initial_state", a["initial_state"], shape, q, "[N, HV, K, V]")
+            self.init = x.to(self.cdt)
+
+    def meta(self) -> list[int]:
+        cu = 0 if self.offsets is None else hash(tuple(self.offsets)) % (2**62) + 1
+        return [
+            1, self.T, _FAMILY_ID[self.name], self.options, _DTYPE_ID[self.q.dtype], self.B,
+            self.H, self.K, self.V, self.N, cu, int(self.init is not None), self.HV,
+        ]  # fmt: skip
+
+    def _local(self, pieces):
+        """The op on this segment with values ``[v | 0]`` from ``[0 | I]`` (every piece):
+        outputs ``[o⁰ | p]`` and final states ``[B | M]``, one row block per piece."""
+        a, (K, V, HV) = self.a, (self.K, self.V, self.HV)
+        v = a["v"]
+        v_aug = torch.cat([v, v.new_zeros(*v.shape[:3], K)], dim=-1)
+        count = self.B if self.offsets is None else len(pieces)
+        eye = torch.eye(K, dtype=self.cdt, device=self.device).expand(count, HV, K, K)
+        zero = torch.zeros(count, HV, K, V, dtype=self.cdt, device=self.device)
+        local = None if self.offsets is None else [0] + [hi for _, _, hi in pieces]
+        args = dict(a, v=v_aug, initial_state=torch.cat([zero, eye], dim=-1),
+                    output_final_state=True, cu_seqlens=local)  # fmt: skip
+        return self.fn(**args)
+
+    def _init_rows(self, doc):
+        if self.init is None:
+            return None
+        return self.init if doc is None else self.init[doc : doc + 1]
+
+    def run(self, lengths: list[int], rank: int, group):
+        world, V = len(lengths), self.V
+        starts = [sum(lengths[:r]) for r in range(world)]
+        if self.offsets is not None:
+            check.cu_seqlens(self.offsets, self.B, starts[-1] + lengths[-1], self.q)
+        pieces = [_pieces(self.offsets, starts[r], lengths[r]) for r in range(world)]
+        ship = [(p if self.output_final_state else p[-1:]) for p in pieces]
+        slots = max(len(x) for x in ship)
+        rows = self.B if self.offsets is None else 1
+
+        # 1. the local run, 2. one all-gather of the shipped (M, B).
+        o_aug, S_aug = self._local(pieces[rank])
+        S_aug = S_aug.to(self.cdt)
+        blocks = S_aug.split(rows)  # one row block per local piece
+        own = [(x[..., V:], x[..., :V]) for x in blocks]
+        mine = [own[pieces[rank].index(p)] for p in ship[rank]]
+        size = rows * self.HV * self.K * (self.K + V)
+        flat = [torch.zeros(1, dtype=self.cdt, device=self.device)]  # the anchor (see _Call)
+        flat += [torch.cat([M.reshape(-1), B.reshape(-1)]) for M, B in mine]
+        if slots > len(mine):
+            flat.append(torch.zeros((slots - len(mine)) * size, dtype=self.cdt,
+                                    device=self.device))  # fmt: skip
+        gathered = _GatherStates.apply(torch.cat(flat), group)
+        anchor = gathered[:, 0].sum()
+        nM = rows * self.HV * self.K * self.K
+        shape_M, shape_B = (rows, self.HV, self.K, self.K), (rows, self.HV, self.K, V)
+
+        def summary(r, doc):  # the shipped (M, B) of document doc's piece on rank r
+            i = next(j for j, piece in enumerate(ship[r]) if piece[0] == doc)
+            buf = gathered[r, 1 + i * size : 1 + (i + 1) * size]
+            return buf[:nM].view(shape_M), buf[nM:].view(shape_B)
+
+        def fold(doc, ranks):
+            state = self._init_rows(doc)
+            for r in ranks:
+                M, B = summary(r, doc)
+                state = B if state is None else M @ state + B
+            return state
+
+        def zeros():
+            return torch.zeros(shape_B, dtype=self.cdt, device=self.device)
+
+        # 3. the state entering each local piece, and the outputs o = o⁰ + S_inᵀ p.
+        first = pieces[rank][0][0]
+        doc_start = 0 if first is None else self.offsets[first]
+        before = [r for r in range(rank) if starts[r] + lengths[r] > doc_start]
+        entering = [fold(first, before)] + [self._init_rows(j) for j, _, _ in pieces[rank][1:]]
+        outs = []
+        for (_, lo, hi), S_in in zip(pieces[rank], entering):
+            o = o_aug[:, lo:hi, :, :V].to(self.cdt)
+            if S_in is not None:
+                o = o + torch.einsum("bthk,bhkv->bthv", o_aug[:, lo:hi, :, V:].to(self.cdt), S_in)
+            outs.append(o)
+        o = (torch.cat(outs, dim=1) + anchor).to(self.q.dtype)
+        if not self.output_final_state:
+            return o, None
+
+        # Final states: every document folded over the ranks that hold a piece of it.
+        if self.offsets is None:
+            return o, fold(None, range(world))
+        final = []
+        for j in range(self.N):
+            ranks = [r for r in range(world) if any(p[0] == j for p in pieces[r])]
+            S = fold(j, ranks)
+            final.append(zeros() if S is None else S)
+        return o, torch.cat(final)
 
 
 def _op_name(op) -> str:

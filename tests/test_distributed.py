@@ -4,8 +4,9 @@ One spawn per world size runs every case inside. Each rank builds the same fp64 
 seed), runs the single-process op on the whole sequence, then ``context_parallel`` on its
 segment, and compares its output slice, the final state and every gradient: its own slice
 of the time-split inputs, and the sum over ranks of the gradients of replicated inputs
-(log_decay, u, initial state). Cases: every family variant, unequal segments, B = 2 with an
-initial state; packed documents crossing rank boundaries (one spanning three ranks, an empty
+(log_decay, u, initial state). Cases: every family variant (the delta rule with grouped value
+heads, Gated DeltaNet with q/k normalized in the op), unequal segments, B = 2 with an initial
+state; packed documents crossing rank boundaries (one spanning three ranks, an empty
 one, ones starting exactly at a rank boundary), with and without an initial state; the local
 state pass split into several blocks. Failures are collected per rank and raised at the end;
 a hang fails after ``TIMEOUT`` seconds.
@@ -21,7 +22,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import FAMILIES, flat_state, rel_err
+import torch.nn.functional as F
+from helpers import FAMILIES, Family, flat_state, rel_err
 
 import linrnn
 from linrnn import distributed as cp
@@ -39,6 +41,35 @@ DOCS = {
     # [2,16) spans ranks 0-2; empty at 16; [16,20) crosses ranks 2-3
     4: [[0, 2, 16, 16, 20, 25], [0, 5, 14, 25]],
 }
+
+
+class _DeltaFamily(Family):
+    """A delta-rule op with grouped value heads: HV = 2·H (state ``[N, 2H, K, V]``)."""
+
+    def make_state(self, N, H, K, V, dtype=torch.float64):
+        return torch.randn(N, 2 * H, K, V, dtype=dtype)
+
+
+def _build_delta(B, T, H, K, V, extreme, gated=False, normalize=True):
+    k = torch.randn(B, T, H, K, dtype=torch.float64)
+    d = {
+        "q": torch.randn(B, T, H, K, dtype=torch.float64),
+        "k": F.normalize(k, dim=-1) if normalize else k,
+        "v": torch.randn(B, T, 2 * H, V, dtype=torch.float64),
+    }
+    if gated:
+        d["g"] = F.logsigmoid(torch.randn(B, T, 2 * H, dtype=torch.float64) + 1)
+    d["beta"] = torch.rand(B, T, 2 * H, dtype=torch.float64) * 2
+    return d
+
+
+DELTA_FAMILIES = [
+    _DeltaFamily("delta_rule", linrnn.delta_rule, ("q", "k", "v", "beta"), _build_delta,
+                 positional=4),
+    _DeltaFamily("gated_delta_rule_l2", linrnn.gated_delta_rule, ("q", "k", "v", "g", "beta"),
+                 lambda *a: _build_delta(*a, gated=True, normalize=False),
+                 kwargs={"use_qk_l2norm": True}, positional=5),
+]  # fmt: skip
 
 
 def _free_port() -> int:
@@ -181,6 +212,18 @@ def _bad_inputs(rank, world, errors):
         errors, rank, "unknown op", ValueError, "op must be one of",
         lambda: cp.context_parallel("attention", q, q, v),
     )  # fmt: skip
+    beta = torch.rand(1, T, H, dtype=torch.float64) + (2 if rank == 0 else 0)  # β > 2: rank 0
+    match = "beta must lie in [0, 2]" if rank == 0 else "rank(s) [0] is invalid"
+    _expect_error(
+        errors, rank, "beta above 2 on one rank", ValueError, match,
+        lambda: cp.context_parallel("delta_rule", q, q, v, beta),
+    )  # fmt: skip
+    vg = torch.randn(1, T, H * (rank + 1), V, dtype=torch.float64)  # HV differs between ranks
+    bg = torch.rand(1, T, H * (rank + 1), dtype=torch.float64)
+    _expect_error(
+        errors, rank, "value heads differ", ValueError, "disagree on value heads HV",
+        lambda: cp.context_parallel(linrnn.gated_delta_rule, q, q, vg, -bg, bg),
+    )  # fmt: skip
     cu_bad = [0, 4, sum(LENGTHS[world]) + 1]  # does not end at the total length
     _expect_error(
         errors, rank, "cu_seqlens past the end", ValueError, "must start at 0 and end at T",
@@ -198,7 +241,7 @@ def _worker(rank, world, port, test_seed):
         cp.BLOCK = 4  # several blocks per piece in the local state pass
         errors: list[str] = []
         seed = test_seed % 2**30
-        for fam in FAMILIES.values():
+        for fam in [*FAMILIES.values(), *DELTA_FAMILIES]:
             _case(fam, rank, world, 2, None, True, seed, errors)
             _case(fam, rank, world, 1, DOCS[world][0], True, seed + 1, errors)
             _case(fam, rank, world, 1, DOCS[world][1], False, seed + 2, errors)

@@ -7,6 +7,8 @@ Every layer takes ``forward(x, attention_mask=None, cache=None)``: the optional 
 """
 
 from linrnn.layers.common import Cache, HeadNorm, Mixer, Packing, RMSNorm
+from linrnn.layers.conv import ShortConvolution
+from linrnn.layers.delta_net import DeltaNet, GatedDeltaNet
 from linrnn.layers.gla import GatedLinearAttention
 from linrnn.layers.linear_attention import LinearAttention
 from linrnn.layers.mlstm import mLSTMLayer
@@ -17,6 +19,8 @@ from linrnn.layers.softmax_attention import SoftmaxAttention
 
 __all__ = [
     "Cache",
+    "DeltaNet",
+    "GatedDeltaNet",
     "GatedLinearAttention",
     "HeadNorm",
     "LinearAttention",
@@ -25,6 +29,7 @@ __all__ = [
     "Packing",
     "RMSNorm",
     "RWKV6TimeMix",
+    "ShortConvolution",
     "SimpleGLA",
     "SoftmaxAttention",
     "mLSTMLayer",

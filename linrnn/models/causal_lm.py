@@ -16,6 +16,8 @@ from torch import Tensor, nn
 
 from linrnn.layers import (
     Cache,
+    DeltaNet,
+    GatedDeltaNet,
     GatedLinearAttention,
     LinearAttention,
     MultiScaleRetention,
@@ -34,6 +36,8 @@ MIXERS = {
     "retention": MultiScaleRetention,
     "rwkv6": RWKV6TimeMix,
     "mlstm": mLSTMLayer,
+    "delta_net": DeltaNet,
+    "gated_delta_net": GatedDeltaNet,
     "softmax": SoftmaxAttention,
 }
 
@@ -48,7 +52,8 @@ class LMConfig:
         vocab_size: number of token ids (256 for bytes).
         d_model, num_layers, num_heads: width, depth, heads of every mixer.
         mixer: one of :data:`MIXERS` (``"linear_attn"``, ``"gla"``, ``"simple_gla"``,
-            ``"retention"``, ``"rwkv6"``, ``"mlstm"``, ``"softmax"``).
+            ``"retention"``, ``"rwkv6"``, ``"mlstm"``, ``"delta_net"``, ``"gated_delta_net"``,
+            ``"softmax"``).
         mixer_kwargs: extra keyword arguments of the mixer class, e.g.
             ``{"input_gate": "sigmoid"}`` for mLSTM or ``{"feature_map": "performer"}``.
         mlp_hidden: SwiGLU hidden width; None: 8/3·d_model rounded up to a multiple of 32.

@@ -20,6 +20,7 @@ import torch
 
 from linrnn import _runtime
 from linrnn.ops import _generic
+from linrnn.ops.delta_rule import delta_rule, gated_delta_rule
 from linrnn.ops.gla import gla
 from linrnn.ops.linear_attn import linear_attn
 from linrnn.ops.mlstm import mlstm
@@ -87,3 +88,5 @@ simple_gla_step = _bind(simple_gla)
 gla_step = _bind(gla)
 rwkv6_step = _bind(rwkv6)
 mlstm_step = _bind(mlstm)
+delta_rule_step = _bind(delta_rule)
+gated_delta_rule_step = _bind(gated_delta_rule)

@@ -16,11 +16,11 @@ Each returns ``(o, m, S_T, m_T)``: the raw output, the per-step stabilizer ``m [
 - :func:`parallel` — the quadratic log-space form; an independent second derivation.
 
 The delta rule (DeltaNet, Gated DeltaNet) has a non-diagonal transition and its own loop:
-:func:`delta_recurrent` (:mod:`linrnn.reference.delta`).
+:func:`delta_recurrent` and :func:`delta_parallel` (:mod:`linrnn.reference.delta`).
 """
 
-from linrnn.reference.delta import delta_recurrent
+from linrnn.reference.delta import delta_parallel, delta_recurrent
 from linrnn.reference.parallel import parallel
 from linrnn.reference.recurrent import recurrent
 
-__all__ = ["delta_recurrent", "parallel", "recurrent"]
+__all__ = ["delta_parallel", "delta_recurrent", "parallel", "recurrent"]

@@ -9,6 +9,10 @@ and write strength ``β_t``::
 
 Value heads may outnumber query/key heads (grouped value heads): value head j reads q/k head
 ``j // (HV / H)``.
+
+- :func:`delta_recurrent` — the step-by-step loop; the ground truth.
+- :func:`delta_parallel` — the whole sequence as one chunk of the WY/UT form (a triangular solve
+  instead of the loop); an independent second derivation.
 """
 
 from __future__ import annotations
@@ -53,3 +57,54 @@ def delta_recurrent(
         S = S + bs[t][..., None, None] * k_t[..., :, None] * err[..., None, :]
         outs.append(scale * (qs[t][..., :, None] * S).sum(-2))
     return torch.stack(outs, dim=1), S
+
+
+def delta_parallel(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    *,
+    scale: float,
+    g: Tensor | None = None,
+    S0: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The delta rule in closed form, the whole sequence as one chunk; arguments and returns as
+    in :func:`delta_recurrent`. Quadratic in T (the T×T triangular system).
+
+    With ``b_t = Σ_{τ≤t} g_τ`` (fp64, log space) and ``Γ_ts = exp(b_t − b_s)`` for s ≤ t, the
+    loop's corrected values ``δ_t = β_t (v_t − S_{t−1}'ᵀ k_t)`` (S' the decayed state before the
+    write) solve the unit lower-triangular system ``(I + N) δ = β v − β exp(b) K S0`` with
+    ``N_ts = β_t Γ_ts k_t·k_s`` (s < t), and then::
+
+        o_t = scale (exp(b_t) q_tᵀ S0 + Σ_{s≤t} Γ_ts (q_t·k_s) δ_s)
+        S_T = exp(b_T) S0 + Σ_s exp(b_T − b_s) k_s δ_sᵀ
+    """
+    B, T, H = q.shape[:3]
+    HV = v.shape[2]
+    group = HV // H
+    # [B, HV, T, *]: value head j reads q/k head j // group.
+    q, k = (x.repeat_interleave(group, dim=2).transpose(1, 2) for x in (q, k))
+    v, beta = v.transpose(1, 2), beta.transpose(1, 2)
+    dt = q.dtype
+    if g is None:
+        b = torch.zeros(B, HV, T, dtype=torch.float64, device=q.device)
+    else:
+        b = g.double().transpose(1, 2).cumsum(-1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    log_gamma = (b[..., :, None] - b[..., None, :]).masked_fill(~causal, float("-inf"))
+    gamma = torch.exp(log_gamma).to(dt)  # [B, HV, T, T], 0 above the diagonal
+    decay = torch.exp(b).to(dt)  # [B, HV, T]: exp(b_t)
+    tail = torch.exp(b[..., -1:] - b).to(dt)  # exp(b_T − b_s)
+    N = (beta[..., :, None] * gamma * (k @ k.transpose(-1, -2))).tril(-1)
+    rhs = beta[..., None] * v
+    if S0 is not None:
+        rhs = rhs - beta[..., None] * decay[..., None] * (k @ S0)
+    # unitriangular: the diagonal of N is ignored and taken as 1, i.e. I + N.
+    delta = torch.linalg.solve_triangular(N, rhs, upper=False, unitriangular=True)
+    o = (q @ k.transpose(-1, -2) * gamma) @ delta
+    S_T = (tail[..., None] * k).transpose(-1, -2) @ delta
+    if S0 is not None:
+        o = o + decay[..., None] * (q @ S0)
+        S_T = S_T + decay[..., -1, None, None] * S0
+    return scale * o.transpose(1, 2), S_T
