@@ -136,7 +136,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     NQ = cdiv(L, BQ)
     kern.out_fwd_kernel[(NT * NQ, cdiv(V, BO), BH)](
         q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
-        chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ, scale=c.scale,
+        chunks=c.CHUNKS, T=T, H=H, G=1, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ, scale=c.scale,
         eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, **gates, **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
@@ -264,7 +264,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     dq = torch.empty_like(q)
     kern.dq_bwd_kernel[(NT * nQ, nK, BH)](
         do=do, v=v, k=k, q=q, h=states, hn=ns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, rd=R_D,
-        dq=dq, qdq=q_part, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=NT, NQ=nQ, NSEQ=c.NSEQ,
+        dq=dq, qdq=q_part, chunks=c.CHUNKS, T=T, H=H, G=1, K=K, V=V, L=L, NT=NT, NQ=nQ, NSEQ=c.NSEQ,
         scale=c.scale, BQ=BQ, BD=BD, BO=BO, **flags, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("dk_bwd", V, K)
@@ -273,7 +273,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     dk = torch.empty_like(k)
     kern.dk_bwd_kernel[(NT * nS, nK, BH)](
         v=v, do=do, q=q, k=k, dh=dstates, dhn=dns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
-        rd=R_D, dk=dk, kdk=k_part, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=NT, NS=nS,
+        rd=R_D, dk=dk, kdk=k_part, chunks=c.CHUNKS, T=T, H=H, G=1, K=K, V=V, L=L, NT=NT, NS=nS,
         NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None, **flags,
         **launch,
     )  # fmt: skip
@@ -282,7 +282,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     dv = torch.empty_like(v)
     kern.dv_bwd_kernel[(NT * nS, cdiv(V, BO), BH)](
         k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
-        chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
+        chunks=c.CHUNKS, T=T, H=H, G=1, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
         BS=BS, BD=BD, BO=BO, **flags, **launch,
     )  # fmt: skip
     k_dk = k_part.sum(0) if gates else None

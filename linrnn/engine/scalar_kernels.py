@@ -34,7 +34,10 @@ Per-channel decays (GLA's gk/gv, RWKV6's w and u) have kernels of their own: vec
 
 Layouts: q, k, v, o and their gradients ``[B, T, H, D]`` contiguous; gates and per-row values
 ``[B·H, T]`` fp32; chunk states ``[B·H, NT, K, V]`` fp32; max states ``[B·H, NT + NSEQ]``.
-Offsets are int64.
+Offsets are int64. Grouped value heads (the delta rule): the output, dq, dk and dv kernels take
+G value heads per q/k head; H counts the value heads (rows B·H), q and k are ``[B, T, H/G, K]``
+and value head h reads q/k head h // G; dq and dk are written per value head ``[B, T, H, K]``
+(the caller sums each group). Every other family passes G = 1.
 """
 
 from __future__ import annotations
@@ -165,23 +168,23 @@ def _row_max(g, gi, b_br, m_c, o_r, m_r, c0, c1, r_end, BS: tl.constexpr):
 
 
 @triton.jit
-def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, H, s_sd, s_so,
+def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so,
                 BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, DEN: tl.constexpr,
                 DOT_PREC: tl.constexpr):  # fmt: skip
     """One pass over depth for the rows o_r: the inter-chunk product x_r·S_c [BQ, BO] (S_c at
     p_s with element strides (s_sd, s_so)) and the diagonal key tile's scores x_r·y_s [BQ, BQ]
     (the key tile s = r0 is the query tile itself) share each load of x; ``DEN``: also x_r·n_c
-    [BQ] (n_c at p_n). Returns (inter, scores, den)."""
+    [BQ] (n_c at p_n). x and y have row stride s_x. Returns (inter, scores, den)."""
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
     b_den = tl.zeros([BQ], dtype=tl.float32)
     b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
     for d0 in range(0, D, BD):
         o_d = d0 + tl.arange(0, BD)
         m_d = o_d < D
-        b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
+        b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
         b_s = _state_tile(p_s, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
         b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
-        b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, H * D, m_r, m_d), input_precision=DOT_PREC)
+        b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, s_x, m_r, m_d), input_precision=DOT_PREC)
         if DEN:
             b_n = _vec(p_n, o_d, m_d)
             b_den += _dot_n(b_x, b_n, DOT_PREC)
@@ -190,12 +193,13 @@ def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, H, s_sd, s_so,
 
 @triton.jit
 def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, r0,
-                c0, c1, o_o, m_o, D, O, H, BQ: tl.constexpr, BD: tl.constexpr,
+                c0, c1, o_o, m_o, D, s_x, s_z, BQ: tl.constexpr, BD: tl.constexpr,
                 HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
                 DEN: tl.constexpr, AFFINE: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
     """Adds Σ_{s≤r} D_rs p_rs z_s to b_acc [BQ, BO]: the diagonal key tile from its scores b_p
     (causal mask), then the full key tiles before it. ``AFFINE``: p_rs → A_r p_rs + dd_r (b_A,
-    b_dd [BQ]); ``DEN``: also Σ_s D_rs p_rs into b_den. Returns (acc, den)."""
+    b_dd [BQ]); ``DEN``: also Σ_s D_rs p_rs into b_den. Row strides: s_x of x and y, s_z of
+    z. Returns (acc, den)."""
     if AFFINE:
         b_p = b_p * b_A[:, None] + b_dd[:, None]
     b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
@@ -203,7 +207,7 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     b_p *= _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
     if DEN:
         b_den += tl.sum(b_p, 1)
-    b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BQ, BO]
+    b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BQ, BO]
     b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     for s0 in range(c0, r0, BQ):
         o_s = s0 + tl.arange(0, BQ)
@@ -212,8 +216,8 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
         for d0 in range(0, D, BD):
             o_d = d0 + tl.arange(0, BD)
             m_d = o_d < D
-            b_x = _tile(p_x, o_r, o_d, H * D, m_r, m_d)  # [BQ, BD]
-            b_yt = _tile_t(p_y, o_s, o_d, H * D, m_s, m_d)  # [BD, BQ]
+            b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
+            b_yt = _tile_t(p_y, o_s, o_d, s_x, m_s, m_d)  # [BD, BQ]
             b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
         if AFFINE:
             b_p = b_p * b_A[:, None] + b_dd[:, None]
@@ -223,7 +227,7 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
         b_p *= _log_weights(b_br, b_bs, b_as, b_mr, full, HAS_DECAY, HAS_IGATE, HAS_MAX)
         if DEN:
             b_den += tl.sum(b_p, 1)
-        b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BQ, BO]
+        b_z = _tile(p_z, o_s, o_o, s_z, m_s, m_o)  # [BQ, BO]
         b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     return b_acc, b_den
 
@@ -231,7 +235,7 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
 @triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
 def out_fwd_kernel(
     q, k, v, h, hn, mc, g, gi, o, den, m_row, chunks,
-    T, H, K, V, L, NT, NQ, NSEQ, scale, eps,
+    T, H, G, K, V, L, NT, NQ, NSEQ, scale, eps,
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
@@ -247,8 +251,9 @@ def out_fwd_kernel(
         return
     o_v = i_v * BO + tl.arange(0, BO)
     m_v = o_v < V
-    p_q = q + (i_b * T * H + i_h) * K
-    p_k = k + (i_b * T * H + i_h) * K
+    HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
+    p_q = q + (i_b * T * HK + i_h // G) * K
+    p_k = k + (i_b * T * HK + i_h // G) * K
     p_v = v + (i_b * T * H + i_h) * V
     if HAS_DECAY:
         g += i_bh * T
@@ -267,12 +272,12 @@ def out_fwd_kernel(
         e_r = tl.exp(b_br)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, H, V, 1, BQ, BD,
+    b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, HK * K, V, 1, BQ, BD,
                                     BO, NORM != NORM_NONE, DOT_PREC)  # fmt: skip
     b_acc *= e_r[:, None]
     b_den *= e_r
     b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None, None,
-                               o_r, m_r, r0, c0, c1, o_v, m_v, K, V, H, BQ, BD, HAS_DECAY,
+                               o_r, m_r, r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD, HAS_DECAY,
                                HAS_IGATE, HAS_MAX, NORM != NORM_NONE, False,
                                DOT_PREC)  # fmt: skip
     b_acc *= scale
@@ -291,7 +296,7 @@ def out_fwd_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
 def dq_bwd_kernel(
     do, v, k, q, h, hn, mc, g, gi, m_row, ra, rd, dq, qdq, chunks,
-    T, H, K, V, L, NT, NQ, NSEQ, scale,
+    T, H, G, K, V, L, NT, NQ, NSEQ, scale,
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
@@ -307,9 +312,10 @@ def dq_bwd_kernel(
         return
     o_k = i_k * BO + tl.arange(0, BO)
     m_k = o_k < K
+    HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
     p_do = do + (i_b * T * H + i_h) * V
     p_v = v + (i_b * T * H + i_h) * V
-    p_k = k + (i_b * T * H + i_h) * K
+    p_k = k + (i_b * T * HK + i_h // G) * K
     if HAS_DECAY:
         g += i_bh * T
     if HAS_IGATE:
@@ -330,22 +336,22 @@ def dq_bwd_kernel(
         b_dd = _vec(rd + i_bh * T, o_r, m_r)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    b_acc, b_p, b_den = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H, 1, V, BQ, BD,
-                                BO, False, DOT_PREC)  # fmt: skip
+    b_acc, b_p, b_den = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H * V, 1, V, BQ,
+                                    BD, BO, False, DOT_PREC)  # fmt: skip
     if HAS_NORM:
         b_no = _vec(hn + (i_bh * NT + i_c) * K, o_k, m_k)  # [BO]
         b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
     b_acc *= e_r[:, None]
     # (b_den: zeros, unused; a jit helper may not return a None it was given)
-    b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd, o_r,
-                           m_r, r0, c0, c1, o_k, m_k, V, K, H, BQ, BD, HAS_DECAY, HAS_IGATE,
-                           HAS_MAX, False, HAS_NORM, DOT_PREC)  # fmt: skip
+    b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd,
+                               o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, BQ, BD, HAS_DECAY,
+                               HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC)  # fmt: skip
     b_acc *= scale
 
     p_dq = dq + (i_b * T * H + i_h) * K + o_r.to(tl.int64)[:, None] * H * K + o_k[None, :]
     tl.store(p_dq, b_acc.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
     if HAS_DECAY:  # q·dq over this K tile, for the log-decay gradient
-        b_q = _tile(q + (i_b * T * H + i_h) * K, o_r, o_k, H * K, m_r, m_k)
+        b_q = _tile(q + (i_b * T * HK + i_h // G) * K, o_r, o_k, HK * K, m_r, m_k)
         part = tl.sum(b_q.to(tl.float32) * b_acc, 1)
         tl.store(qdq + (i_k * tl.num_programs(2) + i_bh) * T + o_r, part, mask=m_r)
 
@@ -480,7 +486,7 @@ def states_bwd_kernel(
 
 @triton.jit
 def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_o, m_o, D,
-          O, H, s_sd, s_so, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+          s_x, s_z, s_sd, s_so, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
           HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
           HAS_NORM: tl.constexpr, ADD_DN: tl.constexpr, SHIFT: tl.constexpr,
           DOT_PREC: tl.constexpr):  # fmt: skip
@@ -491,7 +497,7 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
 
     dS_c+1 at p_ds with element strides (s_sd, s_so), dn_c+1 at p_dn; mc at this chunk's max
     state (m_c+1 at mc + 1), g, gi, m_row, ra, rd at this row. A = ra with ``HAS_NORM``, else 1.
-    Returns out [BS, BO] fp32."""
+    Row strides: s_x of x and y, s_z of z. Returns out [BS, BO] fp32."""
     b_bs = _vec(g, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
     b_as = _vec(gi, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
     lw = b_as - b_bs
@@ -508,10 +514,10 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
     for d0 in range(0, D, BD):
         o_d = d0 + tl.arange(0, BD)
         m_d = o_d < D
-        b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
+        b_x = _tile(p_x, o_s, o_d, s_x, m_s, m_d)  # [BS, BD]
         b_st = _state_tile(p_ds, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
         b_int += tl.dot(b_x, b_st.to(b_x.dtype), input_precision=DOT_PREC)
-        b_mt += tl.dot(b_x, _tile_t(p_y, o_s, o_d, H * D, m_s, m_d), input_precision=DOT_PREC)
+        b_mt += tl.dot(b_x, _tile_t(p_y, o_s, o_d, s_x, m_s, m_d), input_precision=DOT_PREC)
     if ADD_DN:
         b_int += _vec(p_dn, o_o, m_o)[None, :]
 
@@ -524,8 +530,8 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
             for d0 in range(0, D, BD):
                 o_d = d0 + tl.arange(0, BD)
                 m_d = o_d < D
-                b_x = _tile(p_x, o_s, o_d, H * D, m_s, m_d)  # [BS, BD]
-                b_yt = _tile_t(p_y, o_r, o_d, H * D, m_r, m_d)  # [BD, BS]
+                b_x = _tile(p_x, o_s, o_d, s_x, m_s, m_d)  # [BS, BD]
+                b_yt = _tile_t(p_y, o_r, o_d, s_x, m_r, m_d)  # [BD, BS]
                 b_mt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
         if HAS_NORM:
             b_mt *= _vec(ra, o_r, m_r)[None, :]
@@ -536,7 +542,7 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
         causal = (o_r[:, None] >= o_s[None, :]) & m_r[:, None]  # [BS (r), BS (s)]
         b_d = _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
         b_mt *= tl.trans(b_d)
-        b_z = _tile(p_z, o_r, o_o, H * O, m_r, m_o)  # [BS, BO]
+        b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BS, BO]
         b_acc += tl.dot(b_mt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     return b_acc * scale + b_int * w_s[:, None]
 
@@ -544,7 +550,7 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
 @triton.jit(do_not_specialize=["T", "NT", "NS", "NSEQ"])
 def dk_bwd_kernel(
     v, do, q, k, dh, dhn, mc, g, gi, m_row, ra, rd, dk, kdk, chunks,
-    T, H, K, V, L, NT, NS, NSEQ, scale,
+    T, H, G, K, V, L, NT, NS, NSEQ, scale,
     BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
@@ -572,17 +578,19 @@ def dk_bwd_kernel(
         rd += i_bh * T
     if HAS_N:
         dhn += (i_bh * NT + i_c) * K
+    HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
+    p_q = q + (i_b * T * HK + i_h // G) * K
     b_dk = _cols(
-        v + (i_b * T * H + i_h) * V, do + (i_b * T * H + i_h) * V, q + (i_b * T * H + i_h) * K,
+        v + (i_b * T * H + i_h) * V, do + (i_b * T * H + i_h) * V, p_q,
         dh + (i_bh * NT + i_c) * K * V, dhn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_k,
-        m_k, V, K, H, 1, V, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, HAS_N,
-        HAS_NORM, DOT_PREC,
+        m_k, V, H * V, HK * K, 1, V, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM,
+        HAS_N, HAS_NORM, DOT_PREC,
     )  # fmt: skip
 
     p_dk = dk + (i_b * T * H + i_h) * K + o_s.to(tl.int64)[:, None] * H * K + o_k[None, :]
     tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & m_k[None, :])
     if HAS_DECAY or HAS_IGATE:  # k·dk over this K tile, for the gate gradients
-        b_k = _tile(k + (i_b * T * H + i_h) * K, o_s, o_k, H * K, m_s, m_k)
+        b_k = _tile(k + (i_b * T * HK + i_h // G) * K, o_s, o_k, HK * K, m_s, m_k)
         part = tl.sum(b_k.to(tl.float32) * b_dk, 1)
         tl.store(kdk + (i_k * tl.num_programs(2) + i_bh) * T + o_s, part, mask=m_s)
 
@@ -590,7 +598,7 @@ def dk_bwd_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NS", "NSEQ"])
 def dv_bwd_kernel(
     k, q, do, dh, mc, g, gi, m_row, ra, dv, chunks,
-    T, H, K, V, L, NT, NS, NSEQ, scale,
+    T, H, G, K, V, L, NT, NS, NSEQ, scale,
     BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
@@ -613,11 +621,12 @@ def dv_bwd_kernel(
         m_row += i_bh * T
     if HAS_NORM:
         ra += i_bh * T
+    HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
+    qk = (i_b * T * HK + i_h // G) * K
     b_dv = _cols(
-        k + (i_b * T * H + i_h) * K, q + (i_b * T * H + i_h) * K, do + (i_b * T * H + i_h) * V,
-        dh + (i_bh * NT + i_c) * K * V, None, g, gi, mc, m_row, ra, None, o_s, m_s, s0, c1, o_v,
-        m_v, K, V, H, V, 1, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, False,
-        False, DOT_PREC,
+        k + qk, q + qk, do + (i_b * T * H + i_h) * V, dh + (i_bh * NT + i_c) * K * V, None, g, gi,
+        mc, m_row, ra, None, o_s, m_s, s0, c1, o_v, m_v, K, HK * K, H * V, V, 1, scale, BS, BD,
+        BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, False, False, DOT_PREC,
     )  # fmt: skip
     p_dv = dv + (i_b * T * H + i_h) * V + o_s.to(tl.int64)[:, None] * H * V + o_v[None, :]
     tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & m_v[None, :])
