@@ -79,6 +79,15 @@ def _calls(linrnn, torch, F):
                     (linrnn.mlstm, (q, k, v, pre(B, T, H), pre(B, T, H)), kw),
                     (linrnn.mlstm, (q, k, v, pre(B, T, H), pre(B, T, H)), dict(kw, **sig_gate)),
                 )
+                if mode == "fused_chunk":  # the delta rule has no fused_chunk kernel
+                    continue
+                HV = 2 * H  # grouped value heads
+                vg = torch.randn(B, T, HV, V, dtype=dt).requires_grad_()
+                beta = torch.rand(B, T, HV).requires_grad_()
+                dkw = dict(kw, initial_state=torch.randn(N, HV, K, V).requires_grad_(),
+                           use_qk_l2norm=True)  # fmt: skip
+                yield (linrnn.delta_rule, (q, k, vg, beta), dkw)
+                yield (linrnn.gated_delta_rule, (q, k, vg, decay(B, T, HV), beta), dkw)
 
 
 def capture(path: str, limit: int | None) -> None:

@@ -3,9 +3,9 @@
 A call flows one way (docs/DESIGN.md §8)::
 
     linrnn.ops.<family> -> ops._generic.route (mode, backend, chunk size, decided once)
-        -> torch_chunk                     the pure-PyTorch chunkwise path (CPU, fp64)
+        -> torch_chunk | torch_delta       the pure-PyTorch chunkwise paths (CPU, fp64)
         -> scalar | vector | recurrent     Triton hosts: forward(...) -> (outputs, saved),
-                                           backward(saved, ...) -> gradients
+           | delta | delta_recurrent       backward(saved, ...) -> gradients
         -> *_kernels                       the Triton kernels they launch
 
 Host side (plain Python and PyTorch):
@@ -16,6 +16,11 @@ Host side (plain Python and PyTorch):
                   simple GLA, mLSTM (sigmoid and exp input gate).
 * ``vector``      chunk and fused_chunk modes for per-channel gates: GLA (gk, gv), RWKV6 (w, u).
 * ``recurrent``   the recurrent mode of every family (decoding, short sequences), with backward.
+* ``delta``       chunk mode of the delta rule (DeltaNet, Gated DeltaNet): the WY/UT solve per
+                  chunk, the state walk that forms the new values, then the scalar engine's
+                  intra-chunk kernels on them (docs/DESIGN.md §10).
+* ``delta_recurrent``  the delta rule's recurrent mode (decoding, short sequences), with backward.
+* ``torch_delta``  the delta rule's chunk form in PyTorch.
 * ``gate_grads``  the gate-gradient reductions the hosts share.
 * ``custom_ops``  torch.library ops over the hosts' forward/backward, for torch.compile.
 * ``host_math``   integer helpers for grids and tiles.
@@ -31,4 +36,6 @@ Kernels (Triton):
   ``vector_gate_grad_kernels``  the per-channel log-decay gradient.
 * ``fused_kernels``        mode "fused_chunk": the non-materializing kernels, both gate kinds.
 * ``recurrent_kernels``    the recurrent forward and backward kernels.
+* ``delta_kernels``, ``delta_bwd_kernels``  the delta rule's solve, W/U and state walks.
+* ``delta_recurrent_kernels``  the delta rule's recurrent forward and backward kernels.
 """

@@ -8,7 +8,8 @@ on that, and the output is scattered back to ``[B, T, D]`` with zeros at the pad
 recurrent state is therefore exactly the state after its own valid tokens.
 
 Decoding. A :class:`Cache` holds one entry per layer (keyed by ``layer_idx``): the op's final
-state, and for RWKV6 the last token for the shift (softmax attention keeps keys and values).
+state, for RWKV6 the last token for the shift, for the delta-rule layers the short
+convolutions' last inputs (softmax attention keeps keys and values).
 A layer called with a cache starts from the entry and replaces it, so a prompt followed by
 one-token steps gives what one call over the whole sequence gives.
 """
