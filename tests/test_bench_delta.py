@@ -402,3 +402,30 @@ def test_fla_peers_compute_the_linrnn_op(name, sid):
     assert o.shape == ref.shape == (1, 32, shape["HV"], 16)
     err = ((o.float() - ref).norm() / ref.norm()).item()
     assert err < 2e-2, err
+
+
+class _NoBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("backward kernels to come")
+
+
+def test_a_backward_not_implemented_yet_leaves_the_forward_timed():
+    """A NotImplementedError in the first backward (a kernel still to come) is "not
+    implemented", no failure, and the forward is still timed."""
+    from linrnn.bench import timing
+
+    def build(case, shape):
+        x = torch.randn(4, 8, requires_grad=True)
+        return [x], lambda: _NoBackward.apply(x)
+
+    case = dict(device="cpu", cpu_repeats=1, in_process=True, fwdbwd=True)
+    row = timing.bench_case(case, {"shape": "B1-T4-H1-K8-V8"}, build=build)
+    assert row["status"] == (
+        "not implemented (backward): NotImplementedError: backward kernels to come"
+    )
+    assert report.ok_status(row["status"]) and row["fwd_ms"] > 0 and "fwdbwd_ms" not in row

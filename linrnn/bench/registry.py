@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from linrnn.engine import config as engine_config
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TORCH_MODES = ("chunk", "parallel", "recurrent", "reference")
 TRITON_MODES = ("chunk", "fused_chunk")  # the scalar and vector engines' Triton modes
@@ -68,9 +70,10 @@ class Op:
         return self.gate_elems(K, V) + len(self.dtype_gates) * elt / 4
 
 
-# The delta rule's Triton chunk length for chunk_size=None (fla's 64; its solve keeps one chunk
-# in one register tile, so the scalar engine's 128 for head dims ≥ 128 does not apply).
-DELTA_CHUNK = 64
+# The delta rule's chunk length for chunk_size=None (fla's 64 on both paths; its Triton solve
+# keeps one chunk in one register tile, so the scalar engine's 128 for head dims ≥ 128 does not
+# apply): the engine's constant where this build has it.
+DELTA_CHUNK = getattr(engine_config, "DELTA_CHUNK_SIZE", 64)
 DELTA = dict(triton_modes=("chunk", "recurrent"), grouped=True, chunk_default=DELTA_CHUNK,
              form="delta", dtype_gates=("beta",))  # fmt: skip
 
