@@ -312,7 +312,7 @@ def test_peer_ratios_and_delta_targets():
     assert t[("delta fwd+bwd speed-up", S1)]["verdict"] == "—"
     assert "timeout" in t[("delta fwd+bwd speed-up", S1)]["why"]
     t = {(t["target"], t["shape"]): t for t in compare.delta_targets(rows[:2])}
-    assert t[("delta fwd+bwd speed-up", S1)]["why"] == "no peer row"
+    assert t[("delta fwd+bwd speed-up", S1)]["why"] == "no fla:chunk_delta_rule row"
     # decode rows: the CUDA graph's step against the memory floor
     step = fake("gated_delta_rule", shape="B2-T1-H2-K8-V8", step_ms=0.1, graph_x_floor=1.1)
     (t,) = compare.delta_targets([dict(step, mode="recurrent")])

@@ -111,9 +111,13 @@ def delta_targets(rows: list[dict]) -> list[dict]:
     bounds = {name: bound for name, _, bound in DELTA_TARGETS}
     out = []
 
-    def add(name, shape, value, *parts):
-        why = "; ".join(f"{r['op']}: {r['status'][:80]}" for r in parts if r and not _ok(r))
-        missing = ", ".join(n for n, r in zip(("linrnn", "peer"), parts) if r is None)
+    def add(name, shape, value, mine, other_op=None):
+        key = (other_op, shape, mine.get("dtype"))
+        other = (ours.get(key) or by_op.get(key)) if other_op else None
+        not_ok = [r for r in (mine, other) if r and r["status"] != "ok"]
+        why = "; ".join(f"{r['op']}: {r['status'][:80]}" for r in not_ok)
+        if not why and other_op and other is None:
+            why = f"no {other_op} row"
         out.append(
             {
                 "target": name,
@@ -121,11 +125,11 @@ def delta_targets(rows: list[dict]) -> list[dict]:
                 "value": value,
                 "bound": bounds[name],
                 "verdict": _verdict(value, bounds[name]),
-                "why": why or (f"no {missing} row" if value is None and missing else ""),
+                "why": why,
             }
         )
 
-    keys = sorted({k for k in ours if k[0] in ("delta_rule", "gated_delta_rule")})
+    keys = [k for k in ours if k[0] in ("delta_rule", "gated_delta_rule")]  # in the rows' order
     for op, shape, dtype in keys:
         r = ours[(op, shape, dtype)]
         if "step_ms" in r:  # decode
@@ -134,14 +138,16 @@ def delta_targets(rows: list[dict]) -> list[dict]:
         if op == "delta_rule":
             fla = by_op.get(("fla:chunk_delta_rule", shape, dtype))
             speedup = _ratio(_get(fla, "fwdbwd_ms"), r.get("fwdbwd_ms"))
-            add("delta fwd+bwd speed-up", shape, speedup, r, fla)
-            add("delta peak memory", shape, _ratio(_peak(r), _peak(fla)), r, fla)
+            add("delta fwd+bwd speed-up", shape, speedup, r, "fla:chunk_delta_rule")
+            memory = _ratio(_peak(r), _peak(fla))
+            add("delta peak memory", shape, memory, r, "fla:chunk_delta_rule")
         else:
             fla = by_op.get(("fla:chunk_gated_delta_rule", shape, dtype))
-            add("gated fwd speed-up", shape, _ratio(_get(fla, "fwd_ms"), r.get("fwd_ms")), r, fla)
+            speedup = _ratio(_get(fla, "fwd_ms"), r.get("fwd_ms"))
+            add("gated fwd speed-up", shape, speedup, r, "fla:chunk_gated_delta_rule")
             plain = ours.get(("delta_rule", shape, dtype))
             cost = _ratio(r.get("fwdbwd_ms"), _get(plain, "fwdbwd_ms"))
-            add("gate cost", shape, cost, r, plain)
+            add("gate cost", shape, cost, r, "delta_rule")
         if r.get("first_in_process", True):  # later items reuse the compiled kernels
             add("first call", f"{shape} ({op})", r.get("first_call_s"), r)
     return out
