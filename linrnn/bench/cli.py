@@ -358,8 +358,8 @@ def resume_from(path: Path, suite: str, retry_failed: bool) -> tuple[list, list,
 def list_everything() -> str:
     lines = ["suites:"]
     lines += [f"  {s.name:<10} {s.description}" for s in registry.SUITES.values()]
-    lines.append("linrnn ops (family; Triton kernels):")
-    lines += [f"  {o.name:<26} {o.family}; {'yes' if o.triton else 'no'}"
+    lines.append("linrnn ops (family; modes with Triton kernels in the ops suites):")
+    lines += [f"  {o.name:<26} {o.family}; {', '.join(o.kernel_modes()) or 'none'}"
               for o in registry.OPS.values()]  # fmt: skip
     lines.append("peers (like; installed):")
     lines += [
