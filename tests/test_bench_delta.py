@@ -287,7 +287,7 @@ def test_peer_ratios_and_delta_targets():
         fake("fla:chunk_delta_rule", fwd_ms=2.0, fwdbwd_ms=6.0, peak_fwdbwd_mib=80,
              first_call_s=41),
         fake("fla:chunk_gated_delta_rule", status="error (first backward): RuntimeError: no",
-             fwd_ms=2.4),
+             fwd_ms=2.4, first_fwd_s=43.0),
         fake("fla:fused_recurrent_gated_delta_rule[seq]", status="aborted: signal 6"),
     ]  # fmt: skip
     ratios = {e["peer"]: e for e in compare.peer_ratios(rows)}
@@ -296,8 +296,10 @@ def test_peer_ratios_and_delta_targets():
     assert delta["op"] == "delta_rule"
     assert delta["fwd_speedup"] == 2.0 and delta["fwdbwd_speedup"] == 1.5
     assert delta["peak_ratio"] == pytest.approx(100 / 80)
+    assert (delta["first_call"], delta["peer_first_call"]) == ("20.0", "41.0")
     gated = ratios["fla:chunk_gated_delta_rule"]
     assert gated["fwd_speedup"] == pytest.approx(2.4 / 1.5) and gated["fwdbwd_speedup"] is None
+    assert gated["peer_first_call"] == "43.0f"  # its backward failed: the forward's first call
     targets = {(t["target"], t["shape"]): t for t in compare.delta_targets(rows)}
     assert targets[("delta fwd+bwd speed-up", S1)]["verdict"] == "met"  # 1.5 ≥ 1.3
     assert targets[("delta peak memory", S1)]["verdict"] == "missed"  # 1.25 > 1
@@ -307,7 +309,11 @@ def test_peer_ratios_and_delta_targets():
     assert targets[("first call", "B1-T64-H2-K16-V16 (delta_rule)")]["verdict"] == "met"
     assert targets[("first call", "B1-T64-H2-K16-V16 (gated_delta_rule)")]["verdict"] == "missed"
     # a peer that did not finish: no value, and why
-    rows[2] = fake("fla:chunk_delta_rule", status="timeout (300 s) in first forward")
+    rows[2] = fake(
+        "fla:chunk_delta_rule",
+        status="timeout (300 s) in first forward",
+        first_call_s_at_least=12.0,
+    )
     t = {(t["target"], t["shape"]): t for t in compare.delta_targets(rows)}
     assert t[("delta fwd+bwd speed-up", S1)]["verdict"] == "—"
     assert "timeout" in t[("delta fwd+bwd speed-up", S1)]["why"]
@@ -320,7 +326,7 @@ def test_peer_ratios_and_delta_targets():
     # both tables in the report's Markdown
     md = report.markdown({"suite": "delta", "bench": rows, "runs": [{"command": "x"}]})
     assert "### linrnn against its peers" in md and "### delta-rule targets" in md
-    assert f"| delta_rule | fla:chunk_delta_rule | {S1} | — | — | — | 20.0 | — | timeout" in md
+    assert f"| delta_rule | fla:chunk_delta_rule | {S1} | — | — | — | 20.0 | >12.0 | timeout" in md
     assert f"| gated_delta_rule | fla:chunk_gated_delta_rule | {S1} | 1.60 | — |" in md
 
 

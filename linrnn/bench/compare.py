@@ -60,10 +60,23 @@ def _peak(r: dict | None):
     return _get(r, "peak_fwdbwd_mib")
 
 
+def first_call(r: dict) -> str:
+    """A row's first call in s: forward+backward; "f" after it: the forward alone (a row
+    without a backward, or whose backward failed); ">" before it: a first call that never
+    finished (the worker died or timed out after that long); "—": none."""
+    if r.get("first_call_s") is not None:
+        return f"{r['first_call_s']:.1f}" + ("f" if r.get("fwd_only") else "")
+    if r.get("first_call_s_at_least") is not None:
+        return f">{r['first_call_s_at_least']:.1f}"
+    if r.get("first_fwd_s") is not None:
+        return f"{r['first_fwd_s']:.1f}f"
+    return "—"
+
+
 def peer_ratios(rows: list[dict]) -> list[dict]:
     """One entry per peer row with a linrnn row to compare: ``fwd_speedup`` (peer / linrnn
     forward ms), ``fwdbwd_speedup``, ``peak_ratio`` (linrnn / peer fwd+bwd peak MiB), the first
-    calls and both statuses."""
+    calls (:func:`first_call`) and both statuses."""
     ours = linrnn_rows(rows)
     out = []
     for p in rows:
@@ -81,8 +94,8 @@ def peer_ratios(rows: list[dict]) -> list[dict]:
                 "fwd_speedup": _ratio(p.get("fwd_ms"), mine.get("fwd_ms")),
                 "fwdbwd_speedup": _ratio(p.get("fwdbwd_ms"), mine.get("fwdbwd_ms")),
                 "peak_ratio": _ratio(_peak(mine), _peak(p)),
-                "first_call_s": mine.get("first_call_s"),
-                "peer_first_call_s": p.get("first_call_s") or p.get("first_call_s_at_least"),
+                "first_call": first_call(mine),
+                "peer_first_call": first_call(p),
                 "status": mine["status"],
                 "peer_status": p["status"],
             }
@@ -166,7 +179,7 @@ def ratio_cells(rows: list[dict]) -> list[tuple]:
     return [
         (e["op"], e["peer"], e["shape"] + (f":{e['layout']}" if e["layout"] else ""),
          _num(e["fwd_speedup"]), _num(e["fwdbwd_speedup"]), _num(e["peak_ratio"]),
-         _num(e["first_call_s"], ".1f"), _num(e["peer_first_call_s"], ".1f"),
+         e["first_call"], e["peer_first_call"],
          e["peer_status"][:60])
         for e in peer_ratios(rows)
     ]  # fmt: skip
@@ -181,7 +194,8 @@ def target_cells(rows: list[dict]) -> list[tuple]:
 
 RATIO_NOTE = (
     "fwd × and fwd+bwd × = peer ms / linrnn ms (> 1: linrnn faster); peak ratio = linrnn / peer "
-    "fwd+bwd peak MiB (< 1: linrnn needs less); first s = first forward+backward incl. compile"
+    "fwd+bwd peak MiB (< 1: linrnn needs less); first s = first forward+backward incl. compile "
+    "(f: the forward alone, > : never finished)"
 )
 
 
