@@ -86,6 +86,18 @@ def _mlstm(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
     return (i, f), {}
 
 
+# The delta rule: β = sigmoid(randn) in (0, 1), as a layer's sigmoid projection makes it; q and
+# k are normalized inside the op (the variants' use_qk_l2norm=True), so the recurrence is
+# non-expansive (β|k|² ≤ 2).
+def _delta_rule(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
+    return (torch.sigmoid(torch.randn(B, T, H, generator=gen)),), {}
+
+
+def _gated_delta_rule(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
+    g = _log_decay(gen, B, T, H, normalizer=normalizer)
+    return (g, torch.sigmoid(torch.randn(B, T, H, generator=gen))), {}
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant("linear_attn", "linear_attn", linrnn.linear_attn, _no_gates),
     Variant("linear_attn[normalize]", "linear_attn", linrnn.linear_attn, _no_gates,
@@ -97,6 +109,10 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("rwkv6", "rwkv6", linrnn.rwkv6, _rwkv6),
     Variant("mlstm[exp]", "mlstm", linrnn.mlstm, _mlstm, options={"input_gate": "exp"}),
     Variant("mlstm[sigmoid]", "mlstm", linrnn.mlstm, _mlstm, options={"input_gate": "sigmoid"}),
+    Variant("delta_rule", "delta_rule", linrnn.delta_rule, _delta_rule,
+            options={"use_qk_l2norm": True}),
+    Variant("gated_delta_rule", "gated_delta_rule", linrnn.gated_delta_rule, _gated_delta_rule,
+            options={"use_qk_l2norm": True}),
 )  # fmt: skip
 
 

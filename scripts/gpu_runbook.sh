@@ -19,6 +19,11 @@
 #                linrnn bench --suite varlen in two parts (linrnn ops, then fla's peer when
 #                ≥ 240 s are left) within BUDGET (520) s; every finished case stays in
 #                $OUT/varlen.json: run again with that JSON to do the rest
+#   delta [JSON] linrnn bench --suite delta the same way (the delta-rule ops, then fla's
+#                chunk_delta_rule, chunk_gated_delta_rule and fused_recurrent_gated_delta_rule
+#                when ≥ 150 s are left) into $OUT/delta.json, with the ratios and targets
+#   delta-decode linrnn bench --suite decode for the delta-rule ops and fla's fused recurrent
+#                delta-rule steps ($OUT/delta-decode.json)
 #   tune ARGS    benchmarks/tune.py ARGS (tile candidates against the shipped tables)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -40,7 +45,40 @@ paper_rows() {  # <checkout> <json>: the paper suite's linrnn chunk rows from th
         ${PAPER_SHAPES:+--shapes $PAPER_SHAPES} --out "$2" --quiet)
 }
 
-stage=${1:?stage: check, paper-rows, decode, varlen, tune}
+# suite_parts <suite> <json to resume or ""> <linrnn item timeout> <peer item timeout>
+#             <seconds the peer part needs>: the suite's linrnn ops, then its peers when enough
+# of BUDGET is left, each with --resume --time-budget into $OUT/<suite>.json (log beside it),
+# then the plan of what is left (run the stage again with that JSON for the rest).
+suite_parts() {
+    local suite=$1 previous=$2 lin_item=$3 peer_item=$4 peer_need=$5
+    local J="$OUT/$suite.json" L="$OUT/$suite.log"
+    if [ -n "$previous" ]; then
+        cp "$previous" "$J" && chmod u+w "$J" || exit 2
+    fi
+    BUDGET=${BUDGET:-520}
+    part() {  # <budget s> <timeout per item s> <ops...>
+        local budget=$1 item=$2
+        shift 2
+        if [ "$budget" -lt 30 ]; then
+            echo "$suite: ${budget} s left for --ops $*: skipped (run again with the JSON)"
+            return 0
+        fi
+        timeout -k 10 $((budget + 30)) python3 -u -m linrnn.bench --suite "$suite" --ops "$@" \
+            --resume --out "$J" --time-budget "$budget" --timeout "$item" --commit "$C" 2>&1 |
+            tee -a "$L"
+        echo "$suite --ops $*: rc=${PIPESTATUS[0]} at ${SECONDS} s" | tee -a "$L"
+    }
+    part $((BUDGET - SECONDS - 10)) "$lin_item" linrnn
+    local left=$((BUDGET - SECONDS - 10))
+    if [ "$left" -ge "$peer_need" ]; then
+        part "$left" "$peer_item" peers
+    else
+        echo "$suite: ${left} s left: the peers' part waits for the next call"
+    fi
+    python3 -m linrnn.bench --suite "$suite" --plan --resume --out "$J"  # what is left
+}
+
+stage=${1:?stage: check, paper-rows, decode, varlen, delta, delta-decode, tune}
 case "$stage" in
 check)
     # tests/gpu first and alone (its matrix compiles ~120 cases in LINRNN_GPU_JOBS worker
@@ -86,31 +124,15 @@ decode)
     timeout 570 python3 -m linrnn.bench --suite decode --commit "$C" --out-dir "$OUT"
     ;;
 varlen)
-    J="$OUT/varlen.json"
-    if [ -n "${2:-}" ]; then
-        cp "$2" "$J" && chmod u+w "$J" || exit 2
-    fi
-    BUDGET=${BUDGET:-520}
-    varlen_part() {  # <budget s> <timeout per item s> <ops...>
-        local budget=$1 item=$2
-        shift 2
-        if [ "$budget" -lt 30 ]; then
-            echo "varlen: ${budget} s left for --ops $*: skipped (run again with the JSON)"
-            return 0
-        fi
-        timeout -k 10 $((budget + 30)) python3 -u -m linrnn.bench --suite varlen --ops "$@" \
-            --resume --out "$J" --time-budget "$budget" --timeout "$item" --commit "$C" 2>&1 |
-            tee -a "$OUT/varlen.log"
-        echo "varlen --ops $*: rc=${PIPESTATUS[0]} at ${SECONDS} s" | tee -a "$OUT/varlen.log"
-    }
-    varlen_part $((BUDGET - SECONDS - 10)) 120 linrnn
-    left=$((BUDGET - SECONDS - 10))
-    if [ "$left" -ge 240 ]; then
-        varlen_part "$left" 220 peers
-    else
-        echo "varlen: ${left} s left: fla's peer (two layouts to compile) waits for the next call"
-    fi
-    python3 -m linrnn.bench --suite varlen --plan --resume --out "$J"  # what is left
+    suite_parts varlen "${2:-}" 120 220 240
+    ;;
+delta)
+    suite_parts delta "${2:-}" 150 220 150
+    ;;
+delta-decode)
+    timeout 570 python3 -m linrnn.bench --suite decode --ops delta_rule gated_delta_rule \
+        fla:fused_recurrent_delta_rule fla:fused_recurrent_gated_delta_rule --commit "$C" \
+        --out "$OUT/delta-decode.json"
     ;;
 tune)
     shift

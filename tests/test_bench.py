@@ -21,14 +21,20 @@ from linrnn.bench import autotune, cli, flops, peers, registry, report, worker
 
 def test_registry_covers_every_family_and_suite():
     families = {op.family for op in registry.OPS.values()}
-    assert families == {"linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm"}
-    assert set(registry.SUITES) == {"quick", "paper", "headdim", "chunksize", "decode", "varlen"}
+    engine = {"linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm"}
+    assert families == engine | {"delta_rule", "gated_delta_rule"}
+    assert set(registry.ENGINE_FAMILIES) == engine
+    assert set(registry.SUITES) == {"quick", "paper", "headdim", "chunksize", "delta", "decode",
+                                    "varlen"}  # fmt: skip
     assert set(registry.SUITES["quick"].modes) == set(registry.ALL_MODES)
+    assert registry.SUITES["quick"].families is None  # every family
+    for name in ("paper", "headdim", "chunksize"):  # the engine's sweeps
+        assert registry.SUITES[name].families == registry.ENGINE_FAMILIES
     for name, peer in peers.PEERS.items():
         assert peer.like in registry.OPS, name
 
     paper = registry.SUITES["paper"]
-    for family in families:
+    for family in engine:
         for sid in paper.shapes_for(family, "cuda"):
             s = registry.parse_shape(sid)
             assert s["B"] * s["T"] == 65_536 and s["H"] * s["K"] == 4096 and s["K"] == s["V"]

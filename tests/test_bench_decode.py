@@ -81,9 +81,15 @@ def test_doc_lengths_are_seeded_and_sum_to_total():
         varlen.doc_lengths(2, 3, 0)
 
 
-@pytest.mark.parametrize("op", ["simple_gla", "mlstm[exp]", "retention"])
-def test_padded_baseline_matches_packed_on_valid_tokens(op):
-    shape = registry.parse_shape("B1-T40-H2-K8-V8")
+@pytest.mark.parametrize(
+    "op, sid",
+    [("simple_gla", "B1-T40-H2-K8-V8"), ("mlstm[exp]", "B1-T40-H2-K8-V8"),
+     ("retention", "B1-T40-H2-K8-V8"), ("delta_rule", "B1-T40-H2-K8-V8"),
+     ("gated_delta_rule", "B1-T40-H2-HV4-K8-V8")],
+)  # fmt: skip
+def test_padded_baseline_matches_packed_on_valid_tokens(op, sid):
+    """Right padding (zeros; the delta rule's β = 0 there) leaves every valid output exact."""
+    shape = registry.parse_shape(sid)
     lens = varlen.doc_lengths(40, 4, seed=3)
     case = dict(op=op, dtype="fp32", seed=0, device="cpu", mode="chunk", backend="torch",
                 chunk=8, lens=lens)  # fmt: skip

@@ -52,11 +52,11 @@ def test_plan_runs_the_linrnn_ops_first_and_the_peer_last():
     args.isolate = "process"
     cases, _ = cli.plan(args, registry.SUITES["varlen"], "cuda")
     ops = [case["op"] for case, _ in cases]
-    assert ops == [name for name, op in registry.OPS.items() if op.triton] + [
-        "fla:chunk_simple_gla[varlen]"
-    ]  # every family, then the peer
+    chunk_kernels = [name for name, op in registry.OPS.items() if "chunk" in op.kernel_modes()]
+    assert {"delta_rule", "gated_delta_rule"} < set(chunk_kernels)
+    assert ops == [*chunk_kernels, "fla:chunk_simple_gla[varlen]"]  # every family, the peer last
     keys = [cli.item_key(c, it) for c, items in cases for it in items]
-    assert len(keys) == len(set(keys)) == 22
+    assert len(keys) == len(set(keys)) == 26
     for case, items in (cases[0], cases[-1]):
         assert [it["layout"] for it in items] == ["packed", "padded"]
         assert {it["shape"] for it in items} == {"B1-T65536-H16-K256-V256"}  # not shrunk

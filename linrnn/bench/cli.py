@@ -6,6 +6,7 @@
     linrnn bench --suite headdim --ops mlstm fla --modes chunk
     linrnn bench --suite decode                   # tokens/s of one-token steps, with peers
     linrnn bench --suite varlen                   # 8 packed documents vs padded, fwd+bwd
+    linrnn bench --suite delta                    # the delta rule beside fla's delta-rule ops
     linrnn bench --list                       # suites, ops, peers
 
     # a long suite in parts that add to one JSON (rerun a part that stopped at its budget)
@@ -165,9 +166,12 @@ def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, lis
         return varlen.plan(args, suite, device, common, chosen)
     cases, notes, unsupported = [], [], set()
     for name, op in registry.OPS.items():
-        if not chosen(name):
+        if not chosen(name) or not suite.runs_family(op.family):
             continue
         shapes = args.shapes or suite.shapes_for(op.family, device)
+        shapes = registry.takes_shapes(name, shapes, op.grouped, notes)
+        if not shapes:
+            continue
         for mode in modes:
             backend = registry.backend_for(op, mode, device, args.backend or suite.backend)
             if backend is None:
@@ -184,20 +188,27 @@ def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, lis
     if unsupported:
         notes.append(
             f"modes {sorted(unsupported)} skipped where no backend runs them on {device} "
-            "(fused_chunk: Triton on CUDA, scalar-gate families)"
+            "(fused_chunk: Triton on CUDA, the engine's families)"
         )
     if suite.peers and not args.no_peers:
         for name, peer in peers.PEERS.items():
             if not chosen(name) or peer.kind != "ops":
+                continue
+            family = registry.OPS[peer.like].family
+            if not suite.runs_family(family):
                 continue
             if peer.cuda_only and device != "cuda":
                 continue
             if not peer_installed(args, peer.library):
                 notes.append(f"peer {name} skipped: {peer.library} is not installed")
                 continue
-            family = registry.OPS[peer.like].family
             shapes = args.shapes or suite.shapes_for(family, device)
+            shapes = registry.takes_shapes(name, shapes, peer.grouped != "no", notes)
+            if not shapes:
+                continue
             case = dict(common, op=name, mode=None, backend=None, chunk=peer.chunk)
+            if not peer.backward:
+                case["fwdbwd"] = False
             cases.append((case, [{"shape": s} for s in shapes]))
         if device != "cuda":
             notes.append("peers fla and mlstm_kernels need CUDA; torch SDPA runs on CPU too")
@@ -220,23 +231,26 @@ def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
     op, library = case["op"], peers.library_of(case["op"])
     like = peers.like_of(op)
     shape = registry.parse_shape(item["shape"])
-    chunk = case["chunk"] or registry.default_chunk(case["backend"], case["mode"],
-                                                   shape["K"], shape["V"])  # fmt: skip
+    spec_op = registry.OPS[like]
+    chunk = case["chunk"] or registry.default_chunk(case["backend"], case["mode"], shape["K"],
+                                                   shape["V"], spec_op)  # fmt: skip
     kind = "attention" if op == "torch:sdpa_causal" else (case["mode"] or "chunk")
+    elt = flops.DTYPE_BYTES[case["dtype"]]
     full = {k: None for k in report.ROW_KEYS}
     full.update(
-        op=op, library=library, family=registry.OPS[like].family, mode=case["mode"],
+        op=op, library=library, family=spec_op.family, mode=case["mode"],
         backend=case["backend"], chunk=chunk, chunk_requested=case["chunk"],
         shape=item["shape"], dtype=case["dtype"], suite=case["suite"],
         note=peers.PEERS[op].note if library != "linrnn" else "",
     )  # fmt: skip
+    if not case.get("fwdbwd", True):
+        full["fwd_only"] = True
     full.update(row)
     full.update(
         flops.case_figures(
-            kind, shape, chunk, flops.DTYPE_BYTES[case["dtype"]],
-            registry.OPS[like].gate_elems(shape["K"], shape["V"]),
+            kind, shape, chunk, elt, spec_op.gate_fp32_elems(shape["K"], shape["V"], elt),
             full.get("fwd_ms"), full.get("fwdbwd_ms"), spec,
-            state_in=case["initial_state"], state_out=case["initial_state"],
+            state_in=case["initial_state"], state_out=case["initial_state"], form=spec_op.form,
         )
     )  # fmt: skip
     return full
@@ -344,8 +358,8 @@ def resume_from(path: Path, suite: str, retry_failed: bool) -> tuple[list, list,
 def list_everything() -> str:
     lines = ["suites:"]
     lines += [f"  {s.name:<10} {s.description}" for s in registry.SUITES.values()]
-    lines.append("linrnn ops (family; Triton kernels):")
-    lines += [f"  {o.name:<26} {o.family}; {'yes' if o.triton else 'no'}"
+    lines.append("linrnn ops (family; modes with Triton kernels in the ops suites):")
+    lines += [f"  {o.name:<26} {o.family}; {', '.join(o.kernel_modes()) or 'none'}"
               for o in registry.OPS.values()]  # fmt: skip
     lines.append("peers (like; installed):")
     lines += [
@@ -363,8 +377,10 @@ def print_plan(cases: list, notes: list, suite: registry.Suite, device: str, ski
         chunk = case["chunk"] or "default"
         shapes = " ".join(it["shape"] + (f":{it['layout']}" if "layout" in it else "")
                           for it in items)  # fmt: skip
-        print(f"  {case['op']} {case['mode'] or '-'} {case['backend'] or '-'} L={chunk}: {shapes}")
-    for note in notes:
+        only = " (forward only)" if case["task"] == "bench" and not case["fwdbwd"] else ""
+        print(f"  {case['op']} {case['mode'] or '-'} {case['backend'] or '-'} L={chunk}{only}: "
+              f"{shapes}")  # fmt: skip
+    for note in [*notes, *([suite.note] if suite.note else [])]:
         print(f"  note: {note}")
 
 
@@ -601,6 +617,11 @@ def main(args) -> int:
             f"cache); TFLOP/s and GB/s of the forward; × floor = fwd / floor; {spec_text}"
         )
         print(report.bench_table(rows))
+    from linrnn.bench import compare
+
+    ratios = compare.text(rows)
+    if ratios:
+        print("\n" + ratios)
     failed = [r for r in rows if r["library"] == "linrnn" and not _ok_status(r["status"])]
     final = json.loads(path.read_text())
     md = path.with_suffix(".md")

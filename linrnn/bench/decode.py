@@ -1,21 +1,28 @@
 """The ``decode`` suite: tokens per second of one-token steps from an fp32 state.
 
-Setting (per op and shape ``B…-T1-H…-K…-V…``): a batch of B sequences advances one token per
-call. The state is the fp32 final state of a 4-token prefill (the op's own format, so
+Setting (per op and shape ``B…-T1-H…-K…-V…``, or ``B…-T1-H…-HV…-K…-V…`` with grouped value
+heads for the delta rule): a batch of B sequences advances one token per call. The state is
+the fp32 final state of a 4-token prefill (the op's own format, so
 ``linrnn.step(..., inplace=True)`` may overwrite it); ``steps`` tokens of inputs (q, k, v in
-the benchmark dtype, gates fp32, ``[B, 1, H, ·]`` each, made before timing) are fed one per
-call. One timed call is the whole loop of ``steps`` calls (``do_bench`` median on CUDA,
-``perf_counter`` median on CPU); ``step_ms`` is that time / ``steps`` and
+the benchmark dtype, gates fp32 except the delta rule's β, ``[B, 1, H, ·]`` each, made before
+timing) are fed one per call. One timed call is the whole loop of ``steps`` calls
+(``do_bench`` median on CUDA, ``perf_counter`` median on CPU); ``step_ms`` is that time /
+``steps`` and
 
-    tokens/s = B / step time;   state bytes per step = 2·B·H·K·V·4 (fp32 state read + written)
+    tokens/s = B / step time;   state bytes per step = 2·B·HV·K·V·4 (fp32 state read + written)
 
 The floor is the fewest bytes a step must move (:func:`linrnn.bench.flops.min_bytes` with
 T = 1 and the state read and written: the state plus q, k, v, o and the gates) at the GPU's
-spec-sheet bandwidth (the FLOPs, ``5·B·H·K·V``, are far below the compute roof).
+spec-sheet bandwidth (the FLOPs, ``5·B·H·K·V``, ``7·B·HV·K·V`` for the delta rule, are far
+below the compute roof): at the suite's shapes this is within 2 % of the fp32
+state read and written once.
 
-linrnn runs ``linrnn.step(op, ...)``: on CUDA the Triton recurrent kernel (``backend=None``),
-on CPU the PyTorch recurrence. Peers (CUDA, when installed): fla's ``fused_recurrent_*`` with
-T = 1, ``initial_state`` and ``output_final_state=True`` (a new state tensor per call), and
+linrnn runs ``linrnn.step(op, ...)``: on CUDA the Triton recurrent kernel
+(``backend="triton"``), on CPU the PyTorch recurrence. Peers (CUDA, when installed): fla's
+``fused_recurrent_*`` with T = 1, ``initial_state`` and ``output_final_state=True`` (a new
+state tensor per call; the delta rule's with ``use_qk_l2norm_in_kernel=True``, and
+``fused_recurrent_delta_rule``, which has no grouped value heads, on q and k repeated to HV
+heads beforehand), and
 mlstm_kernels' step kernels (``[B, NH, D]`` layout; the Triton one writes into a second set of
 state buffers, alternating). Before timing, the first step's output is compared with the
 PyTorch recurrence in fp32 from the same state (``err_vs_torch_fp32``, RMS-relative).
@@ -48,9 +55,8 @@ def step_inputs(like: str, shape: dict, steps: int, dtype: str, seed: int, devic
     from linrnn.selfcheck import run
 
     device = torch.device(device)
-    cast = registry.DTYPES[dtype]
     args, kwargs = registry.make_inputs(like, dict(shape, T=steps), seed, device)
-    args = (*(x.to(cast) for x in args[:3]), *args[3:])
+    args = registry.cast_inputs(like, args, dtype)
     per_token = lambda x: x.dim() >= 3  # noqa: E731  (q, k, v and gates are [B, T, H, …])
     per_step = []
     for t in range(steps):
@@ -58,7 +64,7 @@ def step_inputs(like: str, shape: dict, steps: int, dtype: str, seed: int, devic
         kw = {n: x[:, t : t + 1].contiguous() if per_token(x) else x for n, x in kwargs.items()}
         per_step.append((a, kw))
     p_args, p_kwargs = registry.make_inputs(like, dict(shape, T=PREFILL_T), seed + 1000, device)
-    p_args = (*(x.to(cast) for x in p_args[:3]), *p_args[3:])
+    p_args = registry.cast_inputs(like, p_args, dtype)
     with torch.no_grad():
         _, state = run(
             registry.selfcheck_variant(like), p_args, p_kwargs, mode="recurrent",
@@ -105,6 +111,10 @@ def build_linrnn(case: dict, per_step, state):
     opts = dict(variant.options)
     if case.get("backend_forced"):
         opts["backend"] = case["backend_forced"]
+    elif case["device"] == "cuda":
+        # every family's Triton recurrent kernel (the row says "triton"), or "not implemented"
+        # where this build lacks one (backend=None would fall back to PyTorch under that label)
+        opts["backend"] = "triton"
 
     def step_fn(t):
         a, kw = per_step[t]
@@ -142,6 +152,20 @@ def build_fla(case: dict, per_step, state):
 
         call = lambda a, S: fn(a[0], a[1], a[2], a[3], a[4], initial_state=S,  # noqa: E731
                                output_final_state=True)  # fmt: skip
+    elif name == "fused_recurrent_gated_delta_rule":
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fn
+
+        call = lambda a, S: fn(a[0], a[1], a[2], g=a[3], beta=a[4], initial_state=S,  # noqa: E731
+                               output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+    elif name == "fused_recurrent_delta_rule":
+        from fla.ops.delta_rule import fused_recurrent_delta_rule as fn
+
+        # no grouped value heads: q, k repeated to HV heads with the inputs (not timed)
+        groups = per_step[0][0][2].shape[2] // per_step[0][0][0].shape[2]
+        rep = lambda x: x.repeat_interleave(groups, dim=2) if groups > 1 else x  # noqa: E731
+        per_step = [((rep(a[0]), rep(a[1]), *a[2:]), kw) for a, kw in per_step]
+        call = lambda a, S: fn(a[0], a[1], a[2], a[3], initial_state=S,  # noqa: E731
+                               output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
     else:
         raise ValueError(f"unknown fla decode peer {name!r}")
 
@@ -270,13 +294,15 @@ def plan(args, suite: registry.Suite, device: str, common: dict, chosen) -> tupl
     common = dict(common, task="decode", steps=steps, fwdbwd=False, initial_state=True)
     cases, notes = [], []
     for name, op in registry.OPS.items():
-        if not chosen(name):
+        if not chosen(name) or not suite.runs_family(op.family):
             continue
         backend = args.backend or ("triton" if device == "cuda" else "torch")
         case = dict(common, op=name, mode="recurrent", backend=backend, chunk=None,
                     backend_forced=args.backend)  # fmt: skip
         shapes = args.shapes or suite.shapes_for(op.family, device)
-        cases.append((case, [{"shape": s} for s in shapes]))
+        shapes = registry.takes_shapes(name, shapes, op.grouped, notes)
+        if shapes:
+            cases.append((case, [{"shape": s} for s in shapes]))
     if args.no_peers:
         return cases, notes
     for name, peer in peers.PEERS.items():
@@ -287,21 +313,30 @@ def plan(args, suite: registry.Suite, device: str, common: dict, chosen) -> tupl
         if not (getattr(args, "plan", False) or peers.available(peer.library)):
             notes.append(f"peer {name} skipped: {peer.library} is not installed")
             continue
-        shapes = args.shapes or suite.shapes_for(registry.OPS[peer.like].family, device)
-        case = dict(common, op=name, mode="recurrent", backend=None, chunk=None)
-        cases.append((case, [{"shape": s} for s in shapes]))
+        family = registry.OPS[peer.like].family
+        if not suite.runs_family(family):
+            continue
+        shapes = args.shapes or suite.shapes_for(family, device)
+        shapes = registry.takes_shapes(name, shapes, peer.grouped != "no", notes)
+        if shapes:
+            case = dict(common, op=name, mode="recurrent", backend=None, chunk=None)
+            cases.append((case, [{"shape": s} for s in shapes]))
     if device != "cuda":
         notes.append("decode peers (fla, mlstm_kernels) need CUDA")
     return cases, notes
 
 
-def figures(shape: dict, elt: int, gate_elems: int, step_ms: float | None, spec) -> dict:
-    """Decode figures of one step: tokens/s, the state bytes ``2·B·H·K·V·4`` and their GB/s,
-    the fewest bytes (state + q, k, v, o, gates), the floor and × floor."""
+def figures(
+    shape: dict, elt: int, gate_elems: float, step_ms: float | None, spec, form: str = "scalar"
+) -> dict:
+    """Decode figures of one step: tokens/s, the state bytes ``2·B·HV·K·V·4`` and their GB/s,
+    the fewest bytes (state + q, k, v, o, gates), the floor and × floor (HV = H without
+    grouped value heads)."""
     B, H, K, V = (shape[d] for d in "BHKV")
-    state_bytes = 2 * B * H * K * V * flops.STATE_BYTES
-    least = flops.min_bytes(B, 1, H, K, V, elt, gate_elems, state_in=True, state_out=True)
-    f = flops.recurrent_flops(B, 1, H, K, V)
+    HV = shape.get("HV", H)
+    state_bytes = 2 * B * HV * K * V * flops.STATE_BYTES
+    least = flops.min_bytes(B, 1, H, K, V, elt, gate_elems, state_in=True, state_out=True, HV=HV)
+    f = flops.forward_flops("recurrent", B, 1, H, K, V, None, HV=HV, form=form)
     out = {
         "state_bytes_step": state_bytes,
         "min_bytes": least,
@@ -336,10 +371,10 @@ def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
     )  # fmt: skip
     full.update(row)
     full["fwd_ms"] = full.get("step_ms")  # one forward = one step
-    gates = registry.OPS[like].gate_elems(shape["K"], shape["V"])
-    full.update(figures(shape, flops.DTYPE_BYTES[case["dtype"]], gates, full["fwd_ms"], spec))
-    graph = figures(shape, flops.DTYPE_BYTES[case["dtype"]], gates, full.get("graph_step_ms"),
-                    spec)  # fmt: skip
+    op_spec, elt = registry.OPS[like], flops.DTYPE_BYTES[case["dtype"]]
+    gates = op_spec.gate_fp32_elems(shape["K"], shape["V"], elt)
+    full.update(figures(shape, elt, gates, full["fwd_ms"], spec, op_spec.form))
+    graph = figures(shape, elt, gates, full.get("graph_step_ms"), spec, op_spec.form)
     full["graph_tokens_per_s"], full["graph_x_floor"] = graph["tokens_per_s"], graph["x_floor"]
     return full
 
@@ -377,7 +412,7 @@ def table(rows: list[dict]) -> str:
 
 SUMMARY = (
     "decode, {dtype}, {timing}; step ms = loop of {steps} one-token calls / {steps}; tokens/s "
-    "= B / step; state MB = 2·B·H·K·V·4 (fp32 state read + written per step); × floor = step "
+    "= B / step; state MB = 2·B·HV·K·V·4 (fp32 state read + written per step); × floor = step "
     "/ (fewest bytes per step / bandwidth); graph: the same loop captured in one CUDA graph "
     "(no launch overhead); err = first step vs the PyTorch recurrence in fp32"
 )

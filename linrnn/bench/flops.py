@@ -11,8 +11,15 @@ The main count is App. G's forward of the chunkwise mLSTM-sig (TFLA), per head a
     FLOPs(L) = L²·F_c·(2K + 2V + 6) + L² + L·(4KV + 2K + V + 11) + 2KV + 5
     Bytes(L) = 6·L·(K + V) + 8·L + 2·bytes_C·K·V                (bf16 inputs, 2 fp32 gates)
 
-It serves every family: the families differ only in gate and normalizer terms of order L² and
-L·(K + V), which App. F (Table 17) puts at < 2 % of the total at head dim 64 and ~0.2 % at 512.
+It serves every family of the engine: the families differ only in gate and normalizer terms of
+order L² and L·(K + V), which App. F (Table 17) puts at < 2 % of the total at head dim 64 and
+~0.2 % at 512.
+
+The delta rule (``form="delta"``; docs/DESIGN.md §1b) has its own counts
+(:func:`delta_chunk_flops_per_chunk`, :func:`delta_chunk_bytes_per_chunk`): each chunk also
+builds and inverts ``I + N`` (the WY/UT form) and applies it to K and V, and the state walk
+forms the new values ``U − W·S``. Shapes may have grouped value heads: q and k have H heads, v,
+the gates, the state and o have HV (a multiple of H; HV = H when not given).
 """
 
 from __future__ import annotations
@@ -101,9 +108,30 @@ def attention_flops(B: int, T: int, H: int, K: int, V: int) -> float:
     return B * H * T * T * F_CAUSAL * (2 * K + 2 * V)
 
 
-def forward_flops(kind: str, B: int, T: int, H: int, K: int, V: int, L: int | None) -> float:
+def forward_flops(
+    kind: str,
+    B: int,
+    T: int,
+    H: int,
+    K: int,
+    V: int,
+    L: int | None,
+    HV: int | None = None,
+    form: str = "scalar",
+) -> float:
     """Forward FLOPs of ``kind``: "chunk" and "fused_chunk" (chunkwise at L), "parallel",
-    "recurrent" and "reference" (the step loop), "attention" (softmax, SDPA)."""
+    "recurrent" and "reference" (the step loop), "attention" (softmax, SDPA). ``form="delta"``:
+    the delta rule's counts (parallel = one chunk of T steps)."""
+    if form == "delta":
+        if kind == "chunk":
+            return delta_chunkwise_flops(B, T, H, K, V, L or 64, HV)
+        if kind == "parallel":
+            return delta_chunkwise_flops(B, T, H, K, V, T, HV)
+        if kind in ("recurrent", "reference"):
+            return delta_recurrent_flops(B, T, H, K, V, HV)
+        raise ValueError(f"no delta-rule count for kind {kind!r}")
+    if form != "scalar":
+        raise ValueError(f"unknown form {form!r}")
     if kind in ("chunk", "fused_chunk"):
         return chunkwise_flops(B, T, H, K, V, L or 64)
     if kind == "parallel":
@@ -123,6 +151,94 @@ def fwdbwd_flops(forward: float) -> float:
     return 3.0 * forward
 
 
+# --- the delta rule -------------------------------------------------------------------------
+
+
+def delta_chunk_flops_per_chunk(L: int, K: int, V: int, f_causal: float = F_CAUSAL) -> float:
+    """Forward FLOPs of one chunk of length ``L`` for one value head of the (gated) delta
+    rule's chunk form (docs/DESIGN.md §1b), derived here in App. G's manner::
+
+        L²·F_c·(2K + 2V + 4) + L³/3 + L·(6KV + 2K + 2V + 2) + KV      (+ the Gram terms)
+
+    Per value head: the WY/UT form ``W = A·diag(β e^b)·K`` (``L²·F_c·2K``) and
+    ``U = A·diag(β)·V`` (``L²·F_c·2V``), with ``A = (I + N)⁻¹`` by forward substitution on
+    the unit lower-triangular ``L × L`` matrix (``L³/6`` multiply–adds: ``L³/3``); the walk's
+    new values ``U − W·S`` (``2LKV``) and state update ``e^{b_L}·S + (K ⊙ e^{b_L − b})ᵀ·vn``
+    (``2LKV + KV``); the output ``e^b ⊙ (Q·S)`` (``2LKV``) and the decayed scores times the new
+    values (``L²·F_c·2V``); the β and decay factors of N and of the scores (``L²·F_c·4``), the
+    scalings of K and V rows and the subtraction (``L·(2K + 2V)``), the gate's cumsum and
+    exponent (``2L``). The two Gram matrices ``K Kᵀ`` (of N) and ``Q Kᵀ`` (of the scores),
+    ``L²·F_c·4K``, depend on q and k only: they are counted once per q/k head, by
+    :func:`delta_chunkwise_flops`, not here. Without decay (DeltaNet) the same count (its
+    decay terms, ``O(L²)``, are < 1 % at K = V = 128)."""
+    return (
+        L * L * f_causal * (2 * K + 2 * V + 4)
+        + L**3 / 3
+        + L * (6 * K * V + 2 * K + 2 * V + 2)
+        + K * V
+    )
+
+
+def delta_gram_flops_per_chunk(L: int, K: int, f_causal: float = F_CAUSAL) -> float:
+    """The two Gram matrices of one chunk and q/k head, ``K Kᵀ`` and ``Q Kᵀ`` on the causal
+    half: ``L²·F_c·4K``."""
+    return L * L * f_causal * 4 * K
+
+
+def delta_chunkwise_flops(
+    B: int, T: int, H: int, K: int, V: int, L: int, HV: int | None = None
+) -> float:
+    """Forward FLOPs of the delta rule's chunk form: ``B·Σ_chunks [H·gram(L) + HV·F(L)]``
+    (:func:`delta_gram_flops_per_chunk` per q/k head, :func:`delta_chunk_flops_per_chunk` per
+    value head; a last chunk of ``T mod L`` steps)."""
+    HV = H if HV is None else HV
+    L = max(1, min(L, T))
+    n, r = divmod(T, L)
+
+    def per(steps: int) -> float:
+        if not steps:
+            return 0.0
+        return H * delta_gram_flops_per_chunk(steps, K) + HV * delta_chunk_flops_per_chunk(
+            steps, K, V
+        )
+
+    return B * (n * per(L) + per(r))
+
+
+def delta_recurrent_flops(B: int, T: int, H: int, K: int, V: int, HV: int | None = None) -> float:
+    """Forward FLOPs of the delta rule step by step, ``B·T·HV·(7KV + 2K + 3V)`` (derived here):
+    per step and value head the decay ``e^g·S`` (KV), the prediction ``Sᵀk`` (2KV), the update
+    ``S + k·(β·(v − Sᵀk))ᵀ`` (2KV), the readout ``Sᵀq`` (2KV), plus normalizing q and k (2K·2
+    per q/k head, counted per value head: 2K) and ``v − Sᵀk``, its β scaling and the output
+    scale (3V)."""
+    HV = H if HV is None else HV
+    return B * T * HV * (7 * K * V + 2 * K + 3 * V)
+
+
+def delta_chunk_bytes_per_chunk(
+    L: int, K: int, V: int, elt: int = 2, gate_elems: float = 2, state_bytes: int = STATE_BYTES
+) -> float:
+    """HBM bytes of one chunk and value head in the delta rule's chunk forward, with its
+    intermediates materialized as the four-kernel pipeline of linrnn (and fla) does::
+
+        elt·L·(2K + 2V)     q, k, v read, o written (once each)
+      + 2·4·L²              A = (I + N)⁻¹ (fp32) written by the solve, read by W/U
+      + 2·elt·L·(K + V)     W and U written, read by the walk
+      + 2·elt·L·V           the new values written by the walk, read by the output
+      + 2·bytes_C·K·V       the state entering the chunk written, read by the output
+      + 4·g·L               the gates read once
+
+    Re-reads of k (solve, W/U, walk and output each read it) are not counted."""
+    return (
+        elt * L * (2 * K + 2 * V)
+        + 8 * L * L
+        + 2 * elt * L * (K + V)
+        + 2 * elt * L * V
+        + 2 * state_bytes * K * V
+        + 4 * gate_elems * L
+    )
+
+
 # --- bytes ----------------------------------------------------------------------------------
 
 
@@ -133,10 +249,11 @@ def min_bytes(
     K: int,
     V: int,
     elt: int = 2,
-    gate_elems: int = 0,
+    gate_elems: float = 0,
     state_in: bool = False,
     state_out: bool = False,
     state_elems: int | None = None,
+    HV: int | None = None,
 ) -> float:
     """The fewest bytes one forward must move (the floor; docs/DESIGN.md §4)::
 
@@ -144,22 +261,37 @@ def min_bytes(
 
     q, k, v read and o written in the input dtype, ``g = gate_elems`` fp32 gate values per
     token and head read (1 for simple GLA, 2 for mLSTM, K for GLA/RWKV6, 0 for retention's
-    per-head constant), and the initial state read / final state written when the call takes /
-    returns one (``s = state_elems``, default K·V; decoding must do both every step)."""
+    per-head constant; a gate in the input dtype counts elt/4), and the initial state read /
+    final state written when the call takes / returns one (``s = state_elems``, default K·V;
+    decoding must do both every step). With ``HV`` value heads (grouped): q, k have H heads,
+    v, o, the gates and the state HV: ``B·T·[elt·(2·H·K + 2·HV·V) + 4·HV·g] + … B·HV·…``."""
     s = K * V if state_elems is None else state_elems
     n_state = int(state_in) + int(state_out)
-    return B * T * H * (elt * (2 * K + 2 * V) + 4 * gate_elems) + n_state * B * H * STATE_BYTES * s
+    HV = H if HV is None else HV
+    tokens = B * T * (elt * (2 * H * K + 2 * HV * V) + 4 * HV * gate_elems)
+    return tokens + n_state * B * HV * STATE_BYTES * s
 
 
 def min_bytes_fwdbwd(
-    B: int, T: int, H: int, K: int, V: int, elt: int = 2, gate_elems: int = 0
+    B: int,
+    T: int,
+    H: int,
+    K: int,
+    V: int,
+    elt: int = 2,
+    gate_elems: float = 0,
+    HV: int | None = None,
 ) -> float:
     """Fewest bytes of forward + backward: the forward's :func:`min_bytes`, then the backward
     reads q, k, v, the gates and dO and writes dq, dk, dv and the gate gradients::
 
-        min_bytes + B·T·H·[elt·(2K + 2V) + elt·(2K + V) + 8·g]"""
-    fwd = min_bytes(B, T, H, K, V, elt, gate_elems)
-    return fwd + B * T * H * (elt * (2 * K + 2 * V) + elt * (2 * K + V) + 8 * gate_elems)
+        min_bytes + B·T·H·[elt·(2K + 2V) + elt·(2K + V) + 8·g]
+
+    (grouped: ``B·T·[elt·(2HK + 2HV·V) + elt·(2HK + HV·V) + 8·HV·g]``)."""
+    HV = H if HV is None else HV
+    fwd = min_bytes(B, T, H, K, V, elt, gate_elems, HV=HV)
+    back = elt * (2 * H * K + 2 * HV * V) + elt * (2 * H * K + HV * V) + 8 * HV * gate_elems
+    return fwd + B * T * back
 
 
 def chunk_bytes_per_chunk(
@@ -185,32 +317,44 @@ def algorithm_bytes(
     V: int,
     L: int | None,
     elt: int = 2,
-    gate_elems: int = 0,
+    gate_elems: float = 0,
     state_in: bool = False,
     state_out: bool = False,
+    HV: int | None = None,
+    form: str = "scalar",
 ) -> float:
     """HBM bytes the algorithm moves in one forward (the x-axis of the roofline and the
     "achieved GB/s"):
 
-    * "chunk": ``B·H·Σ_chunks chunk_bytes_per_chunk`` (states materialized in HBM);
+    * "chunk": ``B·H·Σ_chunks chunk_bytes_per_chunk`` (states materialized in HBM); the delta
+      rule: ``B·HV·Σ_chunks delta_chunk_bytes_per_chunk``;
     * "fused_chunk", "attention": :func:`min_bytes` (the state or scores stay on chip);
     * "recurrent"/"reference": the state read and written every step (App. F, Table 13, the
       decoding setting): ``min_bytes + B·T·H·2·bytes_C·K·V``;
     * "parallel": ``min_bytes`` plus the fp32 T × T score and decay matrices written and read
-      once each, ``B·H·4·T²·4``."""
-    base = min_bytes(B, T, H, K, V, elt, gate_elems, state_in, state_out)
+      once each, ``B·H·4·T²·4``.
+
+    With grouped value heads the per-head terms of v, o, the gates and the state count HV."""
+    HV = H if HV is None else HV
+    base = min_bytes(B, T, H, K, V, elt, gate_elems, state_in, state_out, HV=HV)
     if kind == "chunk":
         L = max(1, min(L or 64, T))
         n, r = divmod(T, L)
-        per = lambda n_steps: chunk_bytes_per_chunk(n_steps, K, V, elt, gate_elems)  # noqa: E731
-        state_io = base - min_bytes(B, T, H, K, V, elt, gate_elems)
-        return B * H * (n * per(L) + (per(r) if r else 0)) + state_io
+        if form == "delta":
+            per = lambda n_steps: delta_chunk_bytes_per_chunk(  # noqa: E731
+                n_steps, K, V, elt, gate_elems)  # fmt: skip
+            heads = HV
+        else:
+            per = lambda n_steps: chunk_bytes_per_chunk(n_steps, K, V, elt, gate_elems)  # noqa: E731
+            heads = H
+        state_io = base - min_bytes(B, T, H, K, V, elt, gate_elems, HV=HV)
+        return B * heads * (n * per(L) + (per(r) if r else 0)) + state_io
     if kind in ("fused_chunk", "attention"):
         return base
     if kind in ("recurrent", "reference"):
-        return base + B * T * H * 2 * STATE_BYTES * K * V
+        return base + B * T * HV * 2 * STATE_BYTES * K * V
     if kind == "parallel":
-        return base + B * H * 4 * T * T * 4
+        return base + B * HV * 4 * T * T * 4
     raise ValueError(f"unknown kind {kind!r}")
 
 
@@ -247,26 +391,30 @@ def case_figures(
     shape: dict,
     L: int | None,
     elt: int,
-    gate_elems: int,
+    gate_elems: float,
     fwd_ms: float | None,
     fwdbwd_ms: float | None,
     spec: dict | None,
     state_in: bool = False,
     state_out: bool = False,
+    form: str = "scalar",
 ) -> dict:
     """The counts and rates of one measured case: forward and forward + backward FLOPs, the
     algorithm's bytes and the minimum bytes, arithmetic intensity, achieved TFLOP/s and GB/s,
-    and with a spec the floor and "× floor" (measured time / floor; forward and fwd+bwd)."""
+    and with a spec the floor and "× floor" (measured time / floor; forward and fwd+bwd).
+    ``shape`` may carry HV (grouped value heads); ``form`` picks the FLOP/byte model."""
     B, T, H, K, V = (shape[d] for d in "BTHKV")
-    f = forward_flops(kind, B, T, H, K, V, L)
-    alg = algorithm_bytes(kind, B, T, H, K, V, L, elt, gate_elems, state_in, state_out)
-    least = min_bytes(B, T, H, K, V, elt, gate_elems, state_in, state_out)
+    HV = shape.get("HV", H)
+    f = forward_flops(kind, B, T, H, K, V, L, HV=HV, form=form)
+    alg = algorithm_bytes(kind, B, T, H, K, V, L, elt, gate_elems, state_in, state_out, HV=HV,
+                          form=form)  # fmt: skip
+    least = min_bytes(B, T, H, K, V, elt, gate_elems, state_in, state_out, HV=HV)
     out = {
         "fwd_flops": f,
         "fwdbwd_flops": fwdbwd_flops(f),
         "fwd_bytes": alg,
         "min_bytes": least,
-        "min_bytes_fwdbwd": min_bytes_fwdbwd(B, T, H, K, V, elt, gate_elems),
+        "min_bytes_fwdbwd": min_bytes_fwdbwd(B, T, H, K, V, elt, gate_elems, HV=HV),
         "intensity": f / alg,
         "fwd_tflops": f / (fwd_ms * 1e9) if fwd_ms else None,
         "fwdbwd_tflops": fwdbwd_flops(f) / (fwdbwd_ms * 1e9) if fwdbwd_ms else None,

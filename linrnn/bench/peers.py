@@ -17,7 +17,11 @@ _FLA_STEP = "T=1 per call, initial_state [B,H,K,V] fp32, output_final_state=True
 
 @dataclasses.dataclass(frozen=True)
 class Peer:
-    """A peer op: its library, the linrnn op it matches, its chunk size, and a note."""
+    """A peer op: its library, the linrnn op it matches, its chunk size, and a note.
+    ``grouped`` says how it takes grouped value heads (shapes with HV > H): "native", "repeat"
+    (q and k repeated to HV heads before the timed calls: the peer has no grouped form, and
+    the copy is not timed) or "no" (such shapes are skipped). ``backward`` False: the peer
+    has no backward (its rows time the forward only)."""
 
     library: str
     like: str  # linrnn op whose inputs and counts it shares
@@ -25,6 +29,12 @@ class Peer:
     note: str = ""
     cuda_only: bool = True
     kind: str = "ops"  # the suites it joins: "ops" (op × mode sweeps), "decode" or "varlen"
+    grouped: str = "no"
+    backward: bool = True
+
+
+_QK_L2 = "use_qk_l2norm_in_kernel=True"
+_REPEAT = "no grouped value heads: q, k repeated to HV heads before the call (not timed)"
 
 
 PEERS = {
@@ -45,6 +55,20 @@ PEERS = {
     # fla's recurrent kernels over whole sequences (the chunk engine against a plain recurrence)
     "fla:fused_recurrent_gla[seq]": Peer("fla", "gla", None, "whole sequence; gk"),
     "fla:fused_recurrent_rwkv6[seq]": Peer("fla", "rwkv6", None, "whole sequence; scale=1.0"),
+    # the delta rule (fla-core 0.6.0: [B, T, H, ·] inputs, no head_first; beta in the input
+    # dtype, g fp32; chunk size 64)
+    "fla:chunk_delta_rule": Peer("fla", "delta_rule", 64, f"{_QK_L2}; {_REPEAT}", grouped="repeat"),
+    "fla:chunk_gated_delta_rule": Peer(
+        "fla", "gated_delta_rule", 64, f"{_QK_L2}; grouped value heads native", grouped="native"
+    ),
+    "fla:fused_recurrent_gated_delta_rule[seq]": Peer(
+        "fla",
+        "gated_delta_rule",
+        None,
+        f"whole sequence; {_QK_L2}; forward only (fla has no backward for it)",
+        grouped="native",
+        backward=False,
+    ),
     "torch:sdpa_causal": Peer(
         "torch", "linear_attn", None, "softmax baseline; [B,H,T,D]", cuda_only=False
     ),
@@ -56,6 +80,22 @@ PEERS = {
     "fla:fused_recurrent_simple_gla": Peer("fla", "simple_gla", None, _FLA_STEP, kind="decode"),
     "fla:fused_recurrent_gla": Peer("fla", "gla", None, _FLA_STEP + "; gk", kind="decode"),
     "fla:fused_recurrent_rwkv6": Peer("fla", "rwkv6", None, _FLA_STEP + "; u [H,K]", kind="decode"),
+    "fla:fused_recurrent_delta_rule": Peer(
+        "fla",
+        "delta_rule",
+        None,
+        f"{_FLA_STEP}; {_QK_L2}; {_REPEAT}",
+        kind="decode",
+        grouped="repeat",
+    ),
+    "fla:fused_recurrent_gated_delta_rule": Peer(
+        "fla",
+        "gated_delta_rule",
+        None,
+        f"{_FLA_STEP}; {_QK_L2}; grouped value heads native",
+        kind="decode",
+        grouped="native",
+    ),
     "mlstm_kernels:triton_step": Peer(
         "mlstm_kernels",
         "mlstm[exp]",
@@ -100,6 +140,20 @@ def head_first(x):
     return x.detach().transpose(1, 2).contiguous().requires_grad_(x.requires_grad)
 
 
+def takes_shape(peer: Peer, shape: dict) -> bool:
+    """Whether ``peer`` runs at ``shape`` (grouped value heads need a grouped form)."""
+    return not registry.grouped(shape) or peer.grouped != "no"
+
+
+def repeat_heads(x, groups: int):
+    """[B, T, H, K] -> [B, T, H·groups, K] (head j of the result is head j // groups), as a new
+    leaf (done before timing): q and k for a peer without grouped value heads."""
+    if groups == 1:
+        return x
+    rep = x.detach().repeat_interleave(groups, dim=2)
+    return rep.requires_grad_(x.requires_grad)
+
+
 def _inputs(case: dict, shape: dict):
     like = PEERS[case["op"]].like
     dtype = case.get("dtype", "bf16")
@@ -134,6 +188,8 @@ def build_fla(case: dict, shape: dict):
     args, _, needs_grad = _inputs(case, shape)
     leaves = [x for x, n in zip(args, needs_grad) if n]
     op = case["op"].split(":")[1]
+    if "delta_rule" in op:
+        return build_fla_delta(op, args, shape)
     if op == "chunk_simple_gla":
         from fla.ops.simple_gla import chunk_simple_gla
 
@@ -169,6 +225,27 @@ def build_fla(case: dict, shape: dict):
     q, k, v = args
     normalize = op.endswith("[normalize]")
     return leaves, lambda: chunk_linear_attn(q, k, v, normalize=normalize)[0]
+
+
+def build_fla_delta(op: str, args: tuple, shape: dict):
+    """fla's delta-rule ops on the linrnn op's inputs (``[B, T, H, ·]``; q, k normalized in
+    the kernel). ``chunk_delta_rule`` has no grouped value heads: q and k repeated to HV."""
+    if op == "chunk_delta_rule":
+        from fla.ops.delta_rule import chunk_delta_rule
+
+        q, k, v, beta = args
+        q, k = (repeat_heads(x, shape["HV"] // shape["H"]) for x in (q, k))
+        fn = lambda: chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=True)  # noqa: E731
+        return [q, k, v, beta], lambda: fn()[0]
+    q, k, v, g, beta = args
+    if op == "chunk_gated_delta_rule":
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
+    elif op == "fused_recurrent_gated_delta_rule[seq]":
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fn
+    else:
+        raise ValueError(f"unknown fla delta-rule peer {op!r}")
+    call = lambda: fn(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)  # noqa: E731
+    return [q, k, v, g, beta], lambda: call()[0]
 
 
 def build_sdpa(case: dict, shape: dict):

@@ -48,6 +48,8 @@ FAMILY_COLORS = {  # one colour per family, the same in every plot
     "gla": "tab:red",
     "rwkv6": "tab:purple",
     "mlstm": "tab:brown",
+    "delta_rule": "tab:pink",
+    "gated_delta_rule": "tab:cyan",
 }
 PEER_MARKERS = "s^vD<>xP*"
 FIXED_T_SUITES = ("chunksize", "headdim")  # one T per op and head dim: points, not lines
@@ -64,7 +66,8 @@ def length_rows(rows: list[dict], key: str) -> list[dict]:
 
 def heads_of(shape: str) -> str:
     s = registry.parse_shape(shape)
-    return f"H{s['H']}-K{s['K']}-V{s['V']}"
+    value_heads = f"-HV{s['HV']}" if registry.grouped(s) else ""
+    return f"H{s['H']}{value_heads}-K{s['K']}-V{s['V']}"
 
 
 def _tokens(x, _pos=None) -> str:

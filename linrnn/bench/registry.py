@@ -1,9 +1,13 @@
 """What ``linrnn bench`` measures: the linrnn ops (one per family variant), the input recipe,
 shapes, and the named suites.
 
-Shapes are ids such as ``"B8-T8192-H16-K256-V256"`` (:func:`parse_shape`). Inputs follow the
+Shapes are ids such as ``"B8-T8192-H16-K256-V256"``, or with grouped value heads
+``"B8-T8192-H16-HV32-K128-V128"`` (:func:`parse_shape`; HV = H when absent). Inputs follow the
 self-check's recipe (:data:`linrnn.selfcheck.VARIANTS`): q, k, v standard normal (in the
-benchmark dtype), gates fp32 (log decays ``logsigmoid(randn)/16``; mLSTM pre-activations).
+benchmark dtype), gates fp32 (log decays ``logsigmoid(randn)/16``; mLSTM pre-activations),
+except the gates an op lists in ``dtype_gates`` (the delta rule's β = sigmoid(randn), in the
+benchmark dtype as fla's layers and tests make it). The delta-rule ops normalize q and k inside
+the op (``use_qk_l2norm=True``, as fla's ``use_qk_l2norm_in_kernel=True``).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from collections.abc import Callable
 
 import torch
 
+from linrnn.engine import config as engine_config
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TORCH_MODES = ("chunk", "parallel", "recurrent", "reference")
-TRITON_MODES = ("chunk", "fused_chunk")
+TRITON_MODES = ("chunk", "fused_chunk")  # the scalar and vector engines' Triton modes
 ALL_MODES = ("chunk", "fused_chunk", "recurrent", "parallel", "reference")
 FUSED_MAX_CHUNK = 128  # fused_chunk keeps one chunk in one register tile
 
@@ -29,8 +35,15 @@ def _none(K: int, V: int) -> int:
 class Op:
     """A linrnn op variant: ``variant`` names its :data:`linrnn.selfcheck.VARIANTS` entry,
     ``options`` adds keyword arguments, ``grad_names`` names the gate tensors after q, k, v,
-    ``gate_elems(K, V)`` counts the fp32 gate values read per token and head (for the byte
-    counts), ``triton`` says whether Triton kernels exist (modes chunk and fused_chunk)."""
+    ``gate_elems(K, V)`` counts the fp32 gate values read per token and (value) head and
+    ``dtype_gates`` names the gates made in the benchmark dtype instead (one value per token
+    and value head each; for the byte counts), ``triton`` says whether the engine's Triton
+    kernels for modes chunk and fused_chunk exist, ``triton_modes`` replaces those two modes
+    for an op with other kernels (the delta rule: chunk and recurrent), ``grouped`` whether v
+    may have more heads than q and k (HV a multiple of H), ``chunk_default`` the op's chunk
+    length for ``chunk_size=None`` on every backend (None: the engine's rule,
+    :func:`default_chunk`), ``form`` the FLOP/byte model of :mod:`linrnn.bench.flops`
+    ("scalar": the engine's chunk form; "delta": the delta rule's)."""
 
     name: str
     family: str
@@ -39,6 +52,30 @@ class Op:
     grad_names: tuple = ()
     gate_elems: Callable[[int, int], int] = _none
     triton: bool = False
+    triton_modes: tuple | None = None
+    dtype_gates: tuple = ()
+    grouped: bool = False
+    chunk_default: int | None = None
+    form: str = "scalar"
+
+    def kernel_modes(self) -> tuple:
+        """The modes with Triton kernels."""
+        if self.triton_modes is not None:
+            return self.triton_modes
+        return TRITON_MODES if self.triton else ()
+
+    def gate_fp32_elems(self, K: int, V: int, elt: int) -> float:
+        """Gate bytes per token and value head over 4: the fp32 gates plus the gates in the
+        benchmark dtype (``elt`` bytes each)."""
+        return self.gate_elems(K, V) + len(self.dtype_gates) * elt / 4
+
+
+# The delta rule's chunk length for chunk_size=None (fla's 64 on both paths; its Triton solve
+# keeps one chunk in one register tile, so the scalar engine's 128 for head dims ≥ 128 does not
+# apply): the engine's constant where this build has it.
+DELTA_CHUNK = getattr(engine_config, "DELTA_CHUNK_SIZE", 64)
+DELTA = dict(triton_modes=("chunk", "recurrent"), grouped=True, chunk_default=DELTA_CHUNK,
+             form="delta", dtype_gates=("beta",))  # fmt: skip
 
 
 OPS = {
@@ -60,6 +97,9 @@ OPS = {
            ("i", "f"), lambda K, V: 2, triton=True),
         Op("mlstm[exp]", "mlstm", "mlstm[exp]", grad_names=("i", "f"),
            gate_elems=lambda K, V: 2, triton=True),
+        Op("delta_rule", "delta_rule", "delta_rule", grad_names=("beta",), **DELTA),
+        Op("gated_delta_rule", "gated_delta_rule", "gated_delta_rule", grad_names=("g", "beta"),
+           gate_elems=lambda K, V: 1, **DELTA),
     )
 }  # fmt: skip
 FAMILY_DEFAULT_OP = {  # a family name given where an op name is expected
@@ -69,7 +109,11 @@ FAMILY_DEFAULT_OP = {  # a family name given where an op name is expected
     "gla": "gla",
     "rwkv6": "rwkv6",
     "mlstm": "mlstm[exp]",  # linrnn.mlstm's default input gate
+    "delta_rule": "delta_rule",
+    "gated_delta_rule": "gated_delta_rule",
 }
+DELTA_FAMILIES = ("delta_rule", "gated_delta_rule")
+ENGINE_FAMILIES = ("linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm")
 
 
 def resolve_op(name: str) -> Op:
@@ -84,15 +128,41 @@ def resolve_op(name: str) -> Op:
 
 
 def parse_shape(shape_id: str) -> dict:
-    """``"B8-T8192-H16-K256-V256"`` -> ``{"B": 8, "T": 8192, "H": 16, "K": 256, "V": 256}``."""
-    m = re.fullmatch(r"B(\d+)-T(\d+)-H(\d+)-K(\d+)-V(\d+)", shape_id)
-    if not m or min(map(int, m.groups())) < 1:
-        raise ValueError(f"shape {shape_id!r} is not of the form B8-T8192-H16-K256-V256")
-    return dict(zip("BTHKV", map(int, m.groups())))
+    """``"B8-T8192-H16-K256-V256"`` -> ``{"B": 8, "T": 8192, "H": 16, "HV": 16, "K": 256,
+    "V": 256}``; ``"B8-T8192-H16-HV32-K128-V128"`` gives 32 value heads (grouped value heads:
+    q and k have H heads, v, the gates, the state and o have HV, a multiple of H)."""
+    m = re.fullmatch(r"B(\d+)-T(\d+)-H(\d+)(?:-HV(\d+))?-K(\d+)-V(\d+)", shape_id)
+    if not m or min(int(x) for x in m.groups() if x is not None) < 1:
+        raise ValueError(
+            f"shape {shape_id!r} is not of the form B8-T8192-H16-K256-V256 or, with grouped "
+            "value heads, B8-T8192-H16-HV32-K128-V128"
+        )
+    B, T, H, HV, K, V = (None if x is None else int(x) for x in m.groups())
+    HV = H if HV is None else HV
+    if HV % H:
+        raise ValueError(f"shape {shape_id!r}: HV={HV} value heads is no multiple of H={H}")
+    return {"B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V}
 
 
-def shape_id(B: int, T: int, H: int, K: int, V: int) -> str:
-    return f"B{B}-T{T}-H{H}-K{K}-V{V}"
+def shape_id(B: int, T: int, H: int, K: int, V: int, HV: int | None = None) -> str:
+    """The id of a shape (``-HV…`` only when HV differs from H)."""
+    heads = f"H{H}" if HV is None or HV == H else f"H{H}-HV{HV}"
+    return f"B{B}-T{T}-{heads}-K{K}-V{V}"
+
+
+def grouped(shape: dict) -> bool:
+    """Whether a parsed shape has grouped value heads (HV > H)."""
+    return shape.get("HV", shape["H"]) != shape["H"]
+
+
+def takes_shapes(name: str, shapes, takes_grouped: bool, notes: list) -> list:
+    """The shapes an op (or peer) runs: those with grouped value heads (HV > H) only when it
+    takes them (``takes_grouped``); a note names the ones left out."""
+    ok = [s for s in shapes if takes_grouped or not grouped(parse_shape(s))]
+    if len(ok) < len(shapes):
+        left = [s for s in shapes if s not in ok]
+        notes.append(f"{name}: no grouped value heads, skipped {' '.join(left)}")
+    return ok
 
 
 # --- modes and backends ---------------------------------------------------------------------
@@ -100,10 +170,11 @@ def shape_id(B: int, T: int, H: int, K: int, V: int) -> str:
 
 def backend_for(op: Op, mode: str, device: str, requested: str | None = None) -> str | None:
     """The backend that runs ``op`` in ``mode`` on ``device`` ("cuda" or "cpu"), or None when
-    no backend does: Triton for every family's chunk and fused_chunk on CUDA, the
-    PyTorch path for the other modes (and on CPU). ``requested`` forces one backend (None when
-    it cannot run the combination)."""
-    triton_ok = op.triton and mode in TRITON_MODES
+    no backend does: Triton for the op's Triton modes on CUDA (:meth:`Op.kernel_modes`: every
+    engine family's chunk and fused_chunk; the delta rule's chunk and recurrent), the PyTorch
+    path for the other modes (and on CPU). ``requested`` forces one backend (None when it
+    cannot run the combination)."""
+    triton_ok = mode in op.kernel_modes()
     if requested == "triton":
         return "triton" if triton_ok else None
     if requested == "torch" or device != "cuda":
@@ -113,14 +184,19 @@ def backend_for(op: Op, mode: str, device: str, requested: str | None = None) ->
     return "torch" if mode in TORCH_MODES else None
 
 
-def default_chunk(backend: str | None, mode: str | None, K: int, V: int) -> int | None:
+def default_chunk(
+    backend: str | None, mode: str | None, K: int, V: int, op: Op | None = None
+) -> int | None:
     """The chunk size an op uses for ``chunk_size=None`` (README, API conventions): torch
     chunk 64; Triton chunk 128 when K or V ≥ 128, else 64; fused_chunk 64; None for the
-    modes without chunks."""
+    modes without chunks; an ``op`` with its own ``chunk_default`` (the delta rule: 64) that
+    in mode chunk."""
     if mode == "fused_chunk":
         return 64
     if mode != "chunk":
         return None
+    if op is not None and op.chunk_default is not None:
+        return op.chunk_default
     return 128 if backend == "triton" and max(K, V) >= 128 else 64
 
 
@@ -139,26 +215,45 @@ def selfcheck_variant(name: str):
 def make_inputs(name: str, shape: dict, seed: int, device):
     """Seeded fp32 inputs of op ``name`` on ``device``: ``(args, kwargs)`` with q, k, v first.
     q, k, v come from a device generator (fast for large shapes); the gates from the
-    self-check's CPU recipe."""
+    self-check's CPU recipe, made per value head (the recipe's head count is HV: v, the gates
+    and the state have HV heads, q and k H). ``ValueError`` for grouped value heads (HV > H)
+    with an op that takes none."""
     import torch.nn.functional as F
 
     variant = selfcheck_variant(name)
     B, T, H, K, V = (shape[d] for d in "BTHKV")
+    HV = shape.get("HV", H)
+    if HV != H and not OPS[name].grouped:
+        raise ValueError(
+            f"op {name!r} takes no grouped value heads (HV={HV} with H={H}); only "
+            f"{sorted(n for n, o in OPS.items() if o.grouped)} do"
+        )
     gen = torch.Generator(device=device).manual_seed(seed)
     q, k = (torch.randn(B, T, H, K, device=device, generator=gen) for _ in range(2))
-    v = torch.randn(B, T, H, V, device=device, generator=gen)
+    v = torch.randn(B, T, HV, V, device=device, generator=gen)
     if variant.positive_qk:
         q, k = F.elu(q) + 1, F.elu(k) + 1
-    gates, tensor_kwargs = variant.make(torch.Generator().manual_seed(seed + 1), B, T, H, K, V)
+    gates, tensor_kwargs = variant.make(torch.Generator().manual_seed(seed + 1), B, T, HV, K, V)
     move = lambda x: x.to(device)  # noqa: E731
     return (q, k, v, *map(move, gates)), {n: move(x) for n, x in tensor_kwargs.items()}
 
 
+def cast_inputs(name: str, args: tuple, dtype: str) -> tuple:
+    """``args`` (q, k, v, gates) in the benchmark ``dtype``: q, k, v and the op's
+    ``dtype_gates``; the other gates stay fp32."""
+    op = OPS[name]
+    cast = DTYPES[dtype]
+    in_dtype = [True] * 3 + [n in op.dtype_gates for n in op.grad_names]
+    in_dtype += [False] * (len(args) - len(in_dtype))
+    return tuple(x.to(cast) if c else x for x, c in zip(args, in_dtype))
+
+
 def bench_inputs(name: str, shape: dict, dtype: str, seed: int, device):
-    """Benchmark inputs of op ``name``: q, k, v in ``dtype``, gates fp32, each a leaf that
-    needs a gradient except retention's fixed per-head decay; ``(args, kwargs, needs_grad)``."""
+    """Benchmark inputs of op ``name``: q, k, v in ``dtype``, gates fp32 (those of
+    ``dtype_gates`` in ``dtype``), each a leaf that needs a gradient except retention's fixed
+    per-head decay; ``(args, kwargs, needs_grad)``."""
     args, kwargs = make_inputs(name, shape, seed, torch.device(device))
-    args = (*(x.to(DTYPES[dtype]) for x in args[:3]), *args[3:])
+    args = cast_inputs(name, args, dtype)
     needs_grad = [OPS[name].family != "retention" or j < 3 for j in range(len(args))]
     args = tuple(x.requires_grad_(n) for x, n in zip(args, needs_grad))
     return args, kwargs, needs_grad
@@ -177,7 +272,7 @@ def build_linrnn(case: dict, shape: dict):
     if case.get("initial_state"):
         p_args, p_kwargs = make_inputs(case["op"], dict(shape, T=4), case["seed"] + 1000, "cpu")
         with torch.no_grad():
-            p_args = (*(x.to(DTYPES[dtype]) for x in p_args[:3]), *p_args[3:])
+            p_args = cast_inputs(case["op"], p_args, dtype)
             _, state = run(
                 variant, p_args, p_kwargs, mode="recurrent", backend="torch",
                 output_final_state=True,
@@ -201,13 +296,15 @@ class Suite:
     backend runs on the device is skipped); ``chunk_sizes`` None means the op's default.
     ``fwdbwd`` False times the forward only; ``initial_state`` passes a state (decoding).
     ``kind`` "decode" and "varlen" are run by :mod:`linrnn.bench.decode` and
-    :mod:`linrnn.bench.varlen`."""
+    :mod:`linrnn.bench.varlen`. ``families`` limits the linrnn ops, and the peers by the op
+    they match (None: every family)."""
 
     name: str
     description: str
     shapes: tuple
     cpu_shapes: tuple | None = None
     family_shapes: dict = dataclasses.field(default_factory=dict)
+    families: tuple | None = None
     modes: tuple = ALL_MODES
     chunk_sizes: tuple = (None,)
     peers: bool = True
@@ -222,6 +319,18 @@ class Suite:
         if device != "cuda" and self.cpu_shapes is not None:
             return self.cpu_shapes
         return self.family_shapes.get(family, self.shapes)
+
+    def runs_family(self, family: str) -> bool:
+        return self.families is None or family in self.families
+
+
+DELTA_SHAPES = (  # H = 16, K = V = 128: B=8, T=8192 plain and with 32 value heads, and the
+    # 65,536-token set (B, T) in (32, 2048), (4, 16384)
+    shape_id(8, 8192, 16, 128, 128),
+    shape_id(8, 8192, 16, 128, 128, HV=32),
+    shape_id(32, 2048, 16, 128, 128),
+    shape_id(4, 16384, 16, 128, 128),
+)
 
 
 SUITES = {
@@ -242,12 +351,14 @@ SUITES = {
                 shape_id(B, T, H, d, d) for H, d in ((16, 256), (32, 128)) for B, T in PAPER_BT
             ),
             family_shapes={"rwkv6": tuple(shape_id(B, T, 64, 64, 64) for B, T in PAPER_BT)},
+            families=ENGINE_FAMILIES,
             modes=("chunk", "fused_chunk"),
         ),
         Suite(
             "headdim",
             "B=4, T=8192, head dim 64 to 512 at width 4096 (H = 4096 / d)",
             shapes=tuple(shape_id(4, 8192, 4096 // d, d, d) for d in (64, 128, 256, 512)),
+            families=ENGINE_FAMILIES,
             modes=("chunk", "fused_chunk"),
         ),
         Suite(
@@ -256,16 +367,40 @@ SUITES = {
             "time and peak memory; --save-cache fills the chunk_size='auto' cache",
             shapes=(shape_id(8, 8192, 16, 256, 256),),
             family_shapes={"rwkv6": (shape_id(8, 8192, 64, 64, 64),)},
+            families=ENGINE_FAMILIES,
             modes=("chunk",),
             chunk_sizes=(64, 128, 256, 512, 1024, 2048, 4096),
             peers=False,
         ),
         Suite(
+            "delta",
+            "the delta rule and the gated delta rule (q, k L2-normalized in the op) beside fla's "
+            "chunk_delta_rule, chunk_gated_delta_rule and fused_recurrent_gated_delta_rule "
+            "(whole sequence, forward only): H=16, K=V=128 at B=8, T=8192 (also with HV=32 "
+            "value heads) and at (B, T) in (32, 2048), (4, 16384)",
+            shapes=DELTA_SHAPES,
+            cpu_shapes=(shape_id(1, 64, 2, 16, 16), shape_id(1, 64, 2, 16, 16, HV=4)),
+            families=DELTA_FAMILIES,
+            modes=("chunk",),
+            note="fla's chunk kernels compile for ~40 s per op and head layout: the suite may "
+            "not fit one time-limited call; run it in parts (--ops linrnn, then --ops peers, "
+            "each with --resume --time-budget; scripts/gpu_runbook.sh delta)",
+        ),
+        Suite(
             "decode",
             "tokens/s of one-token steps: B=64 sequences, T=1 per call, linrnn.step(inplace=True) "
             "on an fp32 state, a loop of --steps calls timed; H=16, K=V=256 and H=64, K=V=64 for "
-            "every family; with the peers' fused recurrent / step kernels",
+            "every family (the delta rule also H=16, HV=32, K=V=128); with the peers' fused "
+            "recurrent / step kernels",
             shapes=(shape_id(64, 1, 16, 256, 256), shape_id(64, 1, 64, 64, 64)),
+            family_shapes={
+                f: (
+                    shape_id(64, 1, 16, 256, 256),
+                    shape_id(64, 1, 64, 64, 64),
+                    shape_id(64, 1, 16, 128, 128, HV=32),
+                )
+                for f in DELTA_FAMILIES
+            },
             cpu_shapes=(shape_id(2, 1, 2, 8, 8),),
             modes=("recurrent",),
             fwdbwd=False,
@@ -276,7 +411,8 @@ SUITES = {
             "varlen",
             "forward+backward of 8 packed documents of seeded random lengths, 65,536 tokens in "
             "all (cu_seqlens, B=1) vs the same documents right-padded to [8, max_len]; H=16, "
-            "K=V=256; the scalar-gate families (native cu_seqlens in the Triton chunk kernels)",
+            "K=V=256; the scalar-gate families and the delta rule (native cu_seqlens in the "
+            "Triton chunk kernels)",
             shapes=(shape_id(1, 65_536, 16, 256, 256),),
             cpu_shapes=(shape_id(1, 96, 2, 8, 8),),
             modes=("chunk",),

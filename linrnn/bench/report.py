@@ -48,7 +48,7 @@ def info_case(case: dict, item: dict) -> dict:
         "cuda_available": torch.cuda.is_available(),
         "python": platform.python_version(),
     }
-    for dist in ("fla-core", "mlstm-kernels", "matplotlib"):
+    for dist in ("fla-core", "flash-qla", "mlstm-kernels", "matplotlib"):
         try:
             info[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -328,7 +328,7 @@ def _md(cell) -> str:
     return str(cell).replace("|", "\\|").replace("\n", " ")
 
 
-def _md_table(header, body) -> list[str]:
+def md_table(header, body) -> list[str]:
     lines = ["| " + " | ".join(map(_md, header)) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(map(_md, cells)) + " |" for cells in body]
 
@@ -380,10 +380,13 @@ def markdown(rep: dict) -> str:
         for family in dict.fromkeys(r["family"] for r in rows):
             lines += ["", f"### {family}", ""]
             lines += _pivot([r for r in rows if r["family"] == family])
+    from linrnn.bench import compare
+
+    lines += compare.markdown_lines(rows)
     lines += ["", "<details><summary>every row</summary>", ""]
     header = (*BENCH_HEADER[:-1], "run", "status")
     body = [(*bench_cells(r)[:-1], r.get("run", 0), r["status"][:120]) for r in rows]
-    lines += _md_table(header, body)
+    lines += md_table(header, body)
     lines += ["", "</details>", ""]
     return "\n".join(lines)
 
@@ -423,4 +426,4 @@ def _pivot(rows: list[dict]) -> list[str]:
             else:
                 cells.append(f"{ms(r['fwdbwd_ms'])} / {ms(r['fwd_ms'])}")
         body.append((label, mode, "/".join(map(str, chunks)), *cells))
-    return _md_table(("op", "mode", "L", *shapes), body)
+    return md_table(("op", "mode", "L", *shapes), body)

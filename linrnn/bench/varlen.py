@@ -15,8 +15,8 @@ random lengths (:func:`doc_lengths`: weights uniform in [0.2, 1.8), scaled to su
 Rows carry ``tokens`` (T, the useful tokens), ``layout_tokens`` (what the layout computes),
 the document lengths and ``tokens_per_s_fwdbwd`` = T / fwd+bwd time. FLOPs are the chunkwise
 count per document (packed: Σ over documents; padded: ``docs`` rows of ``max_len``). Ops: the
-linrnn ops with Triton kernels (scalar gates: native ``cu_seqlens`` in the chunk kernels) and
-fla's ``chunk_simple_gla`` with ``cu_seqlens`` as a peer.
+linrnn ops with a Triton chunk kernel (native ``cu_seqlens`` in the chunk kernels; the delta
+rule's too) and fla's ``chunk_simple_gla`` with ``cu_seqlens`` as a peer.
 
 Cost: :func:`plan` makes one case per op, the linrnn ops first and the peer last, each case
 one worker process (fresh Triton cache) running its two items, packed then padded; every
@@ -145,7 +145,7 @@ def plan(args, suite: registry.Suite, device: str, common: dict, chosen) -> tupl
         return [{"shape": s, "layout": lay} for s in shapes for lay in LAYOUTS]
 
     for name, op in registry.OPS.items():
-        if not op.triton or not chosen(name):
+        if "chunk" not in op.kernel_modes() or not chosen(name) or not suite.runs_family(op.family):
             continue
         backend = registry.backend_for(op, "chunk", device, args.backend)
         if backend is None:
@@ -166,18 +166,21 @@ def plan(args, suite: registry.Suite, device: str, common: dict, chosen) -> tupl
             shapes = args.shapes or suite.shapes_for(registry.OPS[peer.like].family, device)
             cases.append((case, items(shapes)))
     notes.append(
-        "varlen: the scalar-gate families (linrnn ops with Triton kernels); padded = "
-        "right-padded [docs, max_len] batch, zeros in padding, output masked"
+        "varlen: the linrnn ops with a Triton chunk kernel; padded = right-padded [docs, "
+        "max_len] batch, zeros in padding (the delta rule: β = 0 there), output masked"
     )
     return cases, notes
 
 
-def layout_flops(shape: dict, lens: list[int], layout: str, L: int) -> float:
-    """Forward FLOPs of the layout: chunkwise per document (packed) or per padded row."""
+def layout_flops(shape: dict, lens: list[int], layout: str, L: int, form: str = "scalar") -> float:
+    """Forward FLOPs of the layout: chunkwise per document (packed) or per padded row (the
+    op's FLOP model, ``form``)."""
     H, K, V = shape["H"], shape["K"], shape["V"]
+    HV = shape.get("HV", H)
+    count = lambda B, T: flops.forward_flops("chunk", B, T, H, K, V, L, HV=HV, form=form)  # noqa: E731
     if layout == "packed":
-        return sum(flops.chunkwise_flops(1, n, H, K, V, L) for n in lens)
-    return flops.chunkwise_flops(len(lens), max(lens), H, K, V, L)
+        return sum(count(1, n) for n in lens)
+    return count(len(lens), max(lens))
 
 
 def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
@@ -186,10 +189,12 @@ def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
     shape = registry.parse_shape(item["shape"])
     lens = doc_lengths(shape["T"], case["docs"], case["seed"])
     layout = item["layout"]
+    op_spec = registry.OPS[like]
     chunk = case["chunk"] or registry.default_chunk(case["backend"], "chunk", shape["K"],
-                                                   shape["V"])  # fmt: skip
+                                                   shape["V"], op_spec)  # fmt: skip
     full = {k: None for k in report.ROW_KEYS}
     T, H, K, V = (shape[d] for d in "THKV")
+    HV = shape.get("HV", H)
     layout_tokens = T if layout == "packed" else len(lens) * max(lens)
     full.update(
         op=op, library=library, family=registry.OPS[like].family, mode=case["mode"],
@@ -201,10 +206,10 @@ def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
     )  # fmt: skip
     full.update(row)
     elt = flops.DTYPE_BYTES[case["dtype"]]
-    gates = registry.OPS[like].gate_elems(K, V)
-    f = layout_flops(shape, lens, layout, chunk)
-    least = flops.min_bytes(1, T, H, K, V, elt, gates)
-    least_fb = flops.min_bytes_fwdbwd(1, T, H, K, V, elt, gates)
+    gates = op_spec.gate_fp32_elems(K, V, elt)
+    f = layout_flops(shape, lens, layout, chunk, op_spec.form)
+    least = flops.min_bytes(1, T, H, K, V, elt, gates, HV=HV)
+    least_fb = flops.min_bytes_fwdbwd(1, T, H, K, V, elt, gates, HV=HV)
     fwd_ms, fb_ms = full.get("fwd_ms"), full.get("fwdbwd_ms")
     full.update(
         fwd_flops=f, fwdbwd_flops=flops.fwdbwd_flops(f), min_bytes=least,
@@ -215,7 +220,7 @@ def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
         tokens_per_s_fwdbwd=T / (fb_ms * 1e-3) if fb_ms else None,
     )  # fmt: skip
     if spec:  # the floor of the useful work (packed tokens)
-        useful = layout_flops(shape, lens, "packed", chunk)
+        useful = layout_flops(shape, lens, "packed", chunk, op_spec.form)
         full["floor_ms"] = flops.floor_ms(useful, least, spec)
         full["floor_fwdbwd_ms"] = flops.floor_ms(3 * useful, least_fb, spec)
         full["x_floor"] = fwd_ms / full["floor_ms"] if fwd_ms else None

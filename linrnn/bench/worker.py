@@ -7,7 +7,9 @@ and a list of *items*. The worker emits one JSON event line per ``start``, ``sta
 fails its item only. A crash (e.g. Triton's compiler aborting the process), or an item or
 stage that exceeds the timeout (the worker's process group is killed), becomes that item's
 status, with the stage it was in and how long it had run, and the remaining items run in a new
-worker. A first call that never finished is kept as ``first_call_s_at_least``.
+worker. A first call that never finished is kept as ``first_call_s_at_least``. A CUDA worker
+whose context an item left unusable (a sticky error such as an illegal memory access, recorded
+as that item's status) exits after its row, and the remaining items run in a new worker too.
 
 A run may also have a time budget (``stop_at``, a :func:`time.monotonic` deadline): the worker
 is killed when it passes, and the item in progress and the ones after it get no row at all
@@ -91,11 +93,29 @@ def serve(case_json: str, tasks: dict) -> int:
             row = {"status": f"error: {short_error(exc)}", "error_detail": error_detail(exc)}
         row["first_in_process"] = index == 0
         emit({"event": "row", "item": item, "row": row})
-        if case.get("device") == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()
+        if case.get("device") == "cuda" and not cuda_usable():
+            # e.g. an illegal memory access: every later CUDA call in this process would fail
+            # too, so the process ends here and the parent runs the remaining items in a new one
+            print("the CUDA context is unusable after this item: exiting", file=sys.stderr)
+            return BROKEN_CONTEXT
     return 0
+
+
+BROKEN_CONTEXT = 75  # a worker's exit status after an item left its CUDA context unusable
+
+
+def cuda_usable() -> bool:
+    """Synchronize and free the cache; False when CUDA raises (a sticky error such as an
+    illegal memory access poisons the process's context for good)."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except Exception:  # torch raises RuntimeError or torch.AcceleratorError
+        traceback.print_exc()
+        return False
+    return True
 
 
 # --- parent side ----------------------------------------------------------------------------
@@ -246,11 +266,13 @@ def run_items(
             return [rows.get(item_key(item)) for item in items]
         if res.failure is None:
             break
-        if res.current is None:  # died outside any item: the rest cannot run either
+        if res.current is None and not res.rows:  # died before any item: so would the rest
             for item in pending:
                 rows.setdefault(item_key(item), failure_row(res))
             break
-        rows[item_key(res.current)] = failure_row(res)
+        if res.current is not None:
+            rows[item_key(res.current)] = failure_row(res)
+        # else it ended between items after finishing some (e.g. a broken CUDA context)
         pending = [it for it in pending if item_key(it) not in rows]
     missing = {"status": "error: the worker returned no result"}
     return [rows.get(item_key(item), missing) for item in items]

@@ -1,0 +1,227 @@
+"""Ratios read off one report's rows: each linrnn op against the peers that share its inputs,
+and the delta rule's targets.
+
+* :func:`peer_ratios`: per peer row, the linrnn row of the op it matches (``Peer.like``) at the
+  same shape and dtype (mode chunk at the op's default chunk size, else the only linrnn row):
+  peer time / linrnn time for the forward and for forward+backward (> 1: linrnn is faster),
+  linrnn's peak memory / the peer's (< 1: linrnn needs less), and both first calls.
+* :func:`delta_targets`: the delta-rule families' targets (:data:`DELTA_TARGETS`) per shape,
+  each with its measured value and whether it is met; a row that did not finish is named by
+  its status instead.
+"""
+
+from __future__ import annotations
+
+from linrnn.bench import peers, report
+
+# (name, what, bound): the ratios the delta rule aims at, from rows of one run (bf16).
+DELTA_TARGETS = (
+    ("delta fwd+bwd speed-up", "fla:chunk_delta_rule / linrnn delta_rule, fwd+bwd ms", ">= 1.3"),
+    ("delta peak memory", "linrnn delta_rule / fla:chunk_delta_rule, fwd+bwd peak MiB", "<= 1"),
+    ("gated fwd speed-up", "fla:chunk_gated_delta_rule / linrnn gated_delta_rule, fwd ms",
+     ">= 1.2"),
+    ("gate cost", "linrnn gated_delta_rule / linrnn delta_rule, fwd+bwd ms", "<= 1.15"),
+    ("first call", "linrnn first forward+backward (fresh Triton cache), s", "< 30"),
+    ("decode", "linrnn step in a CUDA graph / memory floor", "<= 1.2"),
+)  # fmt: skip
+
+
+def _ok(row: dict | None) -> bool:
+    return row is not None and report.ok_status(row["status"])
+
+
+def linrnn_rows(rows: list[dict]) -> dict:
+    """``{(op, shape, dtype, layout): row}`` of the linrnn rows a peer is compared with: mode
+    chunk at the default chunk size where there is one (decode rows: their one row)."""
+    out: dict = {}
+    for r in rows:
+        if r["library"] != "linrnn":
+            continue
+        key = (r["op"], r["shape"], r.get("dtype"), r.get("layout"))
+        default = r.get("chunk_requested") is None
+        rank = (r.get("mode") in ("chunk", "recurrent") and default, _ok(r))
+        old = out.get(key)
+        if old is None or rank > old[0]:
+            out[key] = (rank, r)
+    return {k: r for k, (_, r) in out.items()}
+
+
+def _ratio(a, b):
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
+        return a / b
+    return None
+
+
+def _get(r: dict | None, key: str):
+    return None if r is None else r.get(key)
+
+
+def _peak(r: dict | None):
+    return _get(r, "peak_fwdbwd_mib")
+
+
+def first_call(r: dict) -> str:
+    """A row's first call in s: forward+backward; "f" after it: the forward alone (a row
+    without a backward, or whose backward failed); ">" before it: a first call that never
+    finished (the worker died or timed out after that long); "—": none."""
+    if r.get("first_call_s") is not None:
+        return f"{r['first_call_s']:.1f}" + ("f" if r.get("fwd_only") else "")
+    if r.get("first_call_s_at_least") is not None:
+        return f">{r['first_call_s_at_least']:.1f}"
+    if r.get("first_fwd_s") is not None:
+        return f"{r['first_fwd_s']:.1f}f"
+    return "—"
+
+
+def peer_ratios(rows: list[dict]) -> list[dict]:
+    """One entry per peer row with a linrnn row to compare: ``fwd_speedup`` (peer / linrnn
+    forward ms), ``fwdbwd_speedup``, ``peak_ratio`` (linrnn / peer fwd+bwd peak MiB), the first
+    calls (:func:`first_call`) and both statuses."""
+    ours = linrnn_rows(rows)
+    out = []
+    for p in rows:
+        if p["library"] == "linrnn" or p["op"] not in peers.PEERS:
+            continue
+        mine = ours.get((peers.like_of(p["op"]), p["shape"], p.get("dtype"), p.get("layout")))
+        if mine is None:
+            continue
+        out.append(
+            {
+                "op": mine["op"],
+                "peer": p["op"],
+                "shape": p["shape"],
+                "layout": p.get("layout"),
+                "fwd_speedup": _ratio(p.get("fwd_ms"), mine.get("fwd_ms")),
+                "fwdbwd_speedup": _ratio(p.get("fwdbwd_ms"), mine.get("fwdbwd_ms")),
+                "peak_ratio": _ratio(_peak(mine), _peak(p)),
+                "first_call": first_call(mine),
+                "peer_first_call": first_call(p),
+                "status": mine["status"],
+                "peer_status": p["status"],
+            }
+        )
+    return out
+
+
+def _verdict(value, bound: str) -> str:
+    if value is None:
+        return "—"
+    op, limit = bound.split()
+    limit = float(limit)
+    met = {">=": value >= limit, "<=": value <= limit, "<": value < limit}[op]
+    return "met" if met else "missed"
+
+
+def delta_targets(rows: list[dict]) -> list[dict]:
+    """The delta-rule targets met or missed per shape (rows of the delta and decode suites):
+    ``{"target", "shape", "value", "bound", "verdict", "why"}``; ``why`` names the status of
+    a row that gave no value."""
+    ours = {k[:3]: r for k, r in linrnn_rows(rows).items() if k[3] is None}  # not varlen
+    by_op: dict = {}
+    for r in rows:
+        if r.get("layout") is None:
+            by_op.setdefault((r["op"], r["shape"], r.get("dtype")), r)
+    bounds = {name: bound for name, _, bound in DELTA_TARGETS}
+    out = []
+
+    def add(name, shape, value, mine, other_op=None):
+        key = (other_op, shape, mine.get("dtype"))
+        other = (ours.get(key) or by_op.get(key)) if other_op else None
+        not_ok = [r for r in (mine, other) if r and r["status"] != "ok"]
+        why = "; ".join(f"{r['op']}: {r['status'][:80]}" for r in not_ok)
+        if not why and other_op and other is None:
+            why = f"no {other_op} row"
+        out.append(
+            {
+                "target": name,
+                "shape": shape,
+                "value": value,
+                "bound": bounds[name],
+                "verdict": _verdict(value, bounds[name]),
+                "why": why,
+            }
+        )
+
+    keys = [k for k in ours if k[0] in ("delta_rule", "gated_delta_rule")]  # in the rows' order
+    for op, shape, dtype in keys:
+        r = ours[(op, shape, dtype)]
+        if "step_ms" in r:  # decode
+            add("decode", shape, r.get("graph_x_floor"), r)
+            continue
+        if op == "delta_rule":
+            fla = by_op.get(("fla:chunk_delta_rule", shape, dtype))
+            speedup = _ratio(_get(fla, "fwdbwd_ms"), r.get("fwdbwd_ms"))
+            add("delta fwd+bwd speed-up", shape, speedup, r, "fla:chunk_delta_rule")
+            memory = _ratio(_peak(r), _peak(fla))
+            add("delta peak memory", shape, memory, r, "fla:chunk_delta_rule")
+        else:
+            fla = by_op.get(("fla:chunk_gated_delta_rule", shape, dtype))
+            speedup = _ratio(_get(fla, "fwd_ms"), r.get("fwd_ms"))
+            add("gated fwd speed-up", shape, speedup, r, "fla:chunk_gated_delta_rule")
+            plain = ours.get(("delta_rule", shape, dtype))
+            cost = _ratio(r.get("fwdbwd_ms"), _get(plain, "fwdbwd_ms"))
+            add("gate cost", shape, cost, r, "delta_rule")
+        if r.get("first_in_process", True):  # later items reuse the compiled kernels
+            add("first call", f"{shape} ({op})", r.get("first_call_s"), r)
+    return out
+
+
+def _num(x, fmt=".2f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+RATIO_HEADER = ("op", "peer", "shape", "fwd ×", "fwd+bwd ×", "peak ratio", "first s",
+                "peer first s", "peer status")  # fmt: skip
+TARGET_HEADER = ("target", "shape", "value", "bound", "verdict", "why")
+
+
+def ratio_cells(rows: list[dict]) -> list[tuple]:
+    return [
+        (e["op"], e["peer"], e["shape"] + (f":{e['layout']}" if e["layout"] else ""),
+         _num(e["fwd_speedup"]), _num(e["fwdbwd_speedup"]), _num(e["peak_ratio"]),
+         e["first_call"], e["peer_first_call"],
+         e["peer_status"][:60])
+        for e in peer_ratios(rows)
+    ]  # fmt: skip
+
+
+def target_cells(rows: list[dict]) -> list[tuple]:
+    return [
+        (t["target"], t["shape"], _num(t["value"]), t["bound"], t["verdict"], t["why"][:100])
+        for t in delta_targets(rows)
+    ]
+
+
+RATIO_NOTE = (
+    "fwd × and fwd+bwd × = peer ms / linrnn ms (> 1: linrnn faster); peak ratio = linrnn / peer "
+    "fwd+bwd peak MiB (< 1: linrnn needs less); first s = first forward+backward incl. compile "
+    "(f: the forward alone, > : never finished)"
+)
+
+
+def text(rows: list[dict]) -> str:
+    """The two tables as plain text ("" when neither has a line)."""
+    parts = []
+    ratios = ratio_cells(rows)
+    if ratios:
+        parts.append(f"linrnn against its peers: {RATIO_NOTE}")
+        parts.append(report.format_table(RATIO_HEADER, ratios, (0, 0, 0, 1, 1, 1, 1, 1, 0)))
+    targets = target_cells(rows)
+    if targets:
+        parts.append("delta-rule targets:")
+        parts.append(report.format_table(TARGET_HEADER, targets, (0, 0, 1, 0, 0, 0)))
+    return "\n".join(parts)
+
+
+def markdown_lines(rows: list[dict]) -> list[str]:
+    """The two tables in Markdown (no lines when neither has one)."""
+    lines: list[str] = []
+    ratios = ratio_cells(rows)
+    if ratios:
+        lines += ["", "### linrnn against its peers", "", RATIO_NOTE + ".", ""]
+        lines += report.md_table(RATIO_HEADER, ratios)
+    targets = target_cells(rows)
+    if targets:
+        lines += ["", "### delta-rule targets", ""]
+        lines += report.md_table(TARGET_HEADER, targets)
+    return lines
