@@ -298,6 +298,44 @@ SCORE_TILES = {
 
 
 # --------------------------------------------------------------------------------------------
+# The delta rule's chunk path (linrnn.engine.delta)
+
+# Its default chunk length (fla's too): A = (I + N)⁻¹ is one [L, L] fp32 register tile solved by
+# block forward substitution (cost and the stored A [B·H, T, L] grow with L), and every chunk is
+# one row tile of the state walk.
+DELTA_CHUNK_SIZE = 64
+DELTA_MAX_CHUNK = 128
+
+# Per kernel: solve (depth tile, num_warps, num_stages); wu (depth/output tile, num_warps,
+# num_stages); walk (K block, fp32 state elements per program: sets the V tile, num_warps,
+# num_stages). The walk holds the whole key dimension in at most four K blocks (K ≤ 256).
+DELTA_TILES = {"solve": (64, 4, 1), "wu": (64, 4, 2), "walk": (64, 8192, 4, 2)}
+DELTA_MAX_K = 256
+
+
+def delta_chunk_size(value, K: int, V: int, *, family: str = "delta_rule", dtype=None,
+                     device=None) -> int:  # fmt: skip
+    """The delta rule's chunk length L on the Triton chunk path: an int ≤
+    :data:`DELTA_MAX_CHUNK` as it is; None :data:`DELTA_CHUNK_SIZE`; ``"auto"`` the fastest L the
+    user measured on this GPU (the cache of :func:`auto_chunk_size`, capped), else the
+    default (no measurement of linrnn's and no runtime model for the delta rule yet)."""
+    check_chunk_size(value)
+    if value is None:
+        return DELTA_CHUNK_SIZE
+    if value == "auto":
+        measured = {}
+        if dtype is not None:
+            measured, _ = cached_timings(family, K, V, dtype, device_name(device))
+        return min(fastest(measured), DELTA_MAX_CHUNK) if measured else DELTA_CHUNK_SIZE
+    if value > DELTA_MAX_CHUNK:
+        raise ValueError(
+            f"the delta rule's chunk path solves each chunk in one tile: chunk_size must be ≤ "
+            f"{DELTA_MAX_CHUNK}, got {value}"
+        )
+    return int(value)
+
+
+# --------------------------------------------------------------------------------------------
 # Tiles of the recurrent kernels
 
 # The decode step's tile: the whole key dimension (BK = next power of two ≥ K) by a value tile

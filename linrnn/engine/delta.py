@@ -1,0 +1,219 @@
+"""Host of the Triton chunk path of the delta rule (DeltaNet, Gated DeltaNet; docs/DESIGN.md
+§1b): the forward as a pipeline of named steps, each one launch, and the autograd Function.
+
+    b       = chunk-local cumsum of g                              (scalar._chunk_cumsum)
+    A       = solve(k, beta, b, cfg)         (I + N)⁻¹ per chunk    [B·HV, T, L] fp32
+    w, u    = wu(k, v, beta, b, A, cfg)      W, U of the WY form    v's dtype
+    vn, states, S_T = walk(k, w, u, b, S0, cfg)   new values and the chunk states
+    o       = output(q, k, vn, b, states, cfg)    the scalar engine's output kernel, vn as v
+
+    (o, S_T), saved = forward(q, k, v, beta, g, S0, cfg)
+    dq, dk, dv, dbeta, dg, dS0 = backward(saved, cfg, do, dS_T)
+
+Value heads may outnumber q/k heads (HV = G·H, value head j reads q/k head j // G): every row
+table (b, A, states) has B·HV rows, and the kernels read q and k through head j // G.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from linrnn.engine import delta_kernels as dk
+from linrnn.engine import scalar_kernels as sk
+from linrnn.engine.config import (
+    DELTA_MAX_K,
+    DELTA_TILES,
+    ChunkConfig,
+    delta_chunk_size,
+    fp32_contiguous,
+)
+from linrnn.engine.host_math import cdiv, next_pow2
+from linrnn.engine.scalar import _chunk_cumsum
+
+# What forward() saves for backward() (None where the call has no such tensor): the inputs
+# (contiguous; beta, g, S0 fp32), b, A, vn, the chunk states and the final state. W and U are
+# recomputed from A by wu().
+SAVED = ("q", "k", "v", "beta", "g", "S0", "b", "A", "vn", "states", "S_T")
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class DeltaConfig(ChunkConfig):
+    """The :class:`ChunkConfig` of one delta-rule call, over the value heads: ``rows`` = B·HV,
+    ``walkers`` = N·HV, plus ``H`` (q/k heads), ``HV``, ``G`` = HV // H and ``BL`` (a chunk's
+    rows as one tile, a power of two ≥ 16). L follows :func:`config.delta_chunk_size`."""
+
+    def __init__(self, q, v, *, scale, has_decay, chunk_size, offsets):
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        L = delta_chunk_size(chunk_size, K, V, dtype=q.dtype, device=q.device)
+        # The engine's config takes B, T, the head count, K, device and dtype from its q: q's
+        # first head repeated HV times (a view, no copy) gives it the value heads' rows.
+        qv = q[:, :, :1].expand(B, T, HV, K)
+        super().__init__(
+            qv, qv, v, scale=scale, has_decay=has_decay, has_igate=False, stabilize=False,
+            track_n=False, normalizer=None, eps=0.0, chunk_size=L, offsets=offsets,
+        )  # fmt: skip
+        self.H, self.HV, self.G = H, HV, HV // H
+        self.BL = max(16, next_pow2(self.L))
+
+
+def config(q, k, v, *, scale, g=None, chunk_size=None, offsets=None) -> DeltaConfig:
+    """The :class:`DeltaConfig` of a call (shapes as :func:`chunk` takes them)."""
+    return DeltaConfig(q, v, scale=scale, has_decay=g is not None, chunk_size=chunk_size,
+                       offsets=offsets)  # fmt: skip
+
+
+def solve(k, beta, b, cfg: DeltaConfig) -> torch.Tensor:
+    """A = (I + N)⁻¹ of every chunk, N_rs = β_r exp(b_r − b_s) (k_r·k_s) (s < r): [B·HV, T, L]
+    fp32, row t holding row r of its chunk's A over chunk-local columns, zeros above the
+    diagonal. k ``[B, T, H, K]``, beta ``[B, T, HV]`` fp32, b ``[B·HV, T]`` fp32 or None."""
+    T, K = k.shape[1], k.shape[3]
+    A = torch.empty(cfg.rows, T, cfg.L, device=k.device, dtype=torch.float32)
+    BK, nw, ns = DELTA_TILES["solve"]
+    dk.solve_fwd_kernel[(cfg.NT, cfg.rows)](
+        k=k, beta=beta, b=b, A=A, chunks=cfg.CHUNKS, T=T, H=cfg.HV, G=cfg.G, K=K, L=cfg.L,
+        NT=cfg.NT, BL=cfg.BL, BK=max(16, min(BK, next_pow2(K))), NB=cfg.BL // 16,
+        HAS_DECAY=b is not None, DOT_PREC=cfg.prec, VARLEN=cfg.varlen, num_warps=nw,
+        num_stages=ns,
+    )  # fmt: skip
+    return A
+
+
+def wu(k, v, beta, b, A, cfg: DeltaConfig):
+    """``(w, u)``: W = A diag(β exp(b)) K ``[B, T, HV, K]`` and U = A diag(β) V ``[B, T, HV,
+    V]`` of every chunk, in v's dtype (A from :func:`solve`; the backward calls this too)."""
+    B, T, K = k.shape[0], k.shape[1], k.shape[3]
+    HV, V = v.shape[2], v.shape[3]
+    w = torch.empty(B, T, HV, K, device=v.device, dtype=v.dtype)
+    u = torch.empty_like(v)
+    BD, nw, ns = DELTA_TILES["wu"]
+    dk.wu_fwd_kernel[(cfg.NT, cfg.rows)](
+        k=k, v=v, beta=beta, b=b, A=A, w=w, u=u, chunks=cfg.CHUNKS, T=T, H=HV, G=cfg.G, K=K,
+        V=V, L=cfg.L, NT=cfg.NT, BL=cfg.BL, BD=max(16, min(BD, next_pow2(max(K, V)))),
+        HAS_DECAY=b is not None, DOT_PREC=cfg.prec, VARLEN=cfg.varlen, num_warps=nw,
+        num_stages=ns,
+    )  # fmt: skip
+    return w, u
+
+
+def walk(k, w, u, b, S0, cfg: DeltaConfig):
+    """The chunks in order: ``(vn, states, S_T)`` — vn = U − W S0 per chunk ``[B, T, HV, V]``
+    in u's dtype, the state entering each chunk ``[B·HV, NT, K, V]`` fp32 and the final state
+    ``[N, HV, K, V]`` fp32, from the initial state S0 (fp32 contiguous, or None)."""
+    T, K = k.shape[1], k.shape[3]
+    HV, V = u.shape[2], u.shape[3]
+    f32 = dict(device=u.device, dtype=torch.float32)
+    vn = torch.empty_like(u)
+    states = torch.empty(cfg.rows, cfg.NT, K, V, **f32)
+    S_T = torch.empty(cfg.N, HV, K, V, **f32)
+    BK, elems, nw, ns = DELTA_TILES["walk"]
+    BK = max(16, min(BK, next_pow2(K)))
+    NKB = cdiv(K, BK)
+    BV = max(16, min(64, elems // (NKB * BK), next_pow2(V)))
+    dk.walk_fwd_kernel[(cdiv(V, BV), cfg.walkers)](
+        k=k, w=w, u=u, b=b, h0=S0, h=states, vn=vn, ht=S_T, co=cfg.CO, chunks=cfg.CHUNKS, T=T,
+        H=HV, G=cfg.G, K=K, V=V, L=cfg.L, NT=cfg.NT, BT=cfg.BL, BK=BK, BV=BV, NKB=NKB,
+        HAS_DECAY=b is not None, HAS_H0=S0 is not None, DOT_PREC=cfg.prec, VARLEN=cfg.varlen,
+        num_warps=nw, num_stages=ns,
+    )  # fmt: skip
+    return vn, states, S_T
+
+
+def output(q, k, vn, b, states, cfg: DeltaConfig) -> torch.Tensor:
+    """o = scale·[exp(b_r) q_r S0 + Σ_{s≤r} exp(b_r − b_s) (q_r·k_s) vn_s] ``[B, T, HV, V]`` in
+    q's dtype: the scalar engine's output kernel with vn as v."""
+    T, K = q.shape[1], q.shape[3]
+    HV, V = vn.shape[2], vn.shape[3]
+    o = torch.empty(*vn.shape, device=vn.device, dtype=q.dtype)
+    BQ, BD, BO, launch = cfg.tiles("out_fwd", K, V)
+    NQ = cdiv(cfg.L, BQ)
+    sk.out_fwd_kernel[(cfg.NT * NQ, cdiv(V, BO), cfg.rows)](
+        q=q, k=k, v=vn, h=states, hn=None, mc=None, g=b, gi=None, o=o, den=None, m_row=None,
+        chunks=cfg.CHUNKS, T=T, H=HV, G=cfg.G, K=K, V=V, L=cfg.L, NT=cfg.NT, NQ=NQ, NSEQ=cfg.NSEQ,
+        scale=cfg.scale, eps=0.0, BQ=BQ, BD=BD, BO=BO, HAS_DECAY=b is not None, HAS_IGATE=False,
+        HAS_MAX=False, NORM=0, DOT_PREC=cfg.prec, VARLEN=cfg.varlen, **launch,
+    )  # fmt: skip
+    return o
+
+
+def forward(q, k, v, beta, g, S0, cfg: DeltaConfig):
+    """One chunk forward: ``((o, S_T), saved)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``
+    (one of fp16/bf16/fp32), beta ``[B, T, HV]``, g ``[B, T, HV]`` log decay or None (DeltaNet),
+    S0 ``[N, HV, K, V]`` fp32 contiguous or None. ``saved``: the tensors of :data:`SAVED`."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    beta, g = fp32_contiguous(beta), fp32_contiguous(g)
+    b = _chunk_cumsum(g, cfg.L, cfg) if g is not None else None
+    A = solve(k, beta, b, cfg)
+    w, u = wu(k, v, beta, b, A, cfg)
+    vn, states, S_T = walk(k, w, u, b, S0, cfg)
+    del w, u
+    o = output(q, k, vn, b, states, cfg)
+    saved = dict(q=q, k=k, v=v, beta=beta, g=g, S0=S0, b=b, A=A, vn=vn, states=states, S_T=S_T)
+    return (o, S_T), saved
+
+
+def backward(saved: dict, cfg: DeltaConfig, do, dS_T):
+    """The gradients ``(dq, dk, dv, dbeta, dg, dS0)`` of one chunk call."""
+    raise NotImplementedError(
+        "the backward of the delta rule's Triton chunk path is not implemented yet; use "
+        "mode='recurrent' or backend='torch' for gradients"
+    )
+
+
+class ChunkFunction(torch.autograd.Function):
+    """The autograd Function of :func:`forward` / :func:`backward` (eager calls)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, S0, cfg: DeltaConfig):
+        outputs, saved = forward(q, k, v, beta, g, S0, cfg)
+        ctx.cfg, ctx.names = cfg, tuple(saved)
+        ctx.save_for_backward(*saved.values())
+        return outputs
+
+    @staticmethod
+    def backward(ctx, do, dS_T):
+        saved = dict(zip(ctx.names, ctx.saved_tensors))
+        return (*backward(saved, ctx.cfg, do, dS_T), None)
+
+
+def check(q, k, v, beta, g, S0, offsets) -> None:
+    """Raise for inputs the kernels cannot run, naming the values."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be [B, T, heads, dim], got shape {tuple(x.shape)}")
+        if x.dtype not in DTYPES:
+            raise TypeError(f"{name} must be fp16, bf16 or fp32, got {x.dtype}")
+    if k.shape != q.shape:
+        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if v.shape[:2] != (B, T) or HV % H:
+        raise ValueError(
+            f"v must be [B, T, HV, V] with B, T = {B}, {T} and HV a multiple of H = {H}, got "
+            f"{tuple(v.shape)}"
+        )
+    if K > DELTA_MAX_K:
+        raise ValueError(f"the chunk path holds K ≤ {DELTA_MAX_K} in one state walk, got K = {K}")
+    for name, x in (("beta", beta), ("g", g)):
+        if x is not None and tuple(x.shape) != (B, T, HV):
+            raise ValueError(f"{name} must be [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
+    if offsets is not None and B != 1:
+        raise ValueError(f"packed sequences (offsets) need B = 1, got B = {B}")
+    N = B if offsets is None else len(offsets) - 1
+    if S0 is not None and tuple(S0.shape) != (N, HV, K, V):
+        raise ValueError(f"S0 must be [N, HV, K, V] = {(N, HV, K, V)}, got {tuple(S0.shape)}")
+
+
+def chunk(q, k, v, beta, g=None, *, scale, S0=None, offsets=None, chunk_size=None):
+    """The delta rule by chunks (autograd-enabled): ``(o [B, T, HV, V] in q's dtype, S_T
+    [N, HV, K, V] fp32)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]`` in one of fp16/bf16/fp32
+    (HV a multiple of H); beta ``[B, T, HV]``; g ``[B, T, HV]`` log decay ≤ 0 or None
+    (DeltaNet); S0 ``[N, HV, K, V]`` or None; ``offsets``: ``[N + 1]`` ints of packed
+    sequences (B = 1), each its own chunks and state; ``chunk_size``: see
+    :func:`config.delta_chunk_size`."""
+    check(q, k, v, beta, g, S0, offsets)
+    cfg = config(q, k, v, scale=scale, g=g, chunk_size=chunk_size, offsets=offsets)
+    return ChunkFunction.apply(q, k, v, beta, g, fp32_contiguous(S0), cfg)
