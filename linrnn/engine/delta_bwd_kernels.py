@@ -300,6 +300,14 @@ def wy_bwd_kernel(
         b_b = tl.zeros([BT], dtype=tl.float32)
     e_b = tl.exp(tl.where(m_t, b_b, float("-inf")))  # exp(b_r), 0 past the chunk
 
+    # k kᵀ over K
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < K
+        b_kb = _tile(p_k, o_t, o_k, HK * K, m_t, m_k)  # [BT, BK]
+        b_kk += tl.dot(b_kb, _tile_t(p_k, o_t, o_k, HK * K, m_t, m_k), input_precision=DOT_PREC)
+
     # Over V: dv, dY·v, dY vnᵀ
     b_dbeta = tl.zeros([BT], dtype=tl.float32)
     b_dnt = tl.zeros([BT, BT], dtype=tl.float32)
@@ -318,10 +326,14 @@ def wy_bwd_kernel(
     strict = (o_c[:, None] > o_c[None, :]) & m_t[:, None]  # s < r < chunk end
     lw = b_b[:, None] - b_b[None, :]
     b_p = -b_dnt * tl.exp(tl.where(strict, lw, float("-inf")))  # dN ∘ exp(b_r − b_s)
+    b_m = b_p * b_kk  # dN_rs ∂N_rs/∂β_r
+    b_dbeta += tl.sum(b_m, 1)
+    b_mb = b_m * b_beta[:, None]  # dN ∘ N
+    b_db = tl.sum(b_mb, 1) - tl.sum(b_mb, 0)
     b_pb = b_p * b_beta[:, None]
+    b_ps = b_pb + tl.trans(b_pb)  # dk gets (Pβ + Pβᵀ) K
 
-    # Over K: dZ = −dY S0ᵀ, then dk, and k kᵀ for dβ and db
-    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    # Over K: dZ = −dY S0ᵀ, then dk
     b_dze = tl.zeros([BT], dtype=tl.float32)  # dZ_r·exp(b_r) k_r
     for k0 in range(0, K, BK):
         o_k = k0 + tl.arange(0, BK)
@@ -335,20 +347,13 @@ def wy_bwd_kernel(
             b_dz -= tl.dot(b_dy.to(k.dtype.element_ty), b_st.to(k.dtype.element_ty),
                            input_precision=DOT_PREC)  # fmt: skip
         b_kb = _tile(p_k, o_t, o_k, HK * K, m_t, m_k)  # [BT, BK]
-        b_kf = b_kb.to(tl.float32)
         b_dkw = b_dz * (b_beta * e_b)[:, None]
-        b_dkw += tl.dot(b_pb.to(b_kb.dtype), b_kb, input_precision=DOT_PREC)
-        b_dkw += tl.dot(tl.trans(b_pb).to(b_kb.dtype), b_kb, input_precision=DOT_PREC)
+        b_dkw += tl.dot(b_ps.to(b_kb.dtype), b_kb, input_precision=DOT_PREC)
         p_o = p_dk + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
         msk = m_t[:, None] & m_k[None, :]
         tl.store(p_o, tl.load(p_o, mask=msk, other=0.0) + b_dkw, mask=msk)
-        b_dze += tl.sum(b_dz * b_kf, 1) * e_b
-        b_kk += tl.dot(b_kb, _tile_t(p_k, o_t, o_k, HK * K, m_t, m_k), input_precision=DOT_PREC)
+        b_dze += tl.sum(b_dz * b_kb.to(tl.float32), 1) * e_b
 
-    b_m = b_p * b_kk  # dN_rs ∂N_rs/∂β_r
-    b_dbeta += b_dze + tl.sum(b_m, 1)
-    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_dbeta, mask=m_t)
+    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_dbeta + b_dze, mask=m_t)
     if HAS_DECAY:
-        b_mb = b_m * b_beta[:, None]  # dN ∘ N
-        b_db = b_beta * b_dze + tl.sum(b_mb, 1) - tl.sum(b_mb, 0)
-        tl.store(db + i_bh * T + o_t, b_db, mask=m_t)
+        tl.store(db + i_bh * T + o_t, b_db + b_beta * b_dze, mask=m_t)
