@@ -201,7 +201,7 @@ def _tile(n: int, cap: int) -> int:
 
 
 def _group_sum(x, G: int, dtype):
-    """Gradients per value head ``[B, T, HV, D]`` fp32 → per q/k head ``[B, T, HV / G, D]`` in
+    """Gradients per value head ``[B, T, HV, D]`` → per q/k head ``[B, T, HV / G, D]`` in
     ``dtype``."""
     if G > 1:
         B, T, HV, D = x.shape
@@ -252,14 +252,15 @@ def _engine_flags(flags):
 
 
 def _dq(q, k, vn, do, b, states, cfg: DeltaConfig, sizes, flags):
-    """``(dq, q·dq)``: dq per value head ``[B, T, HV, K]`` fp32 from the engine's dq kernel with
-    vn as v, and q·dq ``[B·HV, T]`` (None without a decay)."""
+    """``(dq, q·dq)``: dq per value head ``[B, T, HV, K]`` from the engine's dq kernel with vn
+    as v (fp32 for the group sum; q's dtype when G = 1), and q·dq ``[B·HV, T]`` (None without
+    a decay)."""
     T, K = sizes["T"], sizes["K"]
     f32 = dict(device=q.device, dtype=torch.float32)
     BQ, BD, BO, launch = cfg.tiles("dq_bwd", sizes["V"], K)
     nQ, nK = cdiv(cfg.L, BQ), cdiv(K, BO)
     q_part = torch.empty(nK, cfg.rows, T, **f32) if flags["HAS_DECAY"] else None
-    dq = torch.empty(*do.shape[:3], K, **f32)
+    dq = torch.empty(*do.shape[:3], K, **f32) if cfg.G > 1 else torch.empty_like(q)
     sk.dq_bwd_kernel[(cfg.NT * nQ, nK, cfg.rows)](
         do=do, v=vn, k=k, q=q, h=states, hn=None, mc=None, g=b, gi=None, m_row=None, ra=None,
         rd=None, dq=dq, qdq=q_part, chunks=cfg.CHUNKS, **sizes, NQ=nQ, NSEQ=cfg.NSEQ,
