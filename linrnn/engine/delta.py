@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from linrnn.engine import delta_bwd_kernels as bk
 from linrnn.engine import delta_kernels as dk
 from linrnn.engine import scalar_kernels as sk
 from linrnn.engine.config import (
@@ -27,6 +28,7 @@ from linrnn.engine.config import (
     delta_chunk_size,
     fp32_contiguous,
 )
+from linrnn.engine.gate_grads import chunk_local, tokens
 from linrnn.engine.host_math import cdiv, next_pow2
 from linrnn.engine.scalar import _chunk_cumsum
 
@@ -153,12 +155,154 @@ def forward(q, k, v, beta, g, S0, cfg: DeltaConfig):
     return (o, S_T), saved
 
 
+# The backward's own kernels (delta_bwd_kernels): (largest V tile, fp32 state elements per
+# program of the walk: set its V tile with the K blocks, num_warps at chunks ≤ 64 rows, above).
+# The walk holds K as at most four blocks of up to 64 rows, like the forward's.
+BWD_TILES = {"dv_local": (64, 4), "walk": (64, 8192, 4, 8), "wy": (64, 4, 8)}
+
+
 def backward(saved: dict, cfg: DeltaConfig, do, dS_T):
-    """The gradients ``(dq, dk, dv, dbeta, dg, dS0)`` of one chunk call."""
-    raise NotImplementedError(
-        "the backward of the delta rule's Triton chunk path is not implemented yet; use "
-        "mode='recurrent' or backend='torch' for gradients"
-    )
+    """The gradients ``(dq, dk, dv, dbeta, dg, dS0)`` of one chunk call from what
+    :func:`forward` saved, the cotangent of o and that of the final state (dS_T may be None);
+    dg is None without g, dS0 None without S0. The steps (delta_bwd_kernels for the math)::
+
+        dy            = dv_local(q, k, do, b)          scale·Mᵀ dO, the state-free part of dvn
+        dstates, dS0  = walk_bwd(...)                  dvn = dy + Kt dS'; dy := Aᵀ dvn
+        dq, dk        = the engine's dq, dk kernels    vn as v (dk: the direct part)
+        dv, dbeta, db = wy_bwd(...)                    dk += the WY part
+        dg            = chunk-local reverse sum of q·dq − k·dk + db, ⟨dS', S'⟩ at chunk ends
+
+    dq and dk are computed per value head and summed over each group of G."""
+    s = saved
+    q, k, v, beta, b, A = s["q"], s["k"], s["v"], s["beta"], s["b"], s["A"]
+    vn, states = s["vn"], s["states"]
+    B, T, _H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    do = do.contiguous()
+    sizes = dict(T=T, H=HV, G=cfg.G, K=K, V=V, L=cfg.L, NT=cfg.NT)
+    flags = dict(HAS_DECAY=b is not None, DOT_PREC=cfg.prec, VARLEN=cfg.varlen)
+
+    dy = _dv_local(q, k, do, b, cfg, sizes, flags)
+    dstates, dS0, bnd = _walk_bwd(q, k, beta, b, A, do, dy, states, s["S_T"], dS_T, cfg, sizes,
+                                  flags)  # fmt: skip
+    dq, q_dq = _dq(q, k, vn, do, b, states, cfg, sizes, flags)
+    dk, k_dk = _dk_direct(q, k, vn, do, b, dstates, cfg, sizes, flags)
+    dv, dbeta, db = _wy_bwd(k, v, vn, beta, b, states, dy, dk, cfg, sizes, flags)
+    dg = None
+    if b is not None:
+        dg = tokens(chunk_local(q_dq.double() - k_dk + db, bnd, cfg).float(), (B, T, HV))
+    dq, dk = _group_sum(dq, cfg.G, q.dtype), _group_sum(dk, cfg.G, k.dtype)
+    return dq, dk, dv, dbeta, dg, (dS0 if s["S0"] is not None else None)
+
+
+def _tile(n: int, cap: int) -> int:
+    """The power of two ≥ n (at least 16, at most cap)."""
+    return max(16, min(cap, next_pow2(n)))
+
+
+def _group_sum(x, G: int, dtype):
+    """Gradients per value head ``[B, T, HV, D]`` → per q/k head ``[B, T, HV / G, D]`` in
+    ``dtype``."""
+    if G > 1:
+        B, T, HV, D = x.shape
+        x = x.view(B, T, HV // G, G, D).sum(3)
+    return x.to(dtype)
+
+
+def _dv_local(q, k, do, b, cfg: DeltaConfig, sizes, flags):
+    """dy = scale·Mᵀ dO ``[B, T, HV, V]`` in do's dtype (dv_local_kernel)."""
+    K, V, L = sizes["K"], sizes["V"], sizes["L"]
+    BO, nw = BWD_TILES["dv_local"]
+    BS, BD, BV = _tile(L, 64), _tile(K, 64), _tile(V, BO)
+    NS = cdiv(L, BS)
+    dy = torch.empty(*do.shape, device=do.device, dtype=do.dtype)
+    bk.dv_local_kernel[(cfg.NT * NS, cdiv(V, BV), cfg.rows)](
+        q=q, k=k, do=do, g=b, dy=dy, chunks=cfg.CHUNKS, **sizes, NS=NS, scale=cfg.scale, BS=BS,
+        BD=BD, BV=BV, **flags, num_warps=nw,
+    )  # fmt: skip
+    return dy
+
+
+def _walk_bwd(q, k, beta, b, A, do, dy, states, S_T, dS_T, cfg: DeltaConfig, sizes, flags):
+    """The reverse walk (walk_bwd_kernel): ``(dstates, dS0, bnd)`` — the gradient of the state
+    leaving each chunk ``[B·HV, NT, K, V]`` fp32, of the initial state ``[N, HV, K, V]`` fp32,
+    and ⟨dS', S'⟩ at each chunk end ``[B·HV, NT]`` (None without a decay); dy becomes Aᵀ dvn."""
+    K, V = sizes["K"], sizes["V"]
+    f32 = dict(device=do.device, dtype=torch.float32)
+    BO, elems, nw_small, nw_large = BWD_TILES["walk"]
+    BK = _tile(K, 64)
+    NB = cdiv(K, BK)
+    BV = _tile(V, max(16, min(BO, elems // (NB * BK), elems // 2 // cfg.BL)))
+    nV = cdiv(V, BV)
+    dstates = torch.empty(cfg.rows, cfg.NT, K, V, **f32)
+    dS0 = torch.empty(cfg.N, cfg.HV, K, V, **f32)
+    bnd = torch.empty(cfg.rows, cfg.NT, nV, **f32) if flags["HAS_DECAY"] else None
+    bk.walk_bwd_kernel[(nV, cfg.walkers)](
+        q=q, k=k, beta=beta, g=b, A=A, do=do, dy=dy, h=states, ht=S_T,
+        dht=fp32_contiguous(dS_T), dh=dstates, dh0=dS0, bnd=bnd, co=cfg.CO, chunks=cfg.CHUNKS,
+        **sizes, scale=cfg.scale, BT=cfg.BL, BK=BK, BV=BV, NB=NB, HAS_DHT=dS_T is not None,
+        **flags, num_warps=nw_small if cfg.BL <= 64 else nw_large,
+    )  # fmt: skip
+    return dstates, dS0, (bnd.sum(-1) if bnd is not None else None)
+
+
+def _engine_flags(flags):
+    """The scalar engine's switches for the delta rule: no input gate, max state, normalizer."""
+    return dict(flags, HAS_IGATE=False, HAS_MAX=False, HAS_NORM=False)
+
+
+def _dq(q, k, vn, do, b, states, cfg: DeltaConfig, sizes, flags):
+    """``(dq, q·dq)``: dq per value head ``[B, T, HV, K]`` from the engine's dq kernel with vn
+    as v (fp32 for the group sum; q's dtype when G = 1), and q·dq ``[B·HV, T]`` (None without
+    a decay)."""
+    T, K = sizes["T"], sizes["K"]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    BQ, BD, BO, launch = cfg.tiles("dq_bwd", sizes["V"], K)
+    nQ, nK = cdiv(cfg.L, BQ), cdiv(K, BO)
+    q_part = torch.empty(nK, cfg.rows, T, **f32) if flags["HAS_DECAY"] else None
+    dq = torch.empty(*do.shape[:3], K, **f32) if cfg.G > 1 else torch.empty_like(q)
+    sk.dq_bwd_kernel[(cfg.NT * nQ, nK, cfg.rows)](
+        do=do, v=vn, k=k, q=q, h=states, hn=None, mc=None, g=b, gi=None, m_row=None, ra=None,
+        rd=None, dq=dq, qdq=q_part, chunks=cfg.CHUNKS, **sizes, NQ=nQ, NSEQ=cfg.NSEQ,
+        scale=cfg.scale, BQ=BQ, BD=BD, BO=BO, **_engine_flags(flags), **launch,
+    )  # fmt: skip
+    return dq, (q_part.sum(0) if q_part is not None else None)
+
+
+def _dk_direct(q, k, vn, do, b, dstates, cfg: DeltaConfig, sizes, flags):
+    """``(dk, k·dk)``: the direct part of dk (vn held fixed) per value head ``[B, T, HV, K]``
+    fp32 from the engine's dk kernel with vn as v, and k·dk ``[B·HV, T]`` (None without a
+    decay)."""
+    T, K = sizes["T"], sizes["K"]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    BS, BD, BO, launch = cfg.tiles("dk_bwd", sizes["V"], K)
+    nS, nK = cdiv(cfg.L, BS), cdiv(K, BO)
+    k_part = torch.empty(nK, cfg.rows, T, **f32) if flags["HAS_DECAY"] else None
+    dk = torch.empty(*do.shape[:3], K, **f32)
+    sk.dk_bwd_kernel[(cfg.NT * nS, nK, cfg.rows)](
+        v=vn, do=do, q=q, k=k, dh=dstates, dhn=None, mc=None, g=b, gi=None, m_row=None,
+        ra=None, rd=None, dk=dk, kdk=k_part, chunks=cfg.CHUNKS, **sizes, NS=nS, NSEQ=cfg.NSEQ,
+        scale=cfg.scale, BS=BS, BD=BD, BO=BO, HAS_N=False, **_engine_flags(flags), **launch,
+    )  # fmt: skip
+    return dk, (k_part.sum(0) if k_part is not None else None)
+
+
+def _wy_bwd(k, v, vn, beta, b, states, dy, dk, cfg: DeltaConfig, sizes, flags):
+    """``(dv, dbeta, db)`` of the WY form (wy_bwd_kernel), adding its part of dk into dk:
+    dv in v's dtype, dbeta ``[B, T, HV]`` fp32, db ``[B·HV, T]`` fp32 (None without a
+    decay)."""
+    B, T, HV = beta.shape
+    f32 = dict(device=v.device, dtype=torch.float32)
+    BO, nw_small, nw_large = BWD_TILES["wy"]
+    dv = torch.empty_like(v)
+    dbeta = torch.empty(B, T, HV, **f32)
+    db = torch.empty(cfg.rows, T, **f32) if flags["HAS_DECAY"] else None
+    bk.wy_bwd_kernel[(cfg.NT, cfg.rows)](
+        k=k, v=v, vn=vn, beta=beta, g=b, h=states, dy=dy, dv=dv, dk=dk, dbeta=dbeta, db=db,
+        chunks=cfg.CHUNKS, **sizes, BT=cfg.BL, BK=_tile(sizes["K"], BO),
+        BV=_tile(sizes["V"], BO), **flags, num_warps=nw_small if cfg.BL <= 64 else nw_large,
+    )  # fmt: skip
+    return dv, dbeta, db
 
 
 class ChunkFunction(torch.autograd.Function):
