@@ -23,24 +23,17 @@ NAMES = ("q", "k", "v", "beta", "g", "S0")
 
 
 def _inputs(B, T, H, G, K, V, *, gated=True, h0=True, beta_max=1.0, g_min=-1.0, N=None):
-    """Seeded fp32 inputs: L2-normalized keys, beta in [0, beta_max], log decays uniform in
-    [g_min, 0] (None without ``gated``), S0 [N, HV, K, V] (None without ``h0``)."""
-    gen = torch.Generator().manual_seed(1234 + 7 * T + K + V + G)
-    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    uni = lambda *s: torch.rand(*s, generator=gen)  # noqa: E731
+    """Random fp32 inputs (the test's seed, conftest): L2-normalized keys, beta in
+    [0, beta_max], log decays uniform in [g_min, 0] (None without ``gated``), S0 [N, HV, K, V]
+    (None without ``h0``)."""
+    rnd = lambda *s: torch.randn(*s, device=DEVICE)  # noqa: E731
+    uni = lambda *s: torch.rand(*s, device=DEVICE)  # noqa: E731
     HV, N = H * G, B if N is None else N
-    x = dict(
+    return dict(
         q=rnd(B, T, H, K), k=F.normalize(rnd(B, T, H, K), dim=-1), v=rnd(B, T, HV, V),
         beta=beta_max * uni(B, T, HV), g=g_min * uni(B, T, HV) if gated else None,
         S0=rnd(N, HV, K, V) if h0 else None,
     )  # fmt: skip
-    return {n: None if t is None else t.to(DEVICE) for n, t in x.items()}
-
-
-def _cotangents(o_shape, s_shape):
-    gen = torch.Generator().manual_seed(99)
-    return (torch.randn(*o_shape, generator=gen).to(DEVICE),
-            torch.randn(*s_shape, generator=gen).to(DEVICE))  # fmt: skip
 
 
 def _run(fn, x, do, dS, dtype):
@@ -93,7 +86,7 @@ def _check(x, scale=None, offsets=None):
     N = B if offsets is None else len(offsets) - 1
     HV, V = x["v"].shape[2:]
     scale = K**-0.5 if scale is None else scale
-    do, dS = _cotangents((B, T, HV, V), (N, HV, K, V))
+    do, dS = torch.randn(B, T, HV, V, device=DEVICE), torch.randn(N, HV, K, V, device=DEVICE)
     o, S, grads = _run(_triton(scale, offsets), x, do, dS, torch.float32)
     o_ref, S_ref, g_ref = _run(_reference(scale, offsets), x, do, dS, torch.float64)
     assert o.dtype == torch.float32 and S.dtype == torch.float32
@@ -103,7 +96,7 @@ def _check(x, scale=None, offsets=None):
     for n in g_ref:
         assert grads[n].dtype == x[n].dtype, (n, grads[n].dtype)
         assert_close(f"d{n}", grads[n], g_ref[n], torch.float32)
-    return o, S, grads
+    return o, S, grads, (do, dS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,8 +135,32 @@ def test_strong_decays_and_beta_two():
     x["beta"][:, 3] = 1.0
     x["beta"][:, 8] = 2.0
     x["g"][:, 5] = 0.0
-    _o, _S, grads = _check(x)
+    grads = _check(x)[2]
     assert all(torch.isfinite(t).all() for t in grads.values())
+
+
+@pytest.mark.parametrize("h0", [False, True], ids=["zero", "h0"])
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_decay_gradient_restarts(monkeypatch, packed, h0):
+    """The decay gradient's reverse sum restarts from the exact value every ANCHOR_EVERY steps
+    (here 4, with lengths that are no multiple of it, an empty sequence and two value tiles
+    per head: the restart values are sums over the tiles)."""
+    monkeypatch.setattr(dr, "ANCHOR_EVERY", 4)
+    monkeypatch.setattr(dr, "TILE", dict(dr.TILE, BV_MAX=16))
+    if packed:
+        lens = [9, 0, 4, 13, 1]
+        offsets = [0, *torch.tensor(lens).cumsum(0).tolist()]
+        x = _inputs(1, sum(lens), 2, 2, 8, 24, N=len(lens), h0=h0, beta_max=2.0, g_min=-30.0)
+        assert len(dr.anchor_slots(1, sum(lens), offsets)[0]) == 2 + 3
+    else:
+        offsets = None
+        x = _inputs(2, 11, 1, 2, 8, 24, h0=h0, beta_max=2.0, g_min=-30.0)
+    _check(x, offsets=offsets)
+
+
+def test_long_sequence_strong_decays():
+    """A sequence of several restart segments with decays down to −30 per step."""
+    _check(_inputs(1, 150, 1, 1, 8, 8, beta_max=2.0, g_min=-30.0))
 
 
 def test_scale():
@@ -165,9 +182,8 @@ def test_packed_sequences_equal_separate_calls():
     lens = [1, 0, 6, 3]
     offsets = [0, *torch.tensor(lens).cumsum(0).tolist()]
     x = _inputs(1, sum(lens), 2, 2, 12, 10, N=len(lens), beta_max=2.0)
-    o, S, grads = _check(x, offsets=offsets)
+    o, S, grads, (do, dS) = _check(x, offsets=offsets)
     scale = 12**-0.5
-    do, dS = _cotangents(o.shape, S.shape)
     for i, (a, b) in enumerate(itertools.pairwise(offsets)):
         if a == b:
             assert torch.equal(S[i], x["S0"][i])

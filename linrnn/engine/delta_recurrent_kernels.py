@@ -27,7 +27,12 @@ host sums them. The log-decay gradient takes the identity of docs/DESIGN.md §1b
 X_t = ⟨S_t, dS_t⟩, ∂L/∂g_t = ⟨S_a,t, dS_a,t⟩ = X_t − β_t dβ_t − (v_t − e_t)·de_t and
 X_t = q_t·dq_t + ∂L/∂g_{t+1}, so ∂L/∂g_t = Σ_{u≥t} c_u + ⟨S_T, dS_T⟩ with
 c_u = q_u·dq_u − β_u dβ_u − (v_u − e_u)·de_u: the kernels store c (per V tile, ``dgt``), the
-host sums it in reverse in fp64.
+host sums it in reverse in fp64. That sum cancels: where exp(g_t) ≈ 0 the exact ∂L/∂g_t is ≈ 0
+while X_t is not, so each step adds about ε·|X_t| of fp32 rounding, which a sum over the whole
+sequence would accumulate. It restarts instead at every segment start t = s·SEG from the exact
+value ⟨S_{t-1}, D_{t-1}⟩ (D_{t-1} = exp(g_t) dS_a,t, the state's cotangent from step t on): the
+reverse walk stores D_{t-1} there (``dck``), the forward walk takes the inner product with its
+S_{t-1} (``dga``).
 
 Layout: q, k ``[B, T, H, K]``; v, o, e ``[B, T, HV, V]`` with value head j reading q/k head
 j // (HV / H); beta, g ``[B, T, HV]`` fp32; states ``[N, HV, K, V]`` fp32. Packed sequences
@@ -115,22 +120,26 @@ def delta_recurrent_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def delta_recurrent_bwd_dh_kernel(
-    q, k, v, beta, g, e, do, dht, dv, dk_part, db_part, dgt_part, dh0, cu_seqlens,
-    scale, T, NTOK, H, HV, K, V,
-    BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
-    HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
+    q, k, v, beta, g, e, do, dht, dv, dk_part, db_part, dgt_part, dh0, dck, ck_offsets,
+    cu_seqlens, scale, T, NTOK, H, HV, K, V,
+    BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr, HAS_G: tl.constexpr,
+    HAS_DHT: tl.constexpr, HAS_H0: tl.constexpr, HAS_ANCHORS: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (V tiles, N·HV), BK ≥ K: the backward walk of dS from dht (zeros without
     ``HAS_DHT``). Writes dv (fp32, whole), this tile's partials of dk (β dS e) [NV, NTOK, HV, K],
     dβ and, with ``HAS_G``, of the decay term −β dβ − (v − e)·de [NV, NTOK, HV]; dh0 with
-    ``HAS_H0``."""
+    ``HAS_H0``; with ``HAS_ANCHORS`` the cotangent D_{t-1} = exp(g_t) dS_a,t of the state
+    entering every segment start t = s·SEG > 0 into dck [slots, HV, K, V] (the sequence's
+    slots from ``ck_offsets``, slot s − 1 for segment s)."""
     i_v, i_nh, i_hv, i_h, bos, n_steps = _head(cu_seqlens, T, H, HV, IS_VARLEN)
     o_k, o_v, m_k, m_v = _columns(i_v, K, V, BK, BV)
     b_dh, _b_dn = _start_state(dht, None, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_DHT, False, BK,
                                BV)  # fmt: skip
     part = i_v.to(tl.int64) * NTOK * HV  # this tile's slice of the partial buffers
     for j in range(n_steps):
-        row = bos + n_steps - 1 - j
+        t = n_steps - 1 - j
+        row = bos + t
         p_v, p_s, b_q, b_k, b_v, b_b = _load_step(q, k, v, beta, row, i_h, i_hv, o_k, m_k, o_v,
                                                   m_v, H, HV, K, V)  # fmt: skip
         b_e = tl.load(e + p_v + o_v, mask=m_v, other=0.0)
@@ -146,21 +155,27 @@ def delta_recurrent_bwd_dh_kernel(
         if HAS_G:
             tl.store(dgt_part + part + p_s, -b_b * b_db - tl.sum((b_v - b_e) * b_de))
             b_dh *= tl.exp(tl.load(g + p_s))
+            if HAS_ANCHORS:
+                if (t % SEG == 0) & (t > 0):
+                    slot = tl.load(ck_offsets + i_nh // HV) + t // SEG - 1
+                    _store_tile(dck, b_dh, slot * HV + i_hv, o_k, o_v, m_k, m_v, K, V)
     if HAS_H0:
         _store_tile(dh0, b_dh, i_nh, o_k, o_v, m_k, m_v, K, V)
 
 
 @triton.jit(do_not_specialize=["T"])
 def delta_recurrent_bwd_s_kernel(
-    q, k, v, beta, g, h0, do, dv, dq_part, dk_part, dgt_part, cu_seqlens,
-    scale, T, NTOK, H, HV, K, V,
-    BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    q, k, v, beta, g, h0, do, dv, dq_part, dk_part, dgt_part, dck, ck_offsets, dga_part,
+    cu_seqlens, scale, T, NTOK, NSLOT, H, HV, K, V,
+    BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr, HAS_G: tl.constexpr,
+    HAS_H0: tl.constexpr, HAS_ANCHORS: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (V tiles, N·HV), BK ≥ K: the forward walk again, S recomputed from h0, after
     :func:`delta_recurrent_bwd_dh_kernel` (it reads dv = de and adds to that kernel's partials of
     the same tile). Writes this tile's partial of dq [NV, NTOK, HV, K], adds −S_a de to dk's and,
-    with ``HAS_G``, q·dq to the decay term's."""
+    with ``HAS_G``, q·dq to the decay term's; with ``HAS_ANCHORS``, this tile's partial of the
+    exact decay gradient ⟨S_{t-1}, D_{t-1}⟩ at every segment start t > 0 into dga_part
+    [NV, slots, HV] (D from dck)."""
     i_v, i_nh, i_hv, i_h, bos, n_steps = _head(cu_seqlens, T, H, HV, IS_VARLEN)
     o_k, o_v, m_k, m_v = _columns(i_v, K, V, BK, BV)
     b_h, _b_n = _start_state(h0, None, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_H0, False, BK, BV)
@@ -170,6 +185,13 @@ def delta_recurrent_bwd_s_kernel(
                                                   o_v, m_v, H, HV, K, V)  # fmt: skip
         b_do = tl.load(do + p_v + o_v, mask=m_v, other=0.0).to(tl.float32)
         b_de = tl.load(dv + p_v + o_v, mask=m_v, other=0.0)
+        if HAS_ANCHORS:
+            if (t % SEG == 0) & (t > 0):
+                slot = tl.load(ck_offsets + i_nh // HV) + t // SEG - 1
+                p_d = dck + (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+                b_d = tl.load(p_d, mask=m_k[:, None] & m_v[None, :], other=0.0)
+                tl.store(dga_part + (i_v.to(tl.int64) * NSLOT + slot) * HV + i_hv,
+                         tl.sum(b_h * b_d))  # fmt: skip
         if HAS_G:
             b_h *= tl.exp(tl.load(g + p_s))  # S_a,t
         p_dk = dk_part + (part + p_s) * K + o_k
