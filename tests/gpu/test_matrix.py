@@ -1,5 +1,6 @@
-"""The GPU correctness matrix: every linrnn op with Triton kernels × mode (chunk, fused_chunk)
-× dtype (bf16, fp16, fp32) against float64, through the public API only.
+"""The GPU correctness matrix: every linrnn op with Triton kernels × its modes with kernels
+(chunk, fused_chunk; the delta rule: chunk, recurrent) × dtype (bf16, fp16, fp32) against
+float64, through the public API only.
 
 Each case runs the op with ``backend="triton"`` on seeded random inputs (the bench's recipe,
 :func:`linrnn.bench.registry.make_inputs`; q, k, v in the tested dtype, gates fp32), from an
@@ -44,9 +45,13 @@ interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                  reason="Triton on CPU tensors: interpreter only")  # fmt: skip
 
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
-OPS = tuple(name for name, op in registry.OPS.items() if op.triton)
-MODES = ("chunk", "fused_chunk")
 SHAPES = ("B2-T300-H3-K96-V80", "B1-T4096-H2-K256-V256")
+GROUPED_SHAPES = ("B2-T300-H3-HV6-K96-V80", "B1-T4096-H2-K256-V256")  # grouped value heads
+# Every op × each of its modes with Triton kernels (chunk and fused_chunk; the delta rule's
+# chunk and recurrent).
+OP_MODES = [(name, mode) for name, op in registry.OPS.items() for mode in op.kernel_modes()]
+CASES = [(name, mode, dtype, shape) for name, mode in OP_MODES for dtype in TOLERANCE
+         for shape in (GROUPED_SHAPES if registry.OPS[name].grouped else SHAPES)]  # fmt: skip
 PREFIX_T = 32  # steps of the prefix whose final state is the initial state
 REFERENCE_MAX_T = 512  # longer shapes take the fp64 chunk engine (the loop would take seconds)
 
@@ -181,7 +186,7 @@ def task_errors(op: str, mode: str, dtype: str, device: str = "cuda") -> dict:
     and the seconds it took under ``"seconds"``."""
     t0 = time.perf_counter()
     out: dict = {}
-    for shape in SHAPES:
+    for shape in GROUPED_SHAPES if registry.OPS[op].grouped else SHAPES:
         try:
             with nan_poisoned_empty():
                 out[shape] = matrix_errors(op, mode, dtype, shape, device)
@@ -194,10 +199,15 @@ def task_errors(op: str, mode: str, dtype: str, device: str = "cuda") -> dict:
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    """``{(op, mode, dtype, shape): errors or error text}`` of every case, from the workers."""
+def results(request) -> dict:
+    """``{(op, mode, dtype, shape): errors or error text}`` of every selected case (``-k``
+    selects), from the workers."""
     jobs = int(os.environ.get("LINRNN_GPU_JOBS", min(8, os.cpu_count() or 1)))
-    tasks = [(op, mode, dtype) for op in OPS for mode in MODES for dtype in TOLERANCE]
+    selected = {tuple(item.callspec.params[n] for n in ("op", "mode", "dtype"))
+                for item in request.session.items
+                if item.originalname == "test_matches_fp64"}  # fmt: skip
+    tasks = [(op, mode, dtype) for op, mode in OP_MODES for dtype in TOLERANCE
+             if (op, mode, dtype) in selected]  # fmt: skip
     spawn = multiprocessing.get_context("spawn")  # CUDA in the workers, none in this process
     with ProcessPoolExecutor(max_workers=jobs, mp_context=spawn) as pool:
         futures = {task: pool.submit(task_errors, *task) for task in tasks}
@@ -207,7 +217,8 @@ def results() -> dict:
             try:
                 by_shape = future.result()
             except Exception as exc:  # a worker died: its cases fail
-                by_shape = {shape: f"worker: {type(exc).__name__}: {exc}" for shape in SHAPES}
+                shapes = GROUPED_SHAPES if registry.OPS[task[0]].grouped else SHAPES
+                by_shape = {shape: f"worker: {type(exc).__name__}: {exc}" for shape in shapes}
             seconds = by_shape.pop("seconds", float("nan"))
             print(f"matrix {' '.join(task)}: {seconds:.0f} s (done at "
                   f"{time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
@@ -217,10 +228,7 @@ def results() -> dict:
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize(("op", "mode", "dtype", "shape"), CASES)
 def test_matches_fp64(op, mode, dtype, shape, results, worst_errors):
     errors = results[(op, mode, dtype, shape)]
     assert isinstance(errors, dict), errors
