@@ -127,10 +127,12 @@ def test_gradients_match_reference(case):
     _check(_inputs(B, T, H, HV, K, V, gated=gated, init=init), chunk_size=L, final=final)
 
 
-def test_float16():
-    """fp16 q, k, v (β, g, the state fp32): the fp16 tolerance. (bf16 is checked on the GPU:
-    the interpreter's bf16 dot is wrong.)"""
-    _check(_inputs(1, 70, 1, 2, 32, 32, init=True), chunk_size=32, dtype=torch.float16)
+@pytest.mark.parametrize("HV", [1, 2])
+def test_float16(HV):
+    """fp16 q, k, v (β, g, the state fp32): the fp16 tolerance; dq and dk come straight in
+    fp16 with HV = H, through an fp32 group sum with HV = 2H. (bf16 is checked on the GPU: the
+    interpreter's bf16 dot is wrong.)"""
+    _check(_inputs(1, 70, 1, HV, 32, 32, init=True), chunk_size=32, dtype=torch.float16)
 
 
 @pytest.mark.parametrize("g_min", [-30.0, -5.0])

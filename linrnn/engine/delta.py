@@ -273,14 +273,14 @@ def _dq(q, k, vn, do, b, states, cfg: DeltaConfig, sizes, flags):
 
 def _dk_direct(q, k, vn, do, b, dstates, cfg: DeltaConfig, sizes, flags):
     """``(dk, k·dk)``: the direct part of dk (vn held fixed) per value head ``[B, T, HV, K]``
-    fp32 from the engine's dk kernel with vn as v, and k·dk ``[B·HV, T]`` (None without a
-    decay)."""
+    from the engine's dk kernel with vn as v (fp32 for the group sum; k's dtype when G = 1),
+    and k·dk ``[B·HV, T]`` (None without a decay)."""
     T, K = sizes["T"], sizes["K"]
     f32 = dict(device=q.device, dtype=torch.float32)
     BS, BD, BO, launch = cfg.tiles("dk_bwd", sizes["V"], K)
     nS, nK = cdiv(cfg.L, BS), cdiv(K, BO)
     k_part = torch.empty(nK, cfg.rows, T, **f32) if flags["HAS_DECAY"] else None
-    dk = torch.empty(*do.shape[:3], K, **f32)
+    dk = torch.empty(*do.shape[:3], K, **f32) if cfg.G > 1 else torch.empty_like(k)
     sk.dk_bwd_kernel[(cfg.NT * nS, nK, cfg.rows)](
         v=vn, do=do, q=q, k=k, dh=dstates, dhn=None, mc=None, g=b, gi=None, m_row=None,
         ra=None, rd=None, dk=dk, kdk=k_part, chunks=cfg.CHUNKS, **sizes, NS=nS, NSEQ=cfg.NSEQ,
