@@ -111,6 +111,8 @@ CASES = [
     (1, 20, 1, 1, 128, 16, True, 16, True, True),  # K = 128: two K blocks of the walk
     (1, 9, 1, 2, 16, 16, True, 5, True, False),  # L < 16 (a 16-row tile)
     (1, 140, 1, 1, 16, 16, True, 128, True, True),  # L = 128
+    (2, 45, 2, 4, 16, 16, True, 16, True, True),  # gated, B = 2, G = 2
+    (1, 1, 1, 1, 16, 16, True, 16, True, True),  # T = 1
 ]
 
 
