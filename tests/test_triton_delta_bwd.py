@@ -111,6 +111,8 @@ CASES = [
     (1, 20, 1, 1, 128, 16, True, 16, True, True),  # K = 128: two K blocks of the walk
     (1, 9, 1, 2, 16, 16, True, 5, True, False),  # L < 16 (a 16-row tile)
     (1, 140, 1, 1, 16, 16, True, 128, True, True),  # L = 128
+    (2, 45, 2, 4, 16, 16, True, 16, True, True),  # gated, B = 2, G = 2
+    (1, 1, 1, 1, 16, 16, True, 16, True, True),  # T = 1
 ]
 
 
@@ -127,10 +129,12 @@ def test_gradients_match_reference(case):
     _check(_inputs(B, T, H, HV, K, V, gated=gated, init=init), chunk_size=L, final=final)
 
 
-def test_float16():
-    """fp16 q, k, v (β, g, the state fp32): the fp16 tolerance. (bf16 is checked on the GPU:
-    the interpreter's bf16 dot is wrong.)"""
-    _check(_inputs(1, 70, 1, 2, 32, 32, init=True), chunk_size=32, dtype=torch.float16)
+@pytest.mark.parametrize("HV", [1, 2])
+def test_float16(HV):
+    """fp16 q, k, v (β, g, the state fp32): the fp16 tolerance; dq and dk come straight in
+    fp16 with HV = H, through an fp32 group sum with HV = 2H. (bf16 is checked on the GPU: the
+    interpreter's bf16 dot is wrong.)"""
+    _check(_inputs(1, 70, 1, HV, 32, 32, init=True), chunk_size=32, dtype=torch.float16)
 
 
 @pytest.mark.parametrize("g_min", [-30.0, -5.0])

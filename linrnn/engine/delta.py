@@ -155,10 +155,12 @@ def forward(q, k, v, beta, g, S0, cfg: DeltaConfig):
     return (o, S_T), saved
 
 
-# The backward's own kernels (delta_bwd_kernels): (largest V tile, fp32 state elements per
-# program of the walk: set its V tile with the K blocks, num_warps at chunks ≤ 64 rows, above).
-# The walk holds K as at most four blocks of up to 64 rows, like the forward's.
-BWD_TILES = {"dv_local": (64, 4), "walk": (64, 8192, 4, 8), "wy": (64, 4, 8)}
+# The backward's own kernels (delta_bwd_kernels), sized to compile for sm_90 without register
+# spills (ptxas -v at K = V = 128 and 256, L = 64 and 128): dv_local (largest V tile,
+# num_warps); walk (largest V tile, fp32 state elements per program: with the K blocks this
+# sets the V tile, halved again for 128-row chunks, num_warps); wy (K and V tile, num_warps) for
+# chunks of up to 64 rows, wy_long above.
+BWD_TILES = {"dv_local": (128, 8), "walk": (64, 8192, 8), "wy": (64, 4), "wy_long": (32, 8)}
 
 
 def backward(saved: dict, cfg: DeltaConfig, do, dS_T):
@@ -229,7 +231,7 @@ def _walk_bwd(q, k, beta, b, A, do, dy, states, S_T, dS_T, cfg: DeltaConfig, siz
     and ⟨dS', S'⟩ at each chunk end ``[B·HV, NT]`` (None without a decay); dy becomes Aᵀ dvn."""
     K, V = sizes["K"], sizes["V"]
     f32 = dict(device=do.device, dtype=torch.float32)
-    BO, elems, nw_small, nw_large = BWD_TILES["walk"]
+    BO, elems, nw = BWD_TILES["walk"]
     BK = _tile(K, 64)
     NB = cdiv(K, BK)
     BV = _tile(V, max(16, min(BO, elems // (NB * BK), elems // 2 // cfg.BL)))
@@ -241,7 +243,7 @@ def _walk_bwd(q, k, beta, b, A, do, dy, states, S_T, dS_T, cfg: DeltaConfig, siz
         q=q, k=k, beta=beta, g=b, A=A, do=do, dy=dy, h=states, ht=S_T,
         dht=fp32_contiguous(dS_T), dh=dstates, dh0=dS0, bnd=bnd, co=cfg.CO, chunks=cfg.CHUNKS,
         **sizes, scale=cfg.scale, BT=cfg.BL, BK=BK, BV=BV, NB=NB, HAS_DHT=dS_T is not None,
-        **flags, num_warps=nw_small if cfg.BL <= 64 else nw_large,
+        **flags, num_warps=nw,
     )  # fmt: skip
     return dstates, dS0, (bnd.sum(-1) if bnd is not None else None)
 
@@ -271,14 +273,14 @@ def _dq(q, k, vn, do, b, states, cfg: DeltaConfig, sizes, flags):
 
 def _dk_direct(q, k, vn, do, b, dstates, cfg: DeltaConfig, sizes, flags):
     """``(dk, k·dk)``: the direct part of dk (vn held fixed) per value head ``[B, T, HV, K]``
-    fp32 from the engine's dk kernel with vn as v, and k·dk ``[B·HV, T]`` (None without a
-    decay)."""
+    from the engine's dk kernel with vn as v (fp32 for the group sum; k's dtype when G = 1),
+    and k·dk ``[B·HV, T]`` (None without a decay)."""
     T, K = sizes["T"], sizes["K"]
     f32 = dict(device=q.device, dtype=torch.float32)
     BS, BD, BO, launch = cfg.tiles("dk_bwd", sizes["V"], K)
     nS, nK = cdiv(cfg.L, BS), cdiv(K, BO)
     k_part = torch.empty(nK, cfg.rows, T, **f32) if flags["HAS_DECAY"] else None
-    dk = torch.empty(*do.shape[:3], K, **f32)
+    dk = torch.empty(*do.shape[:3], K, **f32) if cfg.G > 1 else torch.empty_like(k)
     sk.dk_bwd_kernel[(cfg.NT * nS, nK, cfg.rows)](
         v=vn, do=do, q=q, k=k, dh=dstates, dhn=None, mc=None, g=b, gi=None, m_row=None,
         ra=None, rd=None, dk=dk, kdk=k_part, chunks=cfg.CHUNKS, **sizes, NS=nS, NSEQ=cfg.NSEQ,
@@ -293,14 +295,14 @@ def _wy_bwd(k, v, vn, beta, b, states, dy, dk, cfg: DeltaConfig, sizes, flags):
     decay)."""
     B, T, HV = beta.shape
     f32 = dict(device=v.device, dtype=torch.float32)
-    BO, nw_small, nw_large = BWD_TILES["wy"]
+    BO, nw = BWD_TILES["wy" if cfg.BL <= 64 else "wy_long"]
     dv = torch.empty_like(v)
     dbeta = torch.empty(B, T, HV, **f32)
     db = torch.empty(cfg.rows, T, **f32) if flags["HAS_DECAY"] else None
     bk.wy_bwd_kernel[(cfg.NT, cfg.rows)](
         k=k, v=v, vn=vn, beta=beta, g=b, h=states, dy=dy, dv=dv, dk=dk, dbeta=dbeta, db=db,
         chunks=cfg.CHUNKS, **sizes, BT=cfg.BL, BK=_tile(sizes["K"], BO),
-        BV=_tile(sizes["V"], BO), **flags, num_warps=nw_small if cfg.BL <= 64 else nw_large,
+        BV=_tile(sizes["V"], BO), **flags, num_warps=nw,
     )  # fmt: skip
     return dv, dbeta, db
 

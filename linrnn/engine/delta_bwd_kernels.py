@@ -274,8 +274,8 @@ def wy_bwd_kernel(
         dk  += β exp(b) dZ + (Pβ + Pβᵀ) K                     (Pβ = diag(β) P)
         db_r = β_r exp(b_r) dZ_r·k_r + Σ_s (Pβ∘KKᵀ)_rs − Σ_r' (Pβ∘KKᵀ)_r'r
 
-    dv [B, T, H, V], dβ [B, T, H] fp32; dk [B, T, H, K] fp32 holds the direct part (the
-    engine's dk kernel) and gets this part added; ``HAS_DECAY``: db [B·H, T] fp32, this part of
+    dv [B, T, H, V], dβ [B, T, H] fp32; dk [B, T, H, K] holds the direct part (the engine's
+    dk kernel) and gets this part added; ``HAS_DECAY``: db [B·H, T] fp32, this part of
     the chunk-local log-decay gradient."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -351,7 +351,8 @@ def wy_bwd_kernel(
         b_dkw += tl.dot(b_ps.to(b_kb.dtype), b_kb, input_precision=DOT_PREC)
         p_o = p_dk + o_t.to(tl.int64)[:, None] * H * K + o_k[None, :]
         msk = m_t[:, None] & m_k[None, :]
-        tl.store(p_o, tl.load(p_o, mask=msk, other=0.0) + b_dkw, mask=msk)
+        b_dkw += tl.load(p_o, mask=msk, other=0.0).to(tl.float32)
+        tl.store(p_o, b_dkw.to(dk.dtype.element_ty), mask=msk)
         b_dze += tl.sum(b_dz * b_kb.to(tl.float32), 1) * e_b
 
     tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_dbeta + b_dze, mask=m_t)
