@@ -227,8 +227,10 @@ def _dv_local(q, k, do, b, cfg: DeltaConfig, sizes, flags):
 
 def _walk_bwd(q, k, beta, b, A, do, dy, states, S_T, dS_T, cfg: DeltaConfig, sizes, flags):
     """The reverse walk (walk_bwd_kernel): ``(dstates, dS0, bnd)`` — the gradient of the state
-    leaving each chunk ``[B·HV, NT, K, V]`` fp32, of the initial state ``[N, HV, K, V]`` fp32,
-    and ⟨dS', S'⟩ at each chunk end ``[B·HV, NT]`` (None without a decay); dy becomes Aᵀ dvn."""
+    leaving each chunk ``[B·HV, NT, K, V]`` in q's dtype (its one reader, the engine's dk
+    kernel, rounds it to that dtype for its product anyway), of the initial state
+    ``[N, HV, K, V]`` fp32, and ⟨dS', S'⟩ at each chunk end ``[B·HV, NT]`` (None without a
+    decay); dy becomes Aᵀ dvn."""
     K, V = sizes["K"], sizes["V"]
     f32 = dict(device=do.device, dtype=torch.float32)
     BO, elems, nw = BWD_TILES["walk"]
@@ -236,7 +238,7 @@ def _walk_bwd(q, k, beta, b, A, do, dy, states, S_T, dS_T, cfg: DeltaConfig, siz
     NB = cdiv(K, BK)
     BV = _tile(V, max(16, min(BO, elems // (NB * BK), elems // 2 // cfg.BL)))
     nV = cdiv(V, BV)
-    dstates = torch.empty(cfg.rows, cfg.NT, K, V, **f32)
+    dstates = torch.empty(cfg.rows, cfg.NT, K, V, device=q.device, dtype=q.dtype)
     dS0 = torch.empty(cfg.N, cfg.HV, K, V, **f32)
     bnd = torch.empty(cfg.rows, cfg.NT, nV, **f32) if flags["HAS_DECAY"] else None
     bk.walk_bwd_kernel[(nV, cfg.walkers)](

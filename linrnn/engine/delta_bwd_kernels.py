@@ -26,9 +26,10 @@ Kernels, in the order the host launches them:
 
 Layouts: q, k ``[B, T, H/G, K]`` (value head h reads q/k head h // G); v, vn, dO, dY
 ``[B, T, H, V]``; β, dβ ``[B, T, H]``; H counts value heads. Rows of b and db ``[B·H, T]`` fp32;
-A ``[B·H, T, L]`` fp32 (row t: row r of its chunk's A, chunk-local columns); chunk states and
-their gradients ``[B·H, NT, K, V]`` fp32. Packed sequences (``VARLEN``) as in the scalar
-engine: the chunk table ``chunks`` and each sequence's first chunk ``co``.
+A ``[B·H, T, L]`` fp32 (row t: row r of its chunk's A, chunk-local columns); chunk states
+``[B·H, NT, K, V]`` fp32, their gradients the same in the inputs' dtype. Packed sequences
+(``VARLEN``) as in the scalar engine: the chunk table ``chunks`` and each sequence's first chunk
+``co``.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def walk_bwd_kernel(
 ):  # fmt: skip
     """Grid (V tiles, N·H). Walks each sequence's chunks backwards from the final state's
     gradient dht ([N, H, K, V], or zeros without ``HAS_DHT``). Per chunk: stores dS' (dh
-    [B·H, NT, K, V] fp32), reads the local part of dvn from dy and overwrites it with dY =
+    [B·H, NT, K, V] in its dtype), reads the local part of dvn from dy and overwrites it with dY =
     Aᵀ dvn, and steps dS' to the gradient of the state entering the chunk; the first chunk's
     goes to dh0 [N, H, K, V]. ``HAS_DECAY``: also this V tile's part of ⟨dS', S'⟩ at each chunk
     end (bnd [B·H, NT, V tiles]; S' the next stored state h, or ht after a sequence's last
