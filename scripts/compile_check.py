@@ -39,6 +39,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_LIMIT = {90: 232448}  # bytes of shared memory one block may use (Hopper: 227 KiB)
 POINTER_TYPES = {"torch.float16": "*fp16", "torch.bfloat16": "*bf16", "torch.float32": "*fp32",
                  "torch.int32": "*i32", "torch.int64": "*i64"}  # fmt: skip
 
@@ -88,6 +89,22 @@ def _calls(linrnn, torch, F):
                            use_qk_l2norm=True)  # fmt: skip
                 yield (linrnn.delta_rule, (q, k, vg, beta), dkw)
                 yield (linrnn.gated_delta_rule, (q, k, vg, decay(B, T, HV), beta), dkw)
+        yield from _delta_head_dims(linrnn, torch, F, dt)
+
+
+def _delta_head_dims(linrnn, torch, F, dt):
+    """The delta rule at the head dims and chunk sizes whose tiles are largest (shared memory
+    grows with K, V and L): K = V ∈ {128, 256}, L ∈ {64, 128}, both modes."""
+    B, T, H = 1, 20, 1
+    for D in (128, 256):
+        for mode, L in (("chunk", None), ("chunk", 128), ("recurrent", None)):
+            q, k, v = (torch.randn(B, T, H, D, dtype=dt).requires_grad_() for _ in "qkv")
+            beta = torch.rand(B, T, H).requires_grad_()
+            g = F.logsigmoid(torch.randn(B, T, H)).requires_grad_()
+            kw = dict(mode=mode, backend="triton", chunk_size=L, use_qk_l2norm=True,
+                      initial_state=torch.randn(B, H, D, D).requires_grad_(),
+                      output_final_state=True)  # fmt: skip
+            yield (linrnn.gated_delta_rule, (q, k, v, g, beta), kw)
 
 
 def capture(path: str, limit: int | None) -> None:
@@ -170,11 +187,18 @@ def compile_all(path: str, arch: int, only: set[str]) -> int:
         signature, constants = _signature(fn, given)
         options = {k: given[k][1] for k in ("num_warps", "num_stages") if k in given}
         try:
-            triton.compile(ASTSource(fn, signature, constants), target=target, options=options)
+            kernel = triton.compile(ASTSource(fn, signature, constants), target=target,
+                                    options=options)  # fmt: skip
             compiled += 1
         except Exception as e:  # every compiler failure is a finding
             lines = [ln for ln in str(e).splitlines() if "Error" in ln] or [type(e).__name__]
             failures[(name, lines[-1].strip()[:200])] += 1
+            continue
+        # The launch would fail with OutOfResources: a finding too (the limit is the GPU's)
+        shared, limit = kernel.metadata.shared, SHARED_LIMIT.get(arch)
+        if limit is not None and shared > limit:
+            tiles = {k: v[1] for k, v in given.items() if k.startswith("B") and k.isupper()}
+            failures[(name, f"shared memory {shared} > {limit} at {tiles}")] += 1
     print(f"Triton {triton.__version__}, sm_{arch}: {compiled} specializations compiled, "
           f"{sum(failures.values())} failed")  # fmt: skip
     for (name, message), count in failures.most_common():

@@ -155,14 +155,15 @@ def test_solve(gated, offsets):
         n = c1 - c0
         for j in range(HV):
             kk = k[0, c0:c1, j // cfg.G].double()
-            bb = b[j, c0:c1].double() if b is not None else torch.zeros(n, dtype=torch.float64)
+            f64 = dict(dtype=torch.float64, device=k.device)
+            bb = b[j, c0:c1].double() if b is not None else torch.zeros(n, **f64)
             decay = torch.exp((bb[:, None] - bb[None, :]).tril(-1)).tril(-1)
             N = beta[0, c0:c1, j].double()[:, None] * decay * (kk @ kk.T)
             a = A[j, c0:c1].double()
             assert torch.equal(a[:, n:], torch.zeros_like(a[:, n:]))
-            assert torch.equal(a[:, :n].triu(1), torch.zeros(n, n, dtype=torch.float64))
-            assert torch.equal(a[:, :n].diagonal(), torch.ones(n, dtype=torch.float64))
-            eye = torch.eye(n, dtype=torch.float64)
+            assert torch.equal(a[:, :n].triu(1), torch.zeros(n, n, **f64))
+            assert torch.equal(a[:, :n].diagonal(), torch.ones(n, **f64))
+            eye = torch.eye(n, **f64)
             err = (a[:, :n] @ (eye + N) - eye).abs().max().item()
             assert err < 1e-5, f"chunk [{c0}, {c1}) head {j}: |A (I + N) − I| = {err:.2e}"
 

@@ -159,7 +159,9 @@ def forward(q, k, v, beta, g, S0, cfg: DeltaConfig):
 # spills (ptxas -v at K = V = 128 and 256, L = 64 and 128): dv_local (largest V tile,
 # num_warps); walk (largest V tile, fp32 state elements per program: with the K blocks this
 # sets the V tile, halved again for 128-row chunks, num_warps); wy (K and V tile, num_warps) for
-# chunks of up to 64 rows, wy_long above.
+# chunks of up to 64 rows, wy_long above. The walk and the WY kernel run one pipeline stage: a
+# second (or Triton's default third) copy of their per-chunk tiles over the whole K does not fit
+# in sm_90's 227 KiB of shared memory at fp32 or K = 256 (compile_check reports the size).
 BWD_TILES = {"dv_local": (128, 8), "walk": (64, 8192, 8), "wy": (64, 4), "wy_long": (32, 8)}
 
 
@@ -220,7 +222,7 @@ def _dv_local(q, k, do, b, cfg: DeltaConfig, sizes, flags):
     dy = torch.empty(*do.shape, device=do.device, dtype=do.dtype)
     bk.dv_local_kernel[(cfg.NT * NS, cdiv(V, BV), cfg.rows)](
         q=q, k=k, do=do, g=b, dy=dy, chunks=cfg.CHUNKS, **sizes, NS=NS, scale=cfg.scale, BS=BS,
-        BD=BD, BV=BV, **flags, num_warps=nw,
+        BD=BD, BV=BV, **flags, num_warps=nw, num_stages=2,
     )  # fmt: skip
     return dy
 
@@ -245,7 +247,7 @@ def _walk_bwd(q, k, beta, b, A, do, dy, states, S_T, dS_T, cfg: DeltaConfig, siz
         q=q, k=k, beta=beta, g=b, A=A, do=do, dy=dy, h=states, ht=S_T,
         dht=fp32_contiguous(dS_T), dh=dstates, dh0=dS0, bnd=bnd, co=cfg.CO, chunks=cfg.CHUNKS,
         **sizes, scale=cfg.scale, BT=cfg.BL, BK=BK, BV=BV, NB=NB, HAS_DHT=dS_T is not None,
-        **flags, num_warps=nw,
+        **flags, num_warps=nw, num_stages=1,
     )  # fmt: skip
     return dstates, dS0, (bnd.sum(-1) if bnd is not None else None)
 
@@ -304,7 +306,7 @@ def _wy_bwd(k, v, vn, beta, b, states, dy, dk, cfg: DeltaConfig, sizes, flags):
     bk.wy_bwd_kernel[(cfg.NT, cfg.rows)](
         k=k, v=v, vn=vn, beta=beta, g=b, h=states, dy=dy, dv=dv, dk=dk, dbeta=dbeta, db=db,
         chunks=cfg.CHUNKS, **sizes, BT=cfg.BL, BK=_tile(sizes["K"], BO),
-        BV=_tile(sizes["V"], BO), **flags, num_warps=nw,
+        BV=_tile(sizes["V"], BO), **flags, num_warps=nw, num_stages=1,
     )  # fmt: skip
     return dv, dbeta, db
 
