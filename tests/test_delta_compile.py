@@ -2,7 +2,8 @@
 final states and every gradient equal eager's; T marked dynamic compiles once per chunk count
 (the state walk over chunks is a loop, see linrnn/engine/torch_delta.py); mode "recurrent"
 (T = 1: the step loop, T > 1: the chunk engine); an in-place step inside a compiled function;
-strong decays; one inductor compilation. Tiny shapes, ``aot_eager`` mostly."""
+strong decays; one inductor compilation; the Triton path through its custom ops (the
+interpreter without a GPU) and their opcheck. Tiny shapes, ``aot_eager`` mostly."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _inputs(T, gated, strong=False, dtype=torch.float32):
     return {n: x.to(dtype) for n, x in d.items()}
 
 
-def _op(mode, **kw):
+def _op(mode, backend="torch", **kw):
     def f(x):
         if "g" in x:
             args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
@@ -48,7 +49,7 @@ def _op(mode, **kw):
         else:
             args, fn = (x["q"], x["k"], x["v"], x["beta"]), linrnn.delta_rule
         return fn(*args, initial_state=x["S0"], output_final_state=True, mode=mode,
-                  backend="torch", **kw)  # fmt: skip
+                  backend=backend, **kw)  # fmt: skip
 
     return f
 
@@ -86,6 +87,33 @@ def test_chunk_fullgraph_dynamic_T(gated):
         inputs = _inputs(T, gated)
         _compare(_run(compiled, inputs, dynamic=True), _run(eager, inputs), f"T={T}")
         assert cnt.frame_count == frames, f"T={T}: {cnt.frame_count} compilations"
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+@pytest.mark.parametrize("gated", [False, True], ids=["delta", "gated"])
+def test_triton_fullgraph_one_graph(gated, mode, backend):
+    """backend="triton" (the interpreter without a GPU): the chunk kernels as custom ops, one
+    compilation for every T of one chunk and one for every T of more chunks (Dynamo
+    specializes a size of 1: the chunk count of T ≤ 64), the recurrent mode traced the same
+    way; outputs and gradients equal to the eager Triton call's."""
+    eager = _op(mode, backend=backend, use_qk_l2norm=True)
+    cnt = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(eager, backend=cnt, fullgraph=True)
+    for T, frames in ((5, 1), (40, 1), (70, 2), (150, 2)):
+        inputs = _inputs(T, gated, strong=T == 150)
+        _compare(_run(compiled, inputs, dynamic=True), _run(eager, inputs), f"{mode} T={T}")
+        assert cnt.frame_count == frames, f"T={T}: {cnt.frame_count} compilations"
+
+
+def test_triton_custom_op_check():
+    """torch.library.opcheck of the delta chunk op pair: schema, fake shapes, autograd."""
+    pytest.importorskip("triton")
+    ops = torch.ops.linrnn
+    x = _inputs(9, gated=True)
+    args = [x[n].clone().requires_grad_() for n in ("q", "k", "v", "beta", "g", "S0")]
+    torch.library.opcheck(ops.delta_chunk_fwd, (*args, 0.5, 4, None))
+    torch.library.opcheck(ops.delta_chunk_fwd, (*args[:4], None, None, 0.5, 4, None))
 
 
 @pytest.mark.parametrize("T", [1, 6])

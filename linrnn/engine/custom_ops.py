@@ -27,7 +27,7 @@ A new Triton entry point needs its own op pair here before it can be compiled.
 import torch
 from torch import Tensor
 
-from linrnn.engine import config, scalar, vector
+from linrnn.engine import config, delta, scalar, vector
 from linrnn.engine import recurrent as rec
 
 
@@ -424,3 +424,97 @@ def recurrent(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=Fal
     )  # fmt: skip
     o, S_T, n_T, m_T = out[:4]
     return o, S_T, (n_T if track_n else None), (m_T if stabilize else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The delta rule's chunk path (linrnn.engine.delta): its own pair, the saved tensors differ
+
+_DELTA_IN = ("q", "k", "v", "beta", "g", "S0")
+_DELTA_MADE = ("b", "A", "vn", "states")  # what delta.forward saves besides inputs and S_T
+
+
+def _delta_config(q, k, v, g, scale, L, offsets):
+    return delta.config(q, k, v, scale=scale, g=g, chunk_size=L, offsets=offsets)
+
+
+@torch.library.custom_op("linrnn::delta_chunk_fwd", mutates_args=())
+def _delta_chunk_fwd(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S0: Tensor | None,
+    scale: float, chunk_size: int, offsets: list[int] | None,
+) -> list[Tensor]:  # fmt: skip
+    """[o, S_T, b, A, vn, states] (b empty without g)."""
+    cfg = _delta_config(q, k, v, g, scale, chunk_size, offsets)
+    (o, S_T), saved = delta.forward(q, k, v, beta, g, S0, cfg)
+    made = [_empty(q) if saved[n] is None else saved[n] for n in _DELTA_MADE]
+    return _distinct([o, S_T, *made], (q, k, v, beta, g, S0))
+
+
+@_delta_chunk_fwd.register_fake
+def _delta_chunk_fwd_fake(q, k, v, beta, g, S0, scale, chunk_size, offsets):
+    B, T, _H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N, NT, _ = _chunk_counts(B, T, chunk_size, offsets)
+    f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
+    return [
+        q.new_empty(v.shape), f(N, HV, K, V), f(B * HV, T) if g is not None else f(0),
+        f(B * HV, T, chunk_size), v.new_empty(v.shape), f(B * HV, NT, K, V),
+    ]  # fmt: skip
+
+
+@torch.library.custom_op("linrnn::delta_chunk_bwd", mutates_args=())
+def _delta_chunk_bwd(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, S0: Tensor | None,
+    S_T: Tensor, b: Tensor, A: Tensor, vn: Tensor, states: Tensor, do: Tensor,
+    dS_T: Tensor | None, scale: float, chunk_size: int, offsets: list[int] | None,
+) -> list[Tensor]:  # fmt: skip
+    """[dq, dk, dv, dbeta, dg, dS0] (empty where the input was None)."""
+    cfg = _delta_config(q, k, v, g, scale, chunk_size, offsets)
+    saved = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), beta=beta, g=g, S0=S0,
+                 b=b if g is not None else None, A=A, vn=vn, states=states, S_T=S_T)  # fmt: skip
+    grads = delta.backward(saved, cfg, do.contiguous(), dS_T)
+    outs = [_empty(q) if x is None else x for x in grads]
+    return _distinct(outs, (q, k, v, beta, g, S0, S_T, b, A, vn, states, do, dS_T))
+
+
+@_delta_chunk_bwd.register_fake
+def _delta_chunk_bwd_fake(q, k, v, beta, g, S0, *rest):
+    f = lambda x: _empty(q) if x is None else x.new_empty(x.shape, dtype=torch.float32)  # noqa: E731
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), f(beta), f(g),
+            f(S0)]  # fmt: skip
+
+
+_DELTA_OPTS = ("scale", "chunk_size", "offsets")
+
+
+def _delta_setup(ctx, inputs, output):
+    named = dict(zip(_DELTA_IN, inputs))
+    ctx.opts = inputs[len(_DELTA_IN) :]
+    ctx.has = [named[n] is not None for n in _DELTA_IN[4:]]
+    ctx.save_for_backward(*inputs[: len(_DELTA_IN)], *output[1:])
+    ctx.set_materialize_grads(False)
+
+
+def _delta_backward(ctx, grads):
+    do, dS_T = grads[:2]
+    saved = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(saved[2])
+    dq, dk, dv, dbeta, *rest = torch.ops.linrnn.delta_chunk_bwd(*saved, do, dS_T, *ctx.opts)
+    rest = [x if has else None for x, has in zip(rest, ctx.has)]
+    return (dq, dk, dv, dbeta, *rest) + (None,) * len(_DELTA_OPTS)
+
+
+torch.library.register_autograd("linrnn::delta_chunk_fwd", _delta_backward,
+                                setup_context=_delta_setup)  # fmt: skip
+
+
+def delta_chunk(q, k, v, beta, g=None, *, scale, S0=None, offsets=None, chunk_size=None):
+    """:func:`linrnn.engine.delta.chunk` through the custom ops (same arguments and result)."""
+    delta.check(q, k, v, beta, g, S0, offsets)
+    L = config.delta_chunk_size(chunk_size, q.shape[3], v.shape[3], dtype=q.dtype,
+                                device=q.device)  # fmt: skip
+    offs = None if offsets is None else [int(x) for x in offsets]
+    f32 = lambda x: None if x is None else x.float().contiguous()  # noqa: E731
+    out = torch.ops.linrnn.delta_chunk_fwd(q, k, v, f32(beta), f32(g), f32(S0), float(scale),
+                                           L, offs)  # fmt: skip
+    return out[0], out[1]

@@ -230,6 +230,12 @@ def _triton(family, r, q, k, v, beta, g, scale, S0, offsets, chunk_size, grad):
     _generic._triton_dtype(family, q)
     f32 = lambda x: None if x is None else x.float()  # noqa: E731
     beta, g, S0 = f32(beta), f32(g), f32(S0)
+    if _runtime.tracing() and _generic.custom_ops is not None:
+        # torch.compile: the chunk kernels as opaque custom ops, one graph for every T (the
+        # recurrent mode too: the same recurrence, and its host code cannot be traced)
+        L = None if chunk_size is None or r.mode != "chunk" else r.chunk_size
+        return _generic.custom_ops.delta_chunk(q, k, v, beta, g, scale=scale, S0=S0,
+                                               offsets=offsets, chunk_size=L)  # fmt: skip
     if r.mode == "recurrent":
         host = _host(family, triton_recurrent, "linrnn.engine.delta_recurrent", "recurrent")
         out = None if grad or _runtime.tracing() else _out_state(q, v, offsets)
