@@ -37,6 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from linrnn.engine.delta_kernels import _h_start, _h_store
 from linrnn.engine.triton_common import (
     _bounds,
     _chunk_rows,
@@ -122,26 +123,6 @@ def _ds_step(b_dS, decay, p_q, p_k, o_t, m_t, j, K, s_k, f_q, f_k, b_do, b_dy,
 
 
 @triton.jit
-def _ds_store(p, b_dS, j, K, V, o_v, m_v, BK: tl.constexpr):
-    """Block j of a state gradient at p ([K, V] fp32)."""
-    o_k = j * BK + tl.arange(0, BK)
-    msk = (o_k < K)[:, None] & m_v[None, :]
-    tl.store(p + o_k[:, None] * V + o_v[None, :], b_dS.to(p.dtype.element_ty), mask=msk)
-
-
-@triton.jit
-def _ds_start(p, i_st, j, K, V, o_v, m_v, HAS: tl.constexpr, BK: tl.constexpr,
-              BV: tl.constexpr):  # fmt: skip
-    """Block j of the starting state gradient, state i_st of p ([.., K, V] fp32; zeros without
-    ``HAS``)."""
-    o_k = j * BK + tl.arange(0, BK)
-    if HAS:
-        return _state_tile(p + i_st * K * V, o_k, o_v, V, 1, o_k < K, m_v).to(tl.float32)
-    else:
-        return tl.zeros([BK, BV], dtype=tl.float32)
-
-
-@triton.jit
 def _ds_inner(p, b_dS, j, K, V, o_v, m_v, BK: tl.constexpr):
     """⟨dS, S⟩ over block j (S at p, [K, V] fp32)."""
     o_k = j * BK + tl.arange(0, BK)
@@ -178,21 +159,21 @@ def walk_bwd_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     o_c = tl.arange(0, BT)  # chunk-local columns of A
-    b_d0 = _ds_start(dht, i_st, 0, K, V, o_v, m_v, HAS_DHT, BK, BV)
-    b_d1 = _ds_start(dht, i_st, 1, K, V, o_v, m_v, HAS_DHT and NB > 1, BK, BV)
-    b_d2 = _ds_start(dht, i_st, 2, K, V, o_v, m_v, HAS_DHT and NB > 2, BK, BV)
-    b_d3 = _ds_start(dht, i_st, 3, K, V, o_v, m_v, HAS_DHT and NB > 3, BK, BV)
+    b_d0 = _h_start(dht, i_st, 0, o_v, m_v, K, V, BK, BV, HAS_DHT)
+    b_d1 = _h_start(dht, i_st, 1, o_v, m_v, K, V, BK, BV, HAS_DHT and NB > 1)
+    b_d2 = _h_start(dht, i_st, 2, o_v, m_v, K, V, BK, BV, HAS_DHT and NB > 2)
+    b_d3 = _h_start(dht, i_st, 3, o_v, m_v, K, V, BK, BV, HAS_DHT and NB > 3)
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
         c0, c1, _seq_c = _bounds(chunks, i_c, L, T, VARLEN)
         p_dh = dh + (i_bh * NT + i_c) * K * V
-        _ds_store(p_dh, b_d0, 0, K, V, o_v, m_v, BK)
+        _h_store(p_dh, b_d0, 0, o_v, m_v, K, V, BK)
         if NB > 1:
-            _ds_store(p_dh, b_d1, 1, K, V, o_v, m_v, BK)
+            _h_store(p_dh, b_d1, 1, o_v, m_v, K, V, BK)
         if NB > 2:
-            _ds_store(p_dh, b_d2, 2, K, V, o_v, m_v, BK)
+            _h_store(p_dh, b_d2, 2, o_v, m_v, K, V, BK)
         if NB > 3:
-            _ds_store(p_dh, b_d3, 3, K, V, o_v, m_v, BK)
+            _h_store(p_dh, b_d3, 3, o_v, m_v, K, V, BK)
         if HAS_DECAY:  # ⟨dS', S'⟩ for the log-decay gradient at the chunk's end
             if i_c + 1 < c_hi:
                 p_nx = h + (i_bh * NT + i_c + 1) * K * V
@@ -251,13 +232,13 @@ def walk_bwd_kernel(
             b_d3 = _ds_step(b_d3, decay, p_q, p_k, o_t, m_t, 3, K, HK * K, f_q, f_z, b_do, b_dy,
                             BK, DOT_PREC)  # fmt: skip
     p_h0 = dh0 + i_st * K * V
-    _ds_store(p_h0, b_d0, 0, K, V, o_v, m_v, BK)
+    _h_store(p_h0, b_d0, 0, o_v, m_v, K, V, BK)
     if NB > 1:
-        _ds_store(p_h0, b_d1, 1, K, V, o_v, m_v, BK)
+        _h_store(p_h0, b_d1, 1, o_v, m_v, K, V, BK)
     if NB > 2:
-        _ds_store(p_h0, b_d2, 2, K, V, o_v, m_v, BK)
+        _h_store(p_h0, b_d2, 2, o_v, m_v, K, V, BK)
     if NB > 3:
-        _ds_store(p_h0, b_d3, 3, K, V, o_v, m_v, BK)
+        _h_store(p_h0, b_d3, 3, o_v, m_v, K, V, BK)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
