@@ -457,7 +457,7 @@ def _delta_chunk_fwd_fake(q, k, v, beta, g, S0, scale, chunk_size, offsets):
     f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
     return [
         q.new_empty(v.shape), f(N, HV, K, V), f(B * HV, T) if g is not None else f(0),
-        f(B * HV, T, chunk_size), v.new_empty(v.shape), f(B * HV, NT, K, V),
+        f(B * HV, T, chunk_size), v.new_empty(v.shape), k.new_empty(B * HV, NT, K, V),
     ]  # fmt: skip
 
 

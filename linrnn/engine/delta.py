@@ -101,13 +101,18 @@ def wu(k, v, beta, b, A, cfg: DeltaConfig):
 
 def walk(k, w, u, b, S0, cfg: DeltaConfig):
     """The chunks in order: ``(vn, states, S_T)`` — vn = U − W S0 per chunk ``[B, T, HV, V]``
-    in u's dtype, the state entering each chunk ``[B·HV, NT, K, V]`` fp32 and the final state
-    ``[N, HV, K, V]`` fp32, from the initial state S0 (fp32 contiguous, or None)."""
+    in u's dtype, the state entering each chunk ``[B·HV, NT, K, V]`` in k's dtype and the final
+    state ``[N, HV, K, V]`` fp32, from the initial state S0 (fp32 contiguous, or None).
+
+    The walk carries the state in fp32; the stored copies are rounded to k's dtype because
+    their readers (the output, dq and WY kernels) round them to that dtype for their products
+    anyway: this halves the largest tensor of the pass at 16-bit inputs and changes no result
+    but the log-decay gradient's ⟨dS', S'⟩ term, which then reads the rounded state."""
     T, K = k.shape[1], k.shape[3]
     HV, V = u.shape[2], u.shape[3]
     f32 = dict(device=u.device, dtype=torch.float32)
     vn = torch.empty_like(u)
-    states = torch.empty(cfg.rows, cfg.NT, K, V, **f32)
+    states = torch.empty(cfg.rows, cfg.NT, K, V, device=u.device, dtype=k.dtype)
     S_T = torch.empty(cfg.N, HV, K, V, **f32)
     BK, elems, nw, ns = DELTA_TILES["walk"]
     BK = max(16, min(BK, next_pow2(K)))

@@ -124,10 +124,23 @@ def _ds_step(b_dS, decay, p_q, p_k, o_t, m_t, j, K, s_k, f_q, f_k, b_do, b_dy,
 
 @triton.jit
 def _ds_inner(p, b_dS, j, K, V, o_v, m_v, BK: tl.constexpr):
-    """⟨dS, S⟩ over block j (S at p, [K, V] fp32)."""
+    """⟨dS, S⟩ over block j (S at p, [K, V], read in fp32)."""
     o_k = j * BK + tl.arange(0, BK)
     b_s = _state_tile(p, o_k, o_v, V, 1, o_k < K, m_v).to(tl.float32)
     return tl.sum(tl.sum(b_dS * b_s, 1), 0)
+
+
+@triton.jit
+def _ds_state(p, b_d0, b_d1, b_d2, b_d3, K, V, o_v, m_v, BK: tl.constexpr, NB: tl.constexpr):
+    """⟨dS, S⟩ over the NB blocks of dS (S at p, [K, V])."""
+    b_bnd = _ds_inner(p, b_d0, 0, K, V, o_v, m_v, BK)
+    if NB > 1:
+        b_bnd += _ds_inner(p, b_d1, 1, K, V, o_v, m_v, BK)
+    if NB > 2:
+        b_bnd += _ds_inner(p, b_d2, 2, K, V, o_v, m_v, BK)
+    if NB > 3:
+        b_bnd += _ds_inner(p, b_d3, 3, K, V, o_v, m_v, BK)
+    return b_bnd
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -175,17 +188,13 @@ def walk_bwd_kernel(
         if NB > 3:
             _h_store(p_dh, b_d3, 3, o_v, m_v, K, V, BK)
         if HAS_DECAY:  # ⟨dS', S'⟩ for the log-decay gradient at the chunk's end
+            # S' is the next stored state (k's dtype) or, after the last chunk, ht (fp32)
             if i_c + 1 < c_hi:
-                p_nx = h + (i_bh * NT + i_c + 1) * K * V
+                b_bnd = _ds_state(h + (i_bh * NT + i_c + 1) * K * V, b_d0, b_d1, b_d2, b_d3, K,
+                                  V, o_v, m_v, BK, NB)  # fmt: skip
             else:
-                p_nx = ht + i_st * K * V
-            b_bnd = _ds_inner(p_nx, b_d0, 0, K, V, o_v, m_v, BK)
-            if NB > 1:
-                b_bnd += _ds_inner(p_nx, b_d1, 1, K, V, o_v, m_v, BK)
-            if NB > 2:
-                b_bnd += _ds_inner(p_nx, b_d2, 2, K, V, o_v, m_v, BK)
-            if NB > 3:
-                b_bnd += _ds_inner(p_nx, b_d3, 3, K, V, o_v, m_v, BK)
+                b_bnd = _ds_state(ht + i_st * K * V, b_d0, b_d1, b_d2, b_d3, K, V, o_v, m_v, BK,
+                                  NB)  # fmt: skip
             tl.store(bnd + (i_bh * NT + i_c) * tl.num_programs(0) + i_v, b_bnd)
 
         o_t = c0 + o_c

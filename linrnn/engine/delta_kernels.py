@@ -24,7 +24,7 @@ exponent is ≤ 0 (b is non-increasing within a chunk).
 Layouts: q, k ``[B, T, H/G, K]``; v, u, vn ``[B, T, H, V]``, w ``[B, T, H, K]`` (H value heads,
 G per q/k head: value head h reads q/k head h // G); β ``[B, T, H]`` fp32; b ``[B·H, T]`` fp32;
 A ``[B·H, T, L]`` fp32 (row t holds row r of its chunk's A, chunk-local columns, zeros above the
-diagonal); chunk states ``[B·H, NT, K, V]`` fp32; initial and final states ``[N, H, K, V]``.
+diagonal); chunk states ``[B·H, NT, K, V]`` in k's dtype; initial and final states ``[N, H, K, V]``
 """
 
 from __future__ import annotations

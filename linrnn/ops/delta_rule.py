@@ -34,6 +34,10 @@ try:
     from linrnn.engine import delta_recurrent as triton_recurrent
 except ImportError as exc:
     triton_recurrent, _RECURRENT_MISSING = None, exc
+try:
+    from linrnn.engine import l2norm as triton_l2norm
+except ImportError:
+    triton_l2norm = None
 
 BETA_RANGE = (0.0, 2.0)
 L2NORM_EPS = 1e-6
@@ -143,7 +147,8 @@ for _fn, _gate, _gcheck in (
 
 def l2norm(x: Tensor) -> Tensor:
     """``x·rsqrt(Σx² + 1e-6)`` along the last dimension, in fp32 (fp64 for fp64 inputs), cast
-    back to x's dtype; autograd differentiates it."""
+    back to x's dtype; autograd differentiates it. The Triton backend runs the same in
+    :func:`linrnn.engine.l2norm.l2norm` (eager calls; traced calls keep this form)."""
     xc = x.to(compute_dtype(x))
     return (xc * torch.rsqrt((xc * xc).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
 
@@ -171,14 +176,16 @@ def _delta(family, q, k, v, g, beta, scale, initial_state, output_final_state, c
             f"{family}: mode='fused_chunk' has no delta-rule kernel; use 'chunk' (fast), "
             "'recurrent', 'parallel' or 'reference'"
         )
-    if use_qk_l2norm:
-        q, k = l2norm(q), l2norm(k)
-
     grad = _generic._needs_grad(q, k, v, g, beta, S0)
     if backend is None and (triton_chunk is None or triton_recurrent is None):
         backend = "torch"  # no delta-rule kernels in this build: PyTorch serves every mode
     r = _generic.route(family, q, v, grad=grad, cu_seqlens=offsets, mode=mode, backend=backend,
                        chunk_size=chunk_size)  # fmt: skip
+    if use_qk_l2norm:
+        norm = l2norm
+        if r.backend == "triton" and triton_l2norm is not None and not _runtime.tracing():
+            norm = functools.partial(triton_l2norm.l2norm, eps=L2NORM_EPS)  # one pass each way
+        q, k = norm(q), norm(k)
     if r.backend == "triton":
         o, S = _triton(family, r, q, k, v, beta, g, scale, S0, offsets, chunk_size, grad)
     else:
