@@ -82,19 +82,26 @@ def mamba2(
         >>> B, C = torch.randn(2, 128, 1, 128), torch.randn(2, 128, 1, 128)
         >>> y, h = linrnn.mamba2(x, dt, A, B, C, dt_softplus=True, output_final_state=True)
     """
-    Bsz, T, H = _shapes(x, B, C)
-    check.flag("dt_softplus", dt_softplus)
-    dt = check.gate("dt", dt, (Bsz, T, H), x, layout="[B, T, H]")
-    A = _nonpositive("A", check.gate("A", A, (H,), x, layout="[H]"))
-    if D is not None:
-        D = check.gate("D", D, (H,), x, layout="[H]")
-    if dt_bias is not None:
-        dt_bias = check.gate("dt_bias", dt_bias, (H,), x, layout="[H]")
-    k, q = _per_head(B, H), _per_head(C, H)
+    shape = check_shapes(x, B, C)
+    dt, A, D, dt_bias = check_gates(x, dt, A, D, dt_bias, dt_softplus, shape)
+    H = shape[2]
+    k, q = per_head(B, H), per_head(C, H)
     c = prepare(q, k, x, 1.0, cu_seqlens, mode, backend, chunk_size, output_final_state,
                 names=("C", "B", "x"))  # fmt: skip
     S0 = None if initial_state is None else c.state("initial_state", initial_state)
 
+    v, g, gi = gates(x, dt, A, dt_bias, dt_softplus)
+    o, (S, _, _) = c.run("mamba2", q, k, v, g=g, gi=gi, S0=S0)
+    if D is not None:
+        cdt = compute_dtype(x)
+        o = (o.to(cdt) + D.to(cdt)[:, None] * x.to(cdt)).to(x.dtype)
+    return o, (S if output_final_state else None)
+
+
+def gates(x, dt, A, dt_bias, dt_softplus: bool):
+    """The generic recurrence's values and gates of validated inputs: ``(v, g, gi)`` with the
+    log decay ``g = Δ·A`` and the log input gate ``gi = log Δ`` ``[B, T, H]`` (fp32; fp64 for
+    fp64 inputs) and ``v = x``; without ``dt_softplus`` ``gi`` is None and ``v = Δ·x``."""
     cdt = compute_dtype(x)
     z = dt.to(cdt) if dt_bias is None else dt.to(cdt) + dt_bias.to(cdt)
     if dt_softplus:
@@ -102,14 +109,23 @@ def mamba2(
     else:
         delta, gi = _nonnegative_delta(z), None
         v = (x.to(cdt) * delta[..., None]).to(x.dtype)
-    g = delta * A.to(cdt)
-    o, (S, _, _) = c.run("mamba2", q, k, v, g=g, gi=gi, S0=S0)
+    return v, delta * A.to(cdt), gi
+
+
+def check_gates(x, dt, A, D, dt_bias, dt_softplus, shape):
+    """Validate dt ``[B, T, H]``, A (≤ 0), D and dt_bias ``[H]``, dt_softplus; returns them."""
+    Bsz, T, H = shape
+    check.flag("dt_softplus", dt_softplus)
+    dt = check.gate("dt", dt, (Bsz, T, H), x, layout="[B, T, H]")
+    A = _nonpositive("A", check.gate("A", A, (H,), x, layout="[H]"))
     if D is not None:
-        o = (o.to(cdt) + D.to(cdt)[:, None] * x.to(cdt)).to(x.dtype)
-    return o, (S if output_final_state else None)
+        D = check.gate("D", D, (H,), x, layout="[H]")
+    if dt_bias is not None:
+        dt_bias = check.gate("dt_bias", dt_bias, (H,), x, layout="[H]")
+    return dt, A, D, dt_bias
 
 
-def _shapes(x, B, C):
+def check_shapes(x, B, C):
     """Check x ``[B, T, H, P]`` and B, C ``[B, T, G, N]`` (one dtype and device, H a multiple
     of G); returns ``B, T, H``."""
     x, B, C = check.tensor("x", x, 4), check.tensor("B", B, 4), check.tensor("C", C, 4)
@@ -139,7 +155,7 @@ def _shapes(x, B, C):
     return Bsz, T, H
 
 
-def _per_head(x: Tensor, H: int) -> Tensor:
+def per_head(x: Tensor, H: int) -> Tensor:
     """``[B, T, G, N]`` → ``[B, T, H, N]``, group g serving heads ``g·H/G … (g+1)·H/G − 1``."""
     Bsz, T, G, N = x.shape
     if G == H:
