@@ -354,7 +354,7 @@ def test_triton_modes(case, backend):
     got = with_grads(op, inputs, h0, torch.float32, mode=mode, chunk_size=L, cu_seqlens=cu,
                      backend=backend, dt_softplus=True)  # fmt: skip
     # dA and d(dt_bias) sum per-step gate gradients over every step, and the kernels form the
-    # log-decay gradient dg_t by the engine's identity (docs/DESIGN.md §4): held to that
+    # log-decay gradient dg_t by the engine's identity (docs/DESIGN.md §6.5): held to that
     # identity's conditioning bound, not to their own size (per-head scalars whose terms
     # cancel: their fp32 error reaches 1e-3 of their value).
     bounds = _head_sum_bounds(inputs, h0, cu)
@@ -417,6 +417,27 @@ def _packed_loop(inputs, h0, cu, dtype):
     grads = {n: x.grad for n, x in leaves.items()}
     grads["initial_state"] = h0l.grad
     return y.detach(), h.detach(), grads
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+def test_triton_chunk_reads_groups(backend, monkeypatch):
+    """The Triton chunk path gets B and C with their G groups (no per-head copy); the other
+    Triton modes get them per head."""
+    from linrnn.ops import _generic
+
+    seen = []
+    real = _generic.scalar.chunk
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[2], k.shape[2], v.shape[2], kw["fused"]))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(_generic.scalar, "chunk", spy)
+    i = {n: x.float().to(DEVICE) for n, x in build(1, 9, 4, 2, 4, 4).items()}
+    for mode in ("chunk", "fused_chunk"):
+        linrnn.mamba2(i["x"], i["dt"], i["A"], i["B"], i["C"], dt_softplus=True, mode=mode,
+                      backend=backend)  # fmt: skip
+    assert seen == [(2, 2, 4, False), (4, 4, 4, True)]
 
 
 @pytest.mark.parametrize("backend", ["triton"])

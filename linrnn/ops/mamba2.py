@@ -8,7 +8,9 @@ scale 1)::
     gi_t = log Δ_t = log softplus(dt_t + dt_bias)     the log input gate (dt_softplus=True)
 
 so Δ never scales a [B, T, H, N] or [B, T, H, P] tensor: the engine applies ``exp(gi)`` to the
-keys inside its kernels, as it does for mLSTM's sigmoid input gate. Without ``dt_softplus`` Δ
+keys inside its kernels, as it does for mLSTM's sigmoid input gate. B and C keep their G groups
+on the Triton chunk path (its kernels read group h // (H / G) for head h); the other paths
+(PyTorch, fused_chunk, recurrent) take them per head, one copy each. Without ``dt_softplus`` Δ
 may be zero, where log Δ has no finite value: the values are scaled instead, v = Δ·x (one
 tensor of x's size). ``D·x`` is added to the output here. Every op mode serves it (the
 engine's scalar-gate path), and autograd carries the gradients of Δ, A, D and dt_bias through
@@ -23,7 +25,9 @@ from torch import Tensor
 
 from linrnn import _runtime
 from linrnn import _validation as check
-from linrnn.ops._generic import compute_dtype, document, prepare
+from linrnn.engine import config
+from linrnn.ops import _generic
+from linrnn.ops._generic import compute_dtype, document
 
 # Below this argument softplus(z) = e^z (1 − e^z/2 + …), so log softplus(z) = z − e^z/2 to
 # within e^{2z}/5 (< 1e-13 here): the form that never forms log(0) when e^z underflows.
@@ -82,16 +86,31 @@ def mamba2(
         >>> B, C = torch.randn(2, 128, 1, 128), torch.randn(2, 128, 1, 128)
         >>> y, h = linrnn.mamba2(x, dt, A, B, C, dt_softplus=True, output_final_state=True)
     """
-    shape = check_shapes(x, B, C)
-    dt, A, D, dt_bias = check_gates(x, dt, A, D, dt_bias, dt_softplus, shape)
-    H = shape[2]
-    k, q = per_head(B, H), per_head(C, H)
-    c = prepare(q, k, x, 1.0, cu_seqlens, mode, backend, chunk_size, output_final_state,
-                names=("C", "B", "x"))  # fmt: skip
-    S0 = None if initial_state is None else c.state("initial_state", initial_state)
+    check.choice("mode", mode, (None, *_generic.MODES))
+    check.choice("backend", backend, _generic.BACKENDS)
+    check.flag("output_final_state", output_final_state)
+    config.check_chunk_size(chunk_size)
+    Bsz, T, H = check_shapes(x, B, C)
+    dt, A, D, dt_bias = check_gates(x, dt, A, D, dt_bias, dt_softplus, (Bsz, T, H))
+    offsets = None if cu_seqlens is None else check.cu_seqlens(cu_seqlens, Bsz, T, x)
+    nseq = Bsz if offsets is None else len(offsets) - 1
+    S0 = None
+    if initial_state is not None:
+        S0 = check.state("initial_state", initial_state, (nseq, H, B.shape[3], x.shape[3]), x,
+                         "[N, H, K, V]")  # fmt: skip
 
+    # The Triton chunk kernels read each group's B and C for its heads; elsewhere they are
+    # given per head.
+    grad = _generic._needs_grad(x, dt, A, B, C, D, dt_bias, S0)
+    r = _generic.route("mamba2", C, x, grad=grad, cu_seqlens=offsets, mode=mode,
+                       backend=backend, chunk_size=chunk_size)  # fmt: skip
+    if not (r.backend == "triton" and r.mode == "chunk"):
+        B, C = per_head(B, H), per_head(C, H)
     v, g, gi = gates(x, dt, A, dt_bias, dt_softplus)
-    o, (S, _, _) = c.run("mamba2", q, k, v, g=g, gi=gi, S0=S0)
+    o, (S, _, _) = _generic.run(
+        "mamba2", C, B, v, scale=1.0, g=g, gi=gi, S0=S0, cu_seqlens=offsets, mode=r.mode,
+        backend=r.backend, chunk_size=chunk_size,
+    )  # fmt: skip
     if D is not None:
         cdt = compute_dtype(x)
         o = (o.to(cdt) + D.to(cdt)[:, None] * x.to(cdt)).to(x.dtype)
