@@ -500,7 +500,7 @@ def _bad(**change):
         (_bad(x=torch.randn(1, 6, 4, dtype=F64)), {}, ValueError, r"x must have 4 dimensions"),
         (_bad(), {"dt_softplus": 1}, TypeError, r"dt_softplus must be a bool"),
         (_bad(), {"initial_state": torch.zeros(1, 4, 3, 4, dtype=F64)}, ValueError,
-         r"initial_state must have shape \[N, H, K, V\] = \(1, 4, 4, 3\)"),
+         r"initial_state must have shape \[N_seq, H, N, P\] = \(1, 4, 4, 3\)"),
         (_bad(), {"mode": "fast"}, ValueError, r"mode must be one of"),
     ],
 )  # fmt: skip

@@ -27,7 +27,7 @@ from linrnn import _runtime
 from linrnn import _validation as check
 from linrnn.engine import config
 from linrnn.ops import _generic
-from linrnn.ops._generic import compute_dtype, document
+from linrnn.ops._generic import COMMON_ARGS, compute_dtype
 
 # Below this argument softplus(z) = e^z (1 − e^z/2 + …), so log softplus(z) = z − e^z/2 to
 # within e^{2z}/5 (< 1e-13 here): the form that never forms log(0) when e^z underflows.
@@ -42,7 +42,6 @@ def log_softplus(z: Tensor) -> Tensor:
     return torch.where(z < _LOG_SOFTPLUS_CUT, lo - 0.5 * torch.exp(lo), torch.log(F.softplus(hi)))
 
 
-@document
 def mamba2(
     x,
     dt,
@@ -97,7 +96,7 @@ def mamba2(
     S0 = None
     if initial_state is not None:
         S0 = check.state("initial_state", initial_state, (nseq, H, B.shape[3], x.shape[3]), x,
-                         "[N, H, K, V]")  # fmt: skip
+                         "[N_seq, H, N, P]")  # fmt: skip
 
     # The Triton chunk kernels read each group's B and C for its heads; elsewhere they are
     # given per head.
@@ -115,6 +114,10 @@ def mamba2(
         cdt = compute_dtype(x)
         o = (o.to(cdt) + D.to(cdt)[:, None] * x.to(cdt)).to(x.dtype)
     return o, (S if output_final_state else None)
+
+
+# The arguments every op shares, but for the scale (Mamba2 has none: C_tᵀ h_t).
+mamba2.__doc__ = mamba2.__doc__.replace("{common}", COMMON_ARGS.split("\n", 1)[1].lstrip())
 
 
 def gates(x, dt, A, dt_bias, dt_softplus: bool):
