@@ -53,6 +53,7 @@ from linrnn import _validation as check
 from linrnn import ops
 from linrnn.ops._generic import compute_dtype
 from linrnn.ops.delta_rule import BETA_RANGE
+from linrnn.ops.mamba2 import check_gates, check_shapes, gates, per_head
 
 __all__ = ["context_parallel"]
 
@@ -65,6 +66,7 @@ OPS = {
     "mlstm": ops.mlstm,
     "delta_rule": ops.delta_rule,
     "gated_delta_rule": ops.gated_delta_rule,
+    "mamba2": ops.mamba2,
 }
 DELTA = ("delta_rule", "gated_delta_rule")
 _FAMILY_ID = {name: i for i, name in enumerate(OPS)}
@@ -88,14 +90,16 @@ def context_parallel(op, *args, group=None, **kwargs):
 
     Args:
         op: the op to run: a name (``"linear_attn"``, ``"retention"``, ``"simple_gla"``,
-            ``"gla"``, ``"rwkv6"``, ``"mlstm"``, ``"delta_rule"``, ``"gated_delta_rule"``) or
-            the function itself (``linrnn.gla``).
+            ``"gla"``, ``"rwkv6"``, ``"mlstm"``, ``"delta_rule"``, ``"gated_delta_rule"``,
+            ``"mamba2"``) or the function itself (``linrnn.gla``).
         *args, **kwargs: the op's arguments.
 
             - Split along T (this rank's tokens ``[s_r, s_r + T_r)``, ``T_r ≥ 1``, any
               lengths): q/r, k, v and the per-step gates — ``g`` (simple_gla), ``gk``, ``gv``
-              (gla), ``w`` (rwkv6), ``i``, ``f`` (mlstm), ``g``, ``beta`` (the delta rule).
+              (gla), ``w`` (rwkv6), ``i``, ``f`` (mlstm), ``g``, ``beta`` (the delta rule);
+              for mamba2 ``x``, ``dt``, ``B``, ``C``.
             - The same on every rank (replicated): ``log_decay`` (retention), ``u`` (rwkv6),
+              ``A``, ``D``, ``dt_bias`` (mamba2),
               ``initial_state`` (``[N, …]`` as for one device), ``cu_seqlens``, and every
               option (``scale``, ``normalize``, ``input_gate``, ``eps``, ``use_qk_l2norm``,
               ``mode``, ``backend``, ``chunk_size``, ``output_final_state``).
@@ -145,7 +149,8 @@ def context_parallel(op, *args, group=None, **kwargs):
     error, call = None, None
     try:
         name = _op_name(op)
-        call = (_DeltaCall if name in DELTA else _Call)(name, args, kwargs)
+        kind = _DeltaCall if name in DELTA else _Mamba2Call if name == "mamba2" else _Call
+        call = kind(name, args, kwargs)
     except (TypeError, ValueError) as e:  # raised after the exchange, on every rank
         error = e
     meta = call.meta() if call is not None else [-1] * _Call.META_LEN
@@ -211,9 +216,7 @@ class _Call:
             raise TypeError(f"context_parallel({self.name!r}, …): {e}") from None
         bound.apply_defaults()
         self.a = a = dict(bound.arguments)
-        qn = "r" if self.name == "rwkv6" else "q"
-        self.B, self.T, self.H, self.K, self.V = check.qkv(a[qn], a["k"], a["v"], (qn, "k", "v"))
-        self.q = a[qn]
+        self.q, (self.B, self.T, self.H, self.K, self.V) = self._operands(a)
         self.device = self.q.device
         self.cdt = compute_dtype(self.q)
         self.output_final_state = check.flag("output_final_state", a["output_final_state"])
@@ -234,6 +237,11 @@ class _Call:
         opts.append(("gv", repr(self.rec.gv is not None)))
         self.options = zlib.crc32(repr(opts).encode())
         self.init = None if a["initial_state"] is None else self._initial_state()
+
+    def _operands(self, a):
+        """The query (the reference tensor of the checks) and ``(B, T, H, K, V)``."""
+        qn = "r" if self.name == "rwkv6" else "q"
+        return a[qn], check.qkv(a[qn], a["k"], a["v"], (qn, "k", "v"))
 
     def meta(self) -> list[int]:
         cu = 0 if self.offsets is None else hash(tuple(self.offsets)) % (2**62) + 1
@@ -411,6 +419,24 @@ class _Call:
                 state = _advance(acc[2:], blk, rec.stabilize)
                 acc = (add(acc[0], blk[0]), add(acc[1], blk[1]), *state)
         return acc
+
+
+class _Mamba2Call(_Call):
+    """Mamba2's SSD as the generic recurrence it runs on (:mod:`linrnn.ops.mamba2`): keys B
+    (per head), values x (Δ·x without ``dt_softplus``), log decay Δ·A, log input gate log Δ;
+    D·x is the op's own, outside the state."""
+
+    def _operands(self, a):
+        shape = check_shapes(a["x"], a["B"], a["C"])
+        return a["x"], (*shape, a["B"].shape[3], a["x"].shape[3])
+
+    def _recurrence(self) -> _Rec:
+        a = self.a
+        x, H = a["x"], self.H
+        dt, A, _, dt_bias = check_gates(x, a["dt"], a["A"], a["D"], a["dt_bias"],
+                                        a["dt_softplus"], (self.B, self.T, H))  # fmt: skip
+        v, g, gi = gates(x, dt, A, dt_bias, a["dt_softplus"])
+        return _Rec(per_head(a["B"], H), v, g, None, gi, False, False)
 
 
 class _DeltaCall:

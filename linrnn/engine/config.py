@@ -371,7 +371,7 @@ class ChunkConfig:
     def __init__(self, q, k, v, *, scale, has_decay, has_igate, stabilize, track_n,
                  normalizer, eps, chunk_size, fused=False, offsets=None,
                  vector=False):  # fmt: skip
-        B, T, H, K, V = q.shape[0], q.shape[1], q.shape[2], q.shape[3], v.shape[3]
+        B, T, H, K, V = q.shape[0], q.shape[1], v.shape[2], q.shape[3], v.shape[3]
         self.fused = fused
         self.scale, self.eps = float(scale), float(eps)
         self.has_decay, self.has_igate = has_decay, has_igate

@@ -92,8 +92,8 @@ def _chunk_fwd(
 @_chunk_fwd.register_fake
 def _chunk_fwd_fake(q, k, v, g, gi, S0, n0, m0, scale, eps, chunk_size, fused, stabilize,
                     track_n, normalizer, offsets):  # fmt: skip
-    B, T, H, K = q.shape
-    V = v.shape[3]
+    B, T, _, K = q.shape
+    H, V = v.shape[2], v.shape[3]  # value heads (q, k may be grouped)
     N, NT, NSEQ = _chunk_counts(B, T, chunk_size, offsets)
     BH = B * H
     f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731

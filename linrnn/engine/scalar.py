@@ -111,8 +111,9 @@ def _chunk_max(b, a, L, c: ChunkConfig | None = None):
 
 def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     """The chunk states (states_fwd_kernel), then the outputs (out_fwd_kernel)."""
-    T, H, K = q.shape[1:]
-    V = v.shape[3]
+    T, K = q.shape[1], q.shape[3]
+    H, V = v.shape[2], v.shape[3]
+    G = H // q.shape[2]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
     states = torch.empty(BH, NT, K, V, **f32)
@@ -126,7 +127,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
         k=k, v=v, g=b, gi=a, cmax=_chunk_max(b, a, L, c) if c.stab else None,
         h0=S0, n0=n0, m0=m0, h=states, hn=ns, mc=mc, ht=S_T, nt=n_T, co=c.CO, chunks=c.CHUNKS,
-        T=T, H=H, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, BK=BK, BV=BV, BS=BS,
+        T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, BK=BK, BV=BV, BS=BS,
         HAS_N=ns is not None, HAS_H0=S0 is not None, **gates, **launch,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
@@ -136,7 +137,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     NQ = cdiv(L, BQ)
     kern.out_fwd_kernel[(NT * NQ, cdiv(V, BO), BH)](
         q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
-        chunks=c.CHUNKS, T=T, H=H, G=1, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ, scale=c.scale,
+        chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ, scale=c.scale,
         eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, **gates, **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
@@ -230,15 +231,17 @@ def _norm_rows(do, o, den, m_row, c: ChunkConfig):
 
 
 def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
-    """The state gradients (states_bwd_kernel), then dq, dk and dv (one kernel each)."""
+    """The state gradients (states_bwd_kernel), then dq, dk and dv (one kernel each). With
+    grouped heads (G > 1) dq and dk are formed per value head in fp32 and summed per group."""
     q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
     states, ns, mc, m_row = s["states"], s["ns"], s["mc"], s["m_row"]
-    T, H, K = q.shape[1:]
-    V = v.shape[3]
+    T, K = q.shape[1], q.shape[3]
+    H, V = v.shape[2], v.shape[3]
+    G = H // q.shape[2]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
     R_A, R_D, R_M = _norm_rows(do, s["o"], s["den"], m_row, c)
-    has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, q, K, V, c)
+    has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, v, K, V, c)
     dstates = torch.empty(BH, NT, K, V, **f32)
     dns = torch.empty(BH, NT, K, **f32) if c.track_n else None
     dS0 = torch.empty(N, H, K, V, **f32)
@@ -252,7 +255,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
         q=q, do=do, g=b, mc=mc, m_row=m_row, ra=R_A, rd=R_D, h=states, hn=ns, ht=s["S_T"],
         nt=s["n_T"], dht=dS_T if has_dst else None, dnt=dn_T if has_dst else None, dh=dstates,
         dhn=dns, dh0=dS0, dn0=dn0, bnd=bnd, co=c.CO, chunks=c.CHUNKS,
-        T=T, H=H, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BK=BK, BV=BV, BQ=BQ,
+        T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BK=BK, BV=BV, BQ=BQ,
         HAS_N=ns is not None, HAS_DHT=has_dst, **flags, **launch,
     )  # fmt: skip
 
@@ -261,19 +264,20 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     BQ, BD, BO, launch = c.tiles("dq_bwd", V, K)
     nQ, nK = cdiv(L, BQ), cdiv(K, BO)
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
-    dq = torch.empty_like(q)
+    per_head = (*v.shape[:3], K)  # dq, dk per value head (fp32, for the group sums)
+    dq = torch.empty(per_head, **f32) if G > 1 else torch.empty_like(q)
     kern.dq_bwd_kernel[(NT * nQ, nK, BH)](
         do=do, v=v, k=k, q=q, h=states, hn=ns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, rd=R_D,
-        dq=dq, qdq=q_part, chunks=c.CHUNKS, T=T, H=H, G=1, K=K, V=V, L=L, NT=NT, NQ=nQ, NSEQ=c.NSEQ,
+        dq=dq, qdq=q_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=nQ, NSEQ=c.NSEQ,
         scale=c.scale, BQ=BQ, BD=BD, BO=BO, **flags, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("dk_bwd", V, K)
     nS, nK = cdiv(L, BS), cdiv(K, BO)
     k_part = torch.empty(nK, BH, T, **f32) if gates else None
-    dk = torch.empty_like(k)
+    dk = torch.empty(per_head, **f32) if G > 1 else torch.empty_like(k)
     kern.dk_bwd_kernel[(NT * nS, nK, BH)](
         v=v, do=do, q=q, k=k, dh=dstates, dhn=dns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
-        rd=R_D, dk=dk, kdk=k_part, chunks=c.CHUNKS, T=T, H=H, G=1, K=K, V=V, L=L, NT=NT, NS=nS,
+        rd=R_D, dk=dk, kdk=k_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS,
         NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None, **flags,
         **launch,
     )  # fmt: skip
@@ -282,9 +286,12 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     dv = torch.empty_like(v)
     kern.dv_bwd_kernel[(NT * nS, cdiv(V, BO), BH)](
         k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
-        chunks=c.CHUNKS, T=T, H=H, G=1, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
+        chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
         BS=BS, BD=BD, BO=BO, **flags, **launch,
     )  # fmt: skip
+    if G > 1:
+        dq = dq.view(*q.shape[:3], G, K).sum(3).to(q.dtype)
+        dk = dk.view(*k.shape[:3], G, K).sum(3).to(k.dtype)
     k_dk = k_part.sum(0) if gates else None
     q_dq = q_part.sum(0) if c.has_decay else None
     bnd = bnd.sum(-1) if c.has_decay else None
@@ -309,7 +316,12 @@ class ChunkFunction(torch.autograd.Function):
 
 def config(q, k, v, *, scale, g, gi, stabilize, track_n, normalizer, eps, chunk_size, fused,
            offsets) -> ChunkConfig:  # fmt: skip
-    """The :class:`ChunkConfig` of a scalar-gate call."""
+    """The :class:`ChunkConfig` of a scalar-gate call. q and k may have fewer heads than v
+    (value head h reads q/k head h // G) in the chunk kernels, not in fused_chunk's."""
+    if fused and q.shape[2] != v.shape[2]:
+        raise NotImplementedError(
+            f"fused_chunk has no grouped q/k heads: q has {q.shape[2]} heads, v {v.shape[2]}"
+        )
     return ChunkConfig(
         q, k, v, scale=scale, has_decay=g is not None, has_igate=gi is not None,
         stabilize=stabilize, track_n=track_n, normalizer=normalizer, eps=eps,
@@ -320,8 +332,9 @@ def config(q, k, v, *, scale, g, gi, stabilize, track_n, normalizer, eps, chunk_
 def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, normalizer=None,
           eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False,
           offsets=None):  # fmt: skip
-    """Scalar-gate chunkwise forward (autograd-enabled). q, k, v ``[B, T, H, *]`` in one of
-    fp16/bf16/fp32; g, gi ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial
+    """Scalar-gate chunkwise forward (autograd-enabled). q, k ``[B, T, H / G, K]``, v
+    ``[B, T, H, V]`` in one of fp16/bf16/fp32 (G > 1: Mamba2's B, C groups, not in
+    ``fused``); g, gi ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial
     state (n0 with ``track_n``, m0 with ``stabilize``; N = B, or the number of sequences).
     ``fused``: the non-materializing kernels (fused_kernels). ``offsets``: ``[N + 1]`` ints of
     packed sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``."""

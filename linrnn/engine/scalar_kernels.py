@@ -34,10 +34,10 @@ Per-channel decays (GLA's gk/gv, RWKV6's w and u) have kernels of their own: vec
 
 Layouts: q, k, v, o and their gradients ``[B, T, H, D]`` contiguous; gates and per-row values
 ``[B·H, T]`` fp32; chunk states ``[B·H, NT, K, V]`` fp32; max states ``[B·H, NT + NSEQ]``.
-Offsets are int64. Grouped value heads (the delta rule): the output, dq, dk and dv kernels take
-G value heads per q/k head; H counts the value heads (rows B·H), q and k are ``[B, T, H/G, K]``
-and value head h reads q/k head h // G; dq and dk are written per value head ``[B, T, H, K]``
-(the caller sums each group). Every other family passes G = 1.
+Offsets are int64. Grouped value heads (the delta rule, Mamba2's B/C groups): every kernel but
+the normalizer's takes G value heads per q/k head; H counts the value heads (rows B·H), q and k
+are ``[B, T, H/G, K]`` and value head h reads q/k head h // G; dq and dk are written per value
+head ``[B, T, H, K]`` (the caller sums each group). The other families pass G = 1.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from linrnn.engine.triton_common import (
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_fwd_kernel(
     k, v, g, gi, cmax, h0, n0, m0, h, hn, mc, ht, nt, co, chunks,
-    T, H, K, V, L, NT, NSEQ,
+    T, H, G, K, V, L, NT, NSEQ,
     BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
     HAS_H0: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
@@ -82,7 +82,8 @@ def states_fwd_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    p_k = k + (i_b * T * H + i_h) * K
+    HK = H // G  # k heads: value head i_h reads k head i_h // G
+    p_k = k + (i_b * T * HK + i_h // G) * K
     p_v = v + (i_b * T * H + i_h) * V
     if HAS_DECAY:
         g += i_bh * T
@@ -122,7 +123,7 @@ def states_fwd_kernel(
         for s0 in range(c0, c1, BS):
             o_s = s0 + tl.arange(0, BS)
             m_s = o_s < c1
-            b_kt = _tile_t(p_k, o_s, o_k, H * K, m_s, m_k)  # [BK, BS]
+            b_kt = _tile_t(p_k, o_s, o_k, HK * K, m_s, m_k)  # [BK, BS]
             b_vs = _tile(p_v, o_s, o_v, H * V, m_s, m_v)  # [BS, BV]
             w = -m_next + tl.zeros([BS], dtype=tl.float32)
             if HAS_DECAY:
@@ -396,7 +397,7 @@ def norm_bwd_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_bwd_kernel(
     q, do, g, mc, m_row, ra, rd, h, hn, ht, nt, dht, dnt, dh, dhn, dh0, dn0, bnd, co, chunks,
-    T, H, K, V, L, NT, NSEQ, scale,
+    T, H, G, K, V, L, NT, NSEQ, scale,
     BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_DHT: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
@@ -416,7 +417,8 @@ def states_bwd_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    p_q = q + (i_b * T * H + i_h) * K
+    HK = H // G  # q heads: value head i_h reads q head i_h // G
+    p_q = q + (i_b * T * HK + i_h // G) * K
     p_do = do + (i_b * T * H + i_h) * V
     if HAS_DECAY:
         g += i_bh * T
@@ -464,7 +466,7 @@ def states_bwd_kernel(
             if HAS_MAX:
                 lf += m_c - _vec(m_row + i_bh * T, o_r, m_r)
             f = scale * tl.exp(tl.where(m_r, lf, float("-inf")))  # [BQ]
-            b_qt = _tile_t(p_q, o_r, o_k, H * K, m_r, m_k).to(tl.float32)  # [BK, BQ]
+            b_qt = _tile_t(p_q, o_r, o_k, HK * K, m_r, m_k).to(tl.float32)  # [BK, BQ]
             b_do = _tile(p_do, o_r, o_v, H * V, m_r, m_v)  # [BQ, BV]
             if HAS_NORM:
                 b_dC += tl.dot(

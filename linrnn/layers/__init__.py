@@ -11,6 +11,7 @@ from linrnn.layers.conv import ShortConvolution
 from linrnn.layers.delta_net import DeltaNet, GatedDeltaNet
 from linrnn.layers.gla import GatedLinearAttention
 from linrnn.layers.linear_attention import LinearAttention
+from linrnn.layers.mamba2 import Mamba2
 from linrnn.layers.mlstm import mLSTMLayer
 from linrnn.layers.retention import MultiScaleRetention
 from linrnn.layers.rwkv6 import RWKV6TimeMix
@@ -24,6 +25,7 @@ __all__ = [
     "GatedLinearAttention",
     "HeadNorm",
     "LinearAttention",
+    "Mamba2",
     "Mixer",
     "MultiScaleRetention",
     "Packing",

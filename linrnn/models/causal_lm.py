@@ -20,6 +20,7 @@ from linrnn.layers import (
     GatedDeltaNet,
     GatedLinearAttention,
     LinearAttention,
+    Mamba2,
     MultiScaleRetention,
     RMSNorm,
     RWKV6TimeMix,
@@ -38,6 +39,7 @@ MIXERS = {
     "mlstm": mLSTMLayer,
     "delta_net": DeltaNet,
     "gated_delta_net": GatedDeltaNet,
+    "mamba2": Mamba2,
     "softmax": SoftmaxAttention,
 }
 
@@ -53,7 +55,7 @@ class LMConfig:
         d_model, num_layers, num_heads: width, depth, heads of every mixer.
         mixer: one of :data:`MIXERS` (``"linear_attn"``, ``"gla"``, ``"simple_gla"``,
             ``"retention"``, ``"rwkv6"``, ``"mlstm"``, ``"delta_net"``, ``"gated_delta_net"``,
-            ``"softmax"``).
+            ``"mamba2"``, ``"softmax"``).
         mixer_kwargs: extra keyword arguments of the mixer class, e.g.
             ``{"input_gate": "sigmoid"}`` for mLSTM or ``{"feature_map": "performer"}``.
         mlp_hidden: SwiGLU hidden width; None: 8/3·d_model rounded up to a multiple of 32.

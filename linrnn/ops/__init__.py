@@ -3,6 +3,7 @@
 from linrnn.ops.delta_rule import delta_rule, gated_delta_rule
 from linrnn.ops.gla import gla
 from linrnn.ops.linear_attn import linear_attn
+from linrnn.ops.mamba2 import mamba2
 from linrnn.ops.mlstm import mlstm
 from linrnn.ops.retention import retention
 from linrnn.ops.rwkv6 import rwkv6
@@ -13,6 +14,7 @@ __all__ = [
     "gated_delta_rule",
     "gla",
     "linear_attn",
+    "mamba2",
     "mlstm",
     "retention",
     "rwkv6",

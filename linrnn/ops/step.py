@@ -23,6 +23,7 @@ from linrnn.ops import _generic
 from linrnn.ops.delta_rule import delta_rule, gated_delta_rule
 from linrnn.ops.gla import gla
 from linrnn.ops.linear_attn import linear_attn
+from linrnn.ops.mamba2 import mamba2
 from linrnn.ops.mlstm import mlstm
 from linrnn.ops.retention import retention
 from linrnn.ops.rwkv6 import rwkv6
@@ -90,3 +91,4 @@ rwkv6_step = _bind(rwkv6)
 mlstm_step = _bind(mlstm)
 delta_rule_step = _bind(delta_rule)
 gated_delta_rule_step = _bind(gated_delta_rule)
+mamba2_step = _bind(mamba2)
