@@ -28,6 +28,7 @@ from linrnn.layers import (
     mLSTMLayer,
 )
 from linrnn.layers.common import as_packing, softcap
+from linrnn.models.generation import check_generation, lm_loss, sample_next
 
 MIXERS = {
     "linear_attn": LinearAttention,
@@ -139,8 +140,9 @@ class CausalLM(nn.Module):
 
     Example:
         >>> model = CausalLM(LMConfig(mixer="gla", d_model=128, num_layers=2))
-        >>> out = model(ids, targets=next_ids)          # out.logits, out.loss
-        >>> new = model.generate(ids, max_new_tokens=50, temperature=0.8, top_k=20, seed=0)
+        >>> out = model(ids, labels=ids)                # out.logits, out.loss
+        >>> new = model.generate(ids, max_new_tokens=50, do_sample=True, temperature=0.8,
+        ...                      top_p=0.9, seed=0)
         >>> model.save_pretrained("ckpt"); same = CausalLM.from_pretrained("ckpt")
     """
 
@@ -176,27 +178,39 @@ class CausalLM(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         cache: Cache | None = None,
+        labels: Tensor | None = None,
+        *,
         targets: Tensor | None = None,
+        cu_seqlens=None,
     ) -> LMOutput:
         """Args:
         input_ids: ``[B, T]`` token ids.
         attention_mask: optional ``[B, T]``, 1 = token, 0 = padding (left or right).
         cache: optional :class:`~linrnn.layers.Cache`, continued and updated in place.
-        targets: optional ``[B, T]`` ids to predict at each position (``-100`` = ignore,
-            as are padding positions); the loss is their mean cross-entropy.
+        labels: optional ``[B, T]`` ids in transformers' convention: position t is trained to
+            predict ``labels[t + 1]`` (the shift happens here, so ``labels=input_ids`` is the
+            usual language-model loss); ``-100`` = ignore, as are padding positions and, with
+            cu_seqlens, the first token of every document.
+        targets: optional ``[B, T]`` ids already aligned with the positions: position t is
+            trained to predict ``targets[t]`` (``-100`` and padding ignored). Pass labels or
+            targets, not both.
+        cu_seqlens: optional offsets ``[N + 1]`` of N documents packed in ``input_ids [1, T]``:
+            every layer's state restarts at each offset, so the logits equal N separate calls.
+
+        The loss is the mean cross-entropy over the positions that are not ignored.
         """
+        if labels is not None and targets is not None:
+            raise ValueError("pass labels (shifted inside) or targets (aligned), not both")
         x = self.embed(input_ids)
-        packing = as_packing(attention_mask, x)  # built once for all the layers
+        packing = as_packing(attention_mask, x, cu_seqlens)  # built once for all the layers
         for block in self.blocks:
             x = block(x, attention_mask=packing, cache=cache)
         if cache is not None:
             cache.seen_tokens += input_ids.shape[1]
         logits = softcap(self.lm_head(self.norm(x)).float(), self.config.logit_softcap)
         loss = None
-        if targets is not None:
-            if attention_mask is not None:
-                targets = targets.masked_fill(~attention_mask.to(targets.device).bool(), -100)
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        if labels is not None or targets is not None:
+            loss = lm_loss(logits, labels, targets, attention_mask, packing)
         return LMOutput(logits, loss)
 
     @torch.no_grad()
@@ -206,8 +220,10 @@ class CausalLM(nn.Module):
         max_new_tokens: int,
         *,
         attention_mask: Tensor | None = None,
-        temperature: float = 0.0,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
         top_k: int | None = None,
+        top_p: float | None = None,
         seed: int | None = None,
         eos_token_id: int | None = None,
     ) -> Tensor:
@@ -217,9 +233,13 @@ class CausalLM(nn.Module):
         Args:
             attention_mask: ``[B, T]`` for padded prompts (left or right padding); each row
                 continues after its own last token.
-            temperature: 0 (default) is greedy decoding; > 0 samples from
-                ``softmax(logits / temperature)``, restricted to the ``top_k`` most likely
-                tokens when top_k is given.
+            do_sample: sample from ``softmax(logits / temperature)`` (True) or decode greedily
+                (False). None (the default) samples exactly when a temperature > 0 is given,
+                so ``temperature=0.8`` alone samples and no arguments decode greedily.
+            temperature: > 0 when sampling (default 1.0 with ``do_sample=True``).
+            top_k: sample only among the ``top_k`` most likely tokens (≥ 1).
+            top_p: sample only among the most likely tokens whose probabilities sum to
+                ``top_p`` (nucleus sampling, 0 < top_p ≤ 1; the most likely token always stays).
             seed: seeds a private generator for sampling (reproducible; the global RNG is
                 left alone).
             eos_token_id: a row that produced it keeps producing it.
@@ -227,12 +247,15 @@ class CausalLM(nn.Module):
         Returns:
             ``[B, T + max_new_tokens]``: the prompt followed by the new tokens.
         """
-        if temperature < 0:
-            raise ValueError(f"temperature must be ≥ 0, got {temperature}")
+        sample = check_generation(
+            input_ids, max_new_tokens, attention_mask, do_sample, temperature, top_k, top_p
+        )
         B, T = input_ids.shape
         gen = None
         if seed is not None:
             gen = torch.Generator(device=input_ids.device).manual_seed(seed)
+        if max_new_tokens == 0:
+            return input_ids
         cache = Cache()
         logits = self(input_ids, attention_mask=attention_mask, cache=cache).logits
         if attention_mask is None:
@@ -243,8 +266,12 @@ class CausalLM(nn.Module):
             last = logits[torch.arange(B, device=input_ids.device), idx]
         out = [input_ids]
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        temperature = 1.0 if temperature is None else temperature
         for step in range(max_new_tokens):
-            nxt = self._pick(last, temperature, top_k, gen)
+            if sample:
+                nxt = sample_next(last, temperature, top_k, top_p, gen)
+            else:
+                nxt = last.argmax(-1)
             if eos_token_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
                 done |= nxt == eos_token_id
@@ -252,16 +279,6 @@ class CausalLM(nn.Module):
             if step + 1 < max_new_tokens:
                 last = self(nxt[:, None], cache=cache).logits[:, -1]
         return torch.cat(out, dim=1)
-
-    @staticmethod
-    def _pick(logits: Tensor, temperature: float, top_k: int | None, gen) -> Tensor:
-        if temperature == 0:
-            return logits.argmax(-1)
-        logits = logits.float() / temperature
-        if top_k is not None:
-            kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        return torch.multinomial(logits.softmax(-1), 1, generator=gen)[:, 0]
 
     def save_pretrained(self, directory) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (tied weights stored once)."""
@@ -274,14 +291,29 @@ class CausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory, device=None, dtype=None) -> CausalLM:
-        """Build the model from ``config.json`` and load ``model.safetensors``."""
-        st = _safetensors()
+        """Build the model from ``config.json`` and load ``model.safetensors``; the weights are
+        converted to ``dtype`` when given (an fp32 checkpoint loads as bf16)."""
         path = Path(directory)
         config = LMConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
         model = cls(config, device=device, dtype=dtype)
-        device = next(model.parameters()).device
-        st.load_model(model, str(path / WEIGHTS_NAME), strict=True, device=str(device))
+        load_weights(model, path / WEIGHTS_NAME)
         return model
+
+
+def load_weights(model: nn.Module, file) -> None:
+    """Load a safetensors file saved by :meth:`CausalLM.save_pretrained` (tied weights stored
+    once) into ``model``, converting every tensor to the dtype and device of the model's."""
+    st = _safetensors()
+    own = model.state_dict()
+    state = st.load_file(str(file))
+    for a, b in (("lm_head.weight", "embed.weight"), ("embed.weight", "lm_head.weight")):
+        if a not in state and b in state and a in own and own[a].data_ptr() == own[b].data_ptr():
+            state[a] = state[b]  # a tied pair stored under one name
+    state = {
+        k: v.to(device=own[k].device, dtype=own[k].dtype) if k in own else v
+        for k, v in state.items()
+    }
+    model.load_state_dict(state, strict=True)
 
 
 def _safetensors():
