@@ -190,9 +190,9 @@ class GatedDeltaNet(DeltaNet):
         """A uniform in A_init_range (A_log = log A); dt log-uniform in [dt_min, dt_max] and
         floored, ``dt_bias = dt + log(−expm1(−dt))`` (softplus(dt_bias) = dt)."""
         lo, hi = self.A_init_range
-        A = torch.empty(self.num_v_heads, dtype=torch.float64).uniform_(lo, hi)
+        A = torch.empty(self.num_v_heads, dtype=torch.float64, device="cpu").uniform_(lo, hi)
         self.A_log.copy_(A.clamp_min(torch.finfo(torch.float32).tiny).log())
-        u = torch.rand(self.num_v_heads, dtype=torch.float64)
+        u = torch.rand(self.num_v_heads, dtype=torch.float64, device="cpu")
         dt = torch.exp(u * (math.log(self.dt_max) - math.log(self.dt_min)) + math.log(self.dt_min))
         dt = dt.clamp_min(self.dt_init_floor)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))

@@ -82,7 +82,9 @@ class LinearAttention(Mixer):
         if feature_map == "performer":
             m = num_features or self.head_k
             gen = torch.Generator().manual_seed(feature_seed)
-            proj = torch.randn(num_heads, self.head_k, m, generator=gen, dtype=torch.float64)
+            proj = torch.randn(
+                num_heads, self.head_k, m, generator=gen, dtype=torch.float64, device="cpu"
+            )
             self.register_buffer("projection", proj.to(dtype or torch.get_default_dtype()))
             if device is not None:
                 self.projection = self.projection.to(device)

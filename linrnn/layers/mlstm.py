@@ -96,7 +96,7 @@ class mLSTMLayer(Mixer):
         nn.init.zeros_(self.f_proj.weight)
         self.i_proj.bias.fill_(self.input_gate_bias)
         lo, hi = self.forget_gate_bias
-        self.f_proj.bias.copy_(torch.linspace(lo, hi, self.num_heads))
+        self.f_proj.bias.copy_(torch.linspace(lo, hi, self.num_heads, device="cpu"))
 
     def mix(self, x, packing, entry, want_state):
         q = split_heads(self.q_proj(x), self.num_heads)

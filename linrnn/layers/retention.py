@@ -56,9 +56,6 @@ class MultiScaleRetention(GatedHeadsMixer):
             backend, device, dtype,
         )  # fmt: skip
         self.rotary, self.rope_theta = bool(rotary), rope_theta
-        h = torch.arange(num_heads, dtype=torch.float64)
-        log_decay = torch.log1p(-(2.0 ** (-5.0 - h)))
-        self.register_buffer("log_decay", log_decay.float().to(device), persistent=False)
 
     def rotate(self, q, k, packing, entry):
         if not self.rotary:
@@ -79,6 +76,12 @@ class MultiScaleRetention(GatedHeadsMixer):
             end = start + lengths
         q, k = (rotary(t.transpose(1, 2), pos, self.rope_theta).transpose(1, 2) for t in (q, k))
         return q, k, {"pos": end}
+
+    @property
+    def log_decay(self) -> torch.Tensor:
+        """``log γ_h`` per head, fp32 (computed, not stored: nothing to save or load)."""
+        h = torch.arange(self.num_heads, dtype=torch.float32, device=self.q_proj.weight.device)
+        return torch.log1p(-torch.exp2(-5.0 - h))
 
     def decays(self, x):
         return {"log_decay": self.log_decay}

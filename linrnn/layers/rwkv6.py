@@ -110,7 +110,9 @@ class RWKV6TimeMix(Mixer):
         D, L = self.d_model, max(self.num_layers, 1)
         r01 = self.layer_idx / (L - 1) if L > 1 else 0.0  # 0 at the bottom, 1 at the top
         r10 = 1.0 - self.layer_idx / L  # 1 at the bottom, → 0 at the top
-        ddd = torch.arange(D, dtype=torch.float64) / D
+        # Constants on the CPU (copied into the parameters), also when the model is built
+        # under a default device such as "meta" (transformers' from_pretrained).
+        ddd = torch.arange(D, dtype=torch.float64, device="cpu") / D
         self.mu_x.copy_(1 - ddd**r10)
         self.mu.copy_(torch.stack([
             1 - ddd**r10,                    # w
@@ -119,9 +121,9 @@ class RWKV6TimeMix(Mixer):
             1 - ddd ** (0.5 * r10),          # r
             1 - ddd ** (0.5 * r10),          # g
         ]))  # fmt: skip
-        n = torch.arange(self.key_dim, dtype=torch.float64) / max(self.key_dim - 1, 1)
+        n = torch.arange(self.key_dim, dtype=torch.float64, device="cpu") / max(self.key_dim - 1, 1)
         self.decay.copy_(-6 + 5 * n ** (0.7 + 1.3 * r01))
-        zigzag = (torch.arange(self.key_dim) + 1) % 3 - 1
+        zigzag = (torch.arange(self.key_dim, device="cpu") + 1) % 3 - 1
         self.bonus.copy_((r01 * (1 - n) + 0.1 * zigzag).view(self.num_heads, self.head_k))
         nn.init.uniform_(self.mix_a, -1e-4, 1e-4)
         nn.init.uniform_(self.mix_b, -1e-2, 1e-2)
