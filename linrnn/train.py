@@ -1,4 +1,5 @@
-"""Train a small byte-level language model on the shipped corpus (``data/shakespeare.txt``).
+"""Train a small byte-level language model on the shipped corpus (``linrnn/data/shakespeare.txt``,
+package data: it is installed with linrnn).
 
 ``python -m linrnn.train`` (or ``python -m linrnn train``) with the defaults trains a 2-layer,
 width-128 GLA model on a CPU in a few minutes; on a CUDA GPU the same command uses the Triton
@@ -27,7 +28,7 @@ import torch
 
 from linrnn.models import MIXERS, CausalLM, LMConfig
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "shakespeare.txt"
+DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "shakespeare.txt"
 
 
 @dataclass
@@ -69,7 +70,7 @@ class TrainConfig:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     p.add_argument("--data", default=d.data, help="training text (bytes); default: the shipped "
-                   "corpus data/shakespeare.txt")  # fmt: skip
+                   "corpus linrnn/data/shakespeare.txt")  # fmt: skip
     p.add_argument("--out", default=None, help="output folder (default runs/<mixer>)")
     p.add_argument("--mixer", default=d.mixer, choices=sorted(MIXERS), help="token mixer")
     p.add_argument(
@@ -140,10 +141,7 @@ def load_bytes(path, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The file as byte ids, split into a training head and a validation tail."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"training text {path} not found: the corpus ships in the repository's data/ "
-            "folder (not in an installed wheel); pass --data FILE"
-        )
+        raise FileNotFoundError(f"training text {path} not found; pass --data FILE")
     raw = path.read_bytes()
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
     n_val = max(int(len(data) * val_fraction), 2)

@@ -321,7 +321,7 @@ def _safetensors():
         import safetensors.torch as st
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "saving and loading weights needs safetensors: pip install safetensors==0.6.2 "
+            "saving and loading weights needs safetensors: pip install safetensors "
             "(or pip install 'linrnn[models]')"
         ) from e
     return st
