@@ -25,6 +25,7 @@ SMALL = {"gla": {"gate_low_rank_dim": 4}, "rwkv6": {"mix_low_rank_dim": 4, "deca
 VARIANTS = {name: {"mixer": name, "mixer_kwargs": SMALL.get(name, {})} for name in MIXERS}
 VARIANTS["retention_rotary"] = {"mixer": "retention", "mixer_kwargs": {"rotary": True}}
 VARIANTS["softmax_gqa"] = {"mixer": "softmax", "mixer_kwargs": {"num_kv_heads": 1}}
+VARIANTS["rwkv6_block"] = {**VARIANTS["rwkv6"], "mlp": "rwkv", "norm": "layer", "embed_norm": True}
 
 
 def config(name: str, **kw) -> LinrnnConfig:

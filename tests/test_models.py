@@ -12,6 +12,9 @@ from linrnn.models import MIXERS, CausalLM, LMConfig
 
 MIXER_CONFIGS = {name: {} for name in MIXERS}
 MIXER_CONFIGS["mlstm_sig"] = {"mixer": "mlstm", "mixer_kwargs": {"input_gate": "sigmoid"}}
+MIXER_CONFIGS["rwkv6_block"] = {  # RWKV6's whole block: LayerNorms, ln0, channel mixing
+    "mixer": "rwkv6", "mlp": "rwkv", "norm": "layer", "embed_norm": True,
+}  # fmt: skip
 MIXER_CONFIGS["linear_attn_performer"] = {
     "mixer": "linear_attn",
     "mixer_kwargs": {"feature_map": "performer"},
@@ -50,7 +53,7 @@ def test_greedy_generation_is_deterministic_and_matches_the_full_forward(name):
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-@pytest.mark.parametrize("name", ["gla", "rwkv6", "mlstm", "softmax"])
+@pytest.mark.parametrize("name", ["gla", "rwkv6", "rwkv6_block", "mlstm", "softmax"])
 def test_padded_prompts_generate_like_unpadded(name, side):
     model = tiny(name)
     lengths, T = [8, 5, 2], 8

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import ClassVar
 
 from transformers import PretrainedConfig
@@ -38,16 +38,7 @@ class LinrnnConfig(PretrainedConfig):
         hidden_size: int | None = None,
         num_hidden_layers: int | None = None,
         num_attention_heads: int | None = None,
-        mixer: str = "gla",
-        mixer_kwargs: dict | None = None,
-        mlp_hidden: int | None = None,
         tie_word_embeddings: bool | None = None,
-        logit_softcap: float | None = None,
-        norm_eps: float = 1e-6,
-        init_std: float = 0.02,
-        mode: str = "chunk",
-        chunk_size: int | None = None,
-        backend: str | None = None,
         use_cache: bool = True,
         d_model: int | None = None,
         num_layers: int | None = None,
@@ -71,25 +62,22 @@ class LinrnnConfig(PretrainedConfig):
                 )
             value = hf_value if hf_value is not None else lm_value
             values[hf_name] = getattr(defaults, lm_name) if value is None else value
-        if mixer not in MIXERS:
-            raise ValueError(f"mixer must be one of {sorted(MIXERS)}, got {mixer!r}")
         self.vocab_size = vocab_size
         self.hidden_size = values["hidden_size"]
         self.num_hidden_layers = values["num_hidden_layers"]
         self.num_attention_heads = values["num_attention_heads"]
-        self.mixer = mixer
-        self.mixer_kwargs = dict(mixer_kwargs or {})
-        self.mlp_hidden = mlp_hidden
-        self.logit_softcap = logit_softcap
-        self.norm_eps = norm_eps
-        self.init_std = init_std
-        self.mode = mode
-        self.chunk_size = chunk_size
-        self.backend = backend
         self.use_cache = use_cache
+        # Every other LMConfig field under its own name (fields added later included).
+        mapped = {"vocab_size", *(lm_name for _, _, lm_name, _ in pairs)}
+        for f in fields(LMConfig):
+            if f.name not in mapped:
+                default = f.default if f.default is not MISSING else f.default_factory()
+                setattr(self, f.name, kwargs.pop(f.name, default))
+        self.mixer_kwargs = dict(self.mixer_kwargs or {})
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}")
         super().__init__(tie_word_embeddings=values["tie_word_embeddings"], **kwargs)
-        self.lm_config()  # validates the fields and fills in mlp_hidden
-        self.mlp_hidden = self.lm_config().mlp_hidden
+        self.mlp_hidden = self.lm_config().mlp_hidden  # validates; fills in the default
 
     def lm_config(self) -> LMConfig:
         """The equivalent :class:`linrnn.models.LMConfig`."""

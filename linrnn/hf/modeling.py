@@ -19,7 +19,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from linrnn.hf.configuration import LinrnnConfig
 from linrnn.layers import Cache
-from linrnn.layers.common import as_packing, softcap
+from linrnn.layers.common import as_packing
 from linrnn.models import CausalLM
 from linrnn.models.generation import cu_seqlens_from_position_ids, lm_loss
 
@@ -164,11 +164,7 @@ class LinrnnForCausalLM(LinrnnPreTrainedModel, GenerationMixin):
         if cu_seqlens is None and attention_mask is None:
             cu_seqlens = cu_seqlens_from_position_ids(position_ids)
         packing = as_packing(attention_mask, x, cu_seqlens)
-        for block in lm.blocks:
-            x = block(x, attention_mask=packing, cache=cache)
-        if cache is not None:
-            cache.seen_tokens += T
-        logits = softcap(lm.lm_head(lm.norm(x)).float(), lm.config.logit_softcap)
+        logits = lm.logits(x, packing, cache)
         loss = None
         if labels is not None:
             loss = lm_loss(logits, labels, None, attention_mask, packing)

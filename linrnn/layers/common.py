@@ -215,6 +215,23 @@ class RMSNorm(nn.Module):
         return (y * self.weight.to(y.dtype)).to(x.dtype)
 
 
+class LayerNorm(nn.Module):
+    """``(x − mean(x)) / std(x) · weight + bias`` over the last dimension, computed in fp32
+    (RWKV's block norms)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        xf = xf - xf.mean(-1, keepdim=True)
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.to(y.dtype) + self.bias.to(y.dtype)).to(x.dtype)
+
+
 class HeadNorm(nn.Module):
     """Normalization of each head on its own (``kind="rms"``: RMSNorm, ``"layer"``: LayerNorm,
     i.e. GroupNorm with one group per head), with a weight (and for "layer" a bias) per channel

@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linrnn.layers import (
@@ -27,7 +26,8 @@ from linrnn.layers import (
     SoftmaxAttention,
     mLSTMLayer,
 )
-from linrnn.layers.common import as_packing, softcap
+from linrnn.layers.common import LayerNorm, as_packing, softcap
+from linrnn.models.feedforward import RWKVChannelMix, SwiGLU
 from linrnn.models.generation import check_generation, lm_loss, sample_next
 
 MIXERS = {
@@ -57,10 +57,16 @@ class LMConfig:
             ``"softmax"``).
         mixer_kwargs: extra keyword arguments of the mixer class, e.g.
             ``{"input_gate": "sigmoid"}`` for mLSTM or ``{"feature_map": "performer"}``.
-        mlp_hidden: SwiGLU hidden width; None: 8/3·d_model rounded up to a multiple of 32.
+        mlp: the feed-forward half of each block: ``"swiglu"`` (default) or ``"rwkv"`` (RWKV6's
+            channel mixing, with its token shift; RWKV6 models use it with norm="layer").
+        mlp_hidden: the feed-forward hidden width; None: for SwiGLU 8/3·d_model rounded up to a
+            multiple of 32, for RWKV 3.5·d_model rounded up to a multiple of 32.
         tie_embeddings: share the embedding matrix with the output head.
         logit_softcap: soft-cap ``c·tanh(logits/c)`` (xLSTM/Gemma 2 use 30); None: off.
-        norm_eps: RMSNorm epsilon.
+        norm: the block and final norms: ``"rms"`` (RMSNorm, default) or ``"layer"``
+            (LayerNorm with bias, as RWKV).
+        embed_norm: normalize the embeddings before the first block (RWKV's ``ln0``).
+        norm_eps: epsilon of those norms.
         init_std: standard deviation of the embedding, MLP and head initialization.
         mode, chunk_size, backend: passed to every linear mixer's op.
     """
@@ -71,9 +77,12 @@ class LMConfig:
     num_heads: int = 4
     mixer: str = "gla"
     mixer_kwargs: dict = field(default_factory=dict)
+    mlp: str = "swiglu"
     mlp_hidden: int | None = None
     tie_embeddings: bool = True
     logit_softcap: float | None = None
+    norm: str = "rms"
+    embed_norm: bool = False
     norm_eps: float = 1e-6
     init_std: float = 0.02
     mode: str = "chunk"
@@ -83,8 +92,15 @@ class LMConfig:
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS:
             raise ValueError(f"mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}")
+        if self.mlp not in ("swiglu", "rwkv"):
+            raise ValueError(f"mlp must be 'swiglu' or 'rwkv', got {self.mlp!r}")
+        if self.norm not in ("rms", "layer"):
+            raise ValueError(f"norm must be 'rms' or 'layer', got {self.norm!r}")
         if self.mlp_hidden is None:
-            self.mlp_hidden = 32 * math.ceil(8 * self.d_model / 3 / 32)
+            if self.mlp == "swiglu":
+                self.mlp_hidden = 32 * math.ceil(8 * self.d_model / 3 / 32)
+            else:
+                self.mlp_hidden = 32 * math.ceil(int(3.5 * self.d_model) / 32)
 
     @classmethod
     def from_dict(cls, d: dict) -> LMConfig:
@@ -101,20 +117,6 @@ class LMOutput:
     loss: Tensor | None = None  # mean cross-entropy over the targets that are not ignored
 
 
-class SwiGLU(nn.Module):
-    """``W_down (silu(x W_gate) ⊙ x W_up)``."""
-
-    def __init__(self, d_model: int, hidden: int, device=None, dtype=None) -> None:
-        super().__init__()
-        kw = {"device": device, "dtype": dtype}
-        self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False, **kw)
-        self.down = nn.Linear(hidden, d_model, bias=False, **kw)
-
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
-
-
 class Block(nn.Module):
     def __init__(self, config: LMConfig, layer_idx: int, device=None, dtype=None) -> None:
         super().__init__()
@@ -125,14 +127,30 @@ class Block(nn.Module):
             extra.setdefault("num_layers", c.num_layers)
         if c.mixer != "softmax":
             extra.update(mode=c.mode, chunk_size=c.chunk_size, backend=c.backend)
-        self.mixer_norm = RMSNorm(c.d_model, c.norm_eps, **kw)
+        self.layer_idx = layer_idx
+        self.mixer_norm = make_norm(c, **kw)
         self.mixer = MIXERS[c.mixer](c.d_model, c.num_heads, layer_idx=layer_idx, **extra, **kw)
-        self.mlp_norm = RMSNorm(c.d_model, c.norm_eps, **kw)
-        self.mlp = SwiGLU(c.d_model, c.mlp_hidden, **kw)
+        self.mlp_norm = make_norm(c, **kw)
+        mlp = SwiGLU if c.mlp == "swiglu" else RWKVChannelMix
+        self.mlp = mlp(c.d_model, c.mlp_hidden, **kw)
 
     def forward(self, x: Tensor, attention_mask=None, cache: Cache | None = None) -> Tensor:
-        x = x + self.mixer(self.mixer_norm(x), attention_mask=attention_mask, cache=cache)
-        return x + self.mlp(self.mlp_norm(x))
+        """``attention_mask``: None or the model's :class:`~linrnn.layers.Packing` (padding
+        or packed documents)."""
+        packing = attention_mask
+        previous = None  # the channel mix's token shift lives in the mixer's cache entry
+        if cache is not None:
+            previous = cache[self.layer_idx].get("mlp_shift")
+        x = x + self.mixer(self.mixer_norm(x), attention_mask=packing, cache=cache)
+        y, last = self.mlp(self.mlp_norm(x), packing, previous)
+        if cache is not None and last is not None:
+            cache.update(self.layer_idx, {**cache[self.layer_idx], "mlp_shift": last})
+        return x + y
+
+
+def make_norm(config: LMConfig, device=None, dtype=None) -> nn.Module:
+    norm = RMSNorm if config.norm == "rms" else LayerNorm
+    return norm(config.d_model, config.norm_eps, device=device, dtype=dtype)
 
 
 class CausalLM(nn.Module):
@@ -151,8 +169,9 @@ class CausalLM(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model, **kw)
+        self.embed_norm = make_norm(config, **kw) if config.embed_norm else None
         self.blocks = nn.ModuleList(Block(config, i, **kw) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps, **kw)
+        self.norm = make_norm(config, **kw)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False, **kw)
         self.reset_parameters()
         if config.tie_embeddings:
@@ -166,9 +185,11 @@ class CausalLM(nn.Module):
         nn.init.normal_(self.embed.weight, std=std)
         if not self.config.tie_embeddings:
             nn.init.normal_(self.lm_head.weight, std=std)
-        for block in self.blocks:
-            nn.init.normal_(block.mlp.gate_up.weight, std=std)
-            nn.init.normal_(block.mlp.down.weight, std=std / math.sqrt(2 * len(self.blocks)))
+        for i, block in enumerate(self.blocks):
+            if isinstance(block.mlp, RWKVChannelMix):
+                block.mlp.reset_parameters(std, len(self.blocks), i)
+            else:
+                block.mlp.reset_parameters(std, len(self.blocks))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -203,15 +224,22 @@ class CausalLM(nn.Module):
             raise ValueError("pass labels (shifted inside) or targets (aligned), not both")
         x = self.embed(input_ids)
         packing = as_packing(attention_mask, x, cu_seqlens)  # built once for all the layers
-        for block in self.blocks:
-            x = block(x, attention_mask=packing, cache=cache)
-        if cache is not None:
-            cache.seen_tokens += input_ids.shape[1]
-        logits = softcap(self.lm_head(self.norm(x)).float(), self.config.logit_softcap)
+        logits = self.logits(x, packing, cache)
         loss = None
         if labels is not None or targets is not None:
             loss = lm_loss(logits, labels, targets, attention_mask, packing)
         return LMOutput(logits, loss)
+
+    def logits(self, x: Tensor, packing, cache: Cache | None) -> Tensor:
+        """fp32 logits of the embedded tokens ``x [B, T, D]`` (``packing``: None or a
+        :class:`~linrnn.layers.Packing`); advances ``cache``."""
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        for block in self.blocks:
+            x = block(x, attention_mask=packing, cache=cache)
+        if cache is not None:
+            cache.seen_tokens += x.shape[1]
+        return softcap(self.lm_head(self.norm(x)).float(), self.config.logit_softcap)
 
     @torch.no_grad()
     def generate(
