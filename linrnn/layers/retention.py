@@ -79,8 +79,11 @@ class MultiScaleRetention(GatedHeadsMixer):
 
     @property
     def log_decay(self) -> torch.Tensor:
-        """``log γ_h`` per head, fp32 (computed, not stored: nothing to save or load)."""
-        h = torch.arange(self.num_heads, dtype=torch.float32, device=self.q_proj.weight.device)
+        """``log γ_h`` per head, fp32 (fp64 in an fp64 layer); computed, not stored, so there is
+        nothing to save or load."""
+        w = self.q_proj.weight
+        dtype = torch.float64 if w.dtype == torch.float64 else torch.float32
+        h = torch.arange(self.num_heads, dtype=dtype, device=w.device)
         return torch.log1p(-torch.exp2(-5.0 - h))
 
     def decays(self, x):

@@ -26,7 +26,7 @@ from linrnn.layers import (
     SoftmaxAttention,
     mLSTMLayer,
 )
-from linrnn.layers.common import LayerNorm, as_packing, softcap
+from linrnn.layers.common import LayerNorm, as_packing, softcap, upcast
 from linrnn.models.feedforward import RWKVChannelMix, SwiGLU
 from linrnn.models.generation import check_generation, lm_loss, sample_next
 
@@ -231,15 +231,15 @@ class CausalLM(nn.Module):
         return LMOutput(logits, loss)
 
     def logits(self, x: Tensor, packing, cache: Cache | None) -> Tensor:
-        """fp32 logits of the embedded tokens ``x [B, T, D]`` (``packing``: None or a
-        :class:`~linrnn.layers.Packing`); advances ``cache``."""
+        """Logits of the embedded tokens ``x [B, T, D]`` (fp32 for a 16-bit model; ``packing``:
+        None or a :class:`~linrnn.layers.Packing`); advances ``cache``."""
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         for block in self.blocks:
             x = block(x, attention_mask=packing, cache=cache)
         if cache is not None:
             cache.seen_tokens += x.shape[1]
-        return softcap(self.lm_head(self.norm(x)).float(), self.config.logit_softcap)
+        return softcap(upcast(self.lm_head(self.norm(x))), self.config.logit_softcap)
 
     @torch.no_grad()
     def generate(
