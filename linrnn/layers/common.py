@@ -34,26 +34,27 @@ from linrnn.ops._generic import OUT_STATE
 
 class Cache:
     """Decoding cache of a stack of layers: ``cache[layer_idx]`` is a dict of that layer's
-    tensors (empty until the layer has run once). ``seen_tokens`` counts the time steps seen."""
+    tensors (empty until the layer has run once; other parts of a model with a state use other
+    keys, e.g. ``("mlp", layer_idx)``). ``seen_tokens`` counts the time steps seen."""
 
     def __init__(self) -> None:
-        self.layers: dict[int, dict] = {}
+        self.layers: dict[int | tuple, dict] = {}
         self.seen_tokens = 0
 
-    def __getitem__(self, layer_idx: int) -> dict:
+    def __getitem__(self, layer_idx: int | tuple) -> dict:
         return self.layers.get(layer_idx, {})
 
-    def __contains__(self, layer_idx: int) -> bool:
+    def __contains__(self, layer_idx: int | tuple) -> bool:
         return layer_idx in self.layers
 
     def __len__(self) -> int:
         return len(self.layers)
 
-    def update(self, layer_idx: int, entry: dict) -> None:
+    def update(self, layer_idx: int | tuple, entry: dict) -> None:
         self.layers[layer_idx] = entry
 
     def __repr__(self) -> str:
-        parts = {i: sorted(e) for i, e in sorted(self.layers.items())}
+        parts = {i: sorted(e) for i, e in sorted(self.layers.items(), key=lambda kv: str(kv[0]))}
         return f"Cache(seen_tokens={self.seen_tokens}, layers={parts})"
 
 

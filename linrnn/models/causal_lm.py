@@ -138,13 +138,12 @@ class Block(nn.Module):
         """``attention_mask``: None or the model's :class:`~linrnn.layers.Packing` (padding
         or packed documents)."""
         packing = attention_mask
-        previous = None  # the channel mix's token shift lives in the mixer's cache entry
-        if cache is not None:
-            previous = cache[self.layer_idx].get("mlp_shift")
         x = x + self.mixer(self.mixer_norm(x), attention_mask=packing, cache=cache)
+        key = ("mlp", self.layer_idx)  # the channel mix's token shift, next to the mixer's entry
+        previous = cache[key].get("shift") if cache is not None else None
         y, last = self.mlp(self.mlp_norm(x), packing, previous)
         if cache is not None and last is not None:
-            cache.update(self.layer_idx, {**cache[self.layer_idx], "mlp_shift": last})
+            cache.update(key, {"shift": last})
         return x + y
 
 
