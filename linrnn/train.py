@@ -1,4 +1,5 @@
-"""Train a small byte-level language model on the shipped corpus (``data/shakespeare.txt``).
+"""Train a small byte-level language model on the shipped corpus (``linrnn/data/shakespeare.txt``,
+package data: it is installed with linrnn).
 
 ``python -m linrnn.train`` (or ``python -m linrnn train``) with the defaults trains a 2-layer,
 width-128 GLA model on a CPU in a few minutes; on a CUDA GPU the same command uses the Triton
@@ -9,6 +10,11 @@ validation loss periodically, and writes into ``--out``:
 - ``loss.png``: the loss curves (needs matplotlib; skipped with a message otherwise);
 - ``checkpoint/``: ``config.json`` and ``model.safetensors`` (periodically and at the end);
 - ``sample.txt``: a generation from the trained model.
+
+With ``--pack`` the text is split into documents (at blank lines) and each training row is
+filled with whole documents from a random one on, the last cut at the row's end; the rows go to
+the model as one packed sequence with the documents' offsets (``cu_seqlens``), so no state
+crosses a document boundary and no document's first byte is predicted from another document.
 
 Tokens are bytes (vocabulary 256): no tokenizer and nothing to download.
 """
@@ -27,7 +33,7 @@ import torch
 
 from linrnn.models import MIXERS, CausalLM, LMConfig
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "shakespeare.txt"
+DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "shakespeare.txt"
 
 
 @dataclass
@@ -64,12 +70,13 @@ class TrainConfig:
     top_k: int | None = 40
     plot: bool = True
     progress: bool = True
+    pack: bool = False
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     p.add_argument("--data", default=d.data, help="training text (bytes); default: the shipped "
-                   "corpus data/shakespeare.txt")  # fmt: skip
+                   "corpus linrnn/data/shakespeare.txt")  # fmt: skip
     p.add_argument("--out", default=None, help="output folder (default runs/<mixer>)")
     p.add_argument("--mixer", default=d.mixer, choices=sorted(MIXERS), help="token mixer")
     p.add_argument(
@@ -110,6 +117,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--no-plot", action="store_true", help="skip loss.png")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--pack", action="store_true",
+        help="train on whole documents (split at blank lines) packed with their boundaries, "
+        "instead of windows cut from one stream",
+    )  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -132,7 +144,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         checkpoint_every=args.checkpoint_every, seed=args.seed, device=args.device,
         amp=args.amp, sample_prompt=args.sample_prompt, sample_tokens=args.sample_tokens,
         temperature=args.temperature, top_k=args.top_k, plot=not args.no_plot,
-        progress=not args.no_progress,
+        progress=not args.no_progress, pack=args.pack,
     )  # fmt: skip
 
 
@@ -140,14 +152,68 @@ def load_bytes(path, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The file as byte ids, split into a training head and a validation tail."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"training text {path} not found: the corpus ships in the repository's data/ "
-            "folder (not in an installed wheel); pass --data FILE"
-        )
+        raise FileNotFoundError(f"training text {path} not found; pass --data FILE")
     raw = path.read_bytes()
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
     n_val = max(int(len(data) * val_fraction), 2)
     return data[:-n_val], data[-n_val:]
+
+
+@dataclass
+class Documents:
+    """A text split into documents (``--pack``): byte ids and the documents' offsets."""
+
+    data: torch.Tensor  # [N] byte ids
+    offsets: list[int]  # document d is data[offsets[d] : offsets[d + 1]]; 0 first, N last
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def split_documents(data: torch.Tensor, separator: bytes = b"\n\n") -> Documents:
+    """Documents end after each ``separator`` (a blank line: the plays' speeches)."""
+    raw = bytes(data.to(torch.uint8).tolist())
+    offsets, i = [0], raw.find(separator)
+    while i != -1:
+        end = i + len(separator)
+        if end < len(raw):
+            offsets.append(end)
+        i = raw.find(separator, end)
+    offsets.append(len(raw))
+    return Documents(data, offsets)
+
+
+def get_packed_batch(docs: Documents, batch_size: int, seq_len: int, gen, device):
+    """``batch_size`` rows of ``seq_len`` bytes, each filled with whole documents from a random
+    one on (the last cut at the row's end), as one packed sequence: inputs ``[1, B·L]``,
+    aligned next-byte targets ``[1, B·L]`` (``-100`` after a document's last byte) and the
+    documents' offsets ``cu_seqlens``."""
+    data, off = docs.data, docs.offsets
+    n_docs = len(off) - 1
+    xs, ys, cu = [], [], [0]
+    for first in torch.randint(0, n_docs, (batch_size,), generator=gen).tolist():
+        filled, d = 0, first
+        while filled < seq_len:
+            start, end = off[d], off[d + 1]
+            n = min(end - start, seq_len - filled)
+            xs.append(data[start : start + n])
+            y = data[start + 1 : start + n + 1].clone()
+            if start + n == end:  # the document's last byte: nothing of it to predict
+                y[-1] = -100
+            ys.append(y)
+            filled += n
+            cu.append(cu[-1] + n)
+            d = (d + 1) % n_docs
+    return torch.cat(xs)[None].to(device), torch.cat(ys)[None].to(device), cu
+
+
+def sample_batch(data, cfg: TrainConfig, gen, device):
+    """``(inputs, targets, cu_seqlens)``: packed documents for :class:`Documents`, else random
+    windows of one stream (cu_seqlens None)."""
+    if isinstance(data, Documents):
+        return get_packed_batch(data, cfg.batch_size, cfg.seq_len, gen, device)
+    x, y = get_batch(data, cfg.batch_size, cfg.seq_len, gen, device)
+    return x, y, None
 
 
 def get_batch(data, batch_size, seq_len, gen, device):
@@ -240,9 +306,9 @@ def evaluate(model, splits, cfg, device, autocast) -> dict[str, float]:
         gen = torch.Generator().manual_seed(cfg.seed + 1)  # the same batches every time
         losses = []
         for _ in range(cfg.eval_batches):
-            x, y = get_batch(data, cfg.batch_size, cfg.seq_len, gen, device)
+            x, y, cu = sample_batch(data, cfg, gen, device)
             with autocast():
-                losses.append(model(x, targets=y).loss.item())
+                losses.append(model(x, targets=y, cu_seqlens=cu).loss.item())
         out[name] = sum(losses) / len(losses)
     model.train()
     return out
@@ -303,11 +369,14 @@ def model_config(cfg: TrainConfig, **overrides) -> LMConfig:
     )  # fmt: skip
 
 
-def train_step(model, opt, scaler, x, y, autocast, grad_clip: float) -> torch.Tensor:
-    """One optimizer step on the batch ``(x, y)`` (the learning rate is the caller's); returns
-    the loss, not yet synchronized (``.item()`` waits for the step)."""
+def train_step(
+    model, opt, scaler, x, y, autocast, grad_clip: float, cu_seqlens=None
+) -> torch.Tensor:
+    """One optimizer step on the batch ``(x, y)`` (packed documents with ``cu_seqlens``; the
+    learning rate is the caller's); returns the loss, not yet synchronized (``.item()`` waits
+    for the step)."""
     with autocast():
-        loss = model(x, targets=y).loss
+        loss = model(x, targets=y, cu_seqlens=cu_seqlens).loss
     opt.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     if grad_clip > 0:
@@ -325,6 +394,8 @@ def train(cfg: TrainConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     train_data, val_data = load_bytes(cfg.data, cfg.val_fraction)
+    if cfg.pack:
+        train_data, val_data = split_documents(train_data), split_documents(val_data)
     model_cfg = model_config(cfg)
     model = CausalLM(model_cfg, device=device)
     opt = _optimizer(model, cfg, fused=device.type == "cuda")
@@ -342,8 +413,8 @@ def train(cfg: TrainConfig) -> dict:
     for step in range(cfg.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        x, y = get_batch(train_data, cfg.batch_size, cfg.seq_len, gen, device)
-        value = train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip).item()
+        x, y, cu = sample_batch(train_data, cfg, gen, device)
+        value = train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip, cu).item()
         if not math.isfinite(value):
             bar.close()
             raise FloatingPointError(f"loss became {value} at step {step}")

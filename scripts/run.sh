@@ -5,7 +5,12 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-python3 -m pip install -r requirements.txt
+# torch only where none is installed: the pinned CPU build must not replace a user's (CUDA) one.
+if python3 -c "import torch" 2>/dev/null; then
+  python3 -m pip install -r <(grep -v '^torch==' requirements.txt)
+else
+  python3 -m pip install -r requirements.txt
+fi
 python3 -m pip install -e . --no-deps
 python3 -m linrnn "$@"
 python3 -m linrnn bench

@@ -23,7 +23,12 @@ case "${1:-}" in
   *) echo "usage: bash scripts/test.sh [all|fast|interpreter] [pytest arguments...]" >&2; exit 2 ;;
 esac
 
-python3 -m pip install -r requirements-test.txt
+# torch only where none is installed: the pinned CPU build must not replace a user's (CUDA) one.
+if python3 -c "import torch" 2>/dev/null; then
+  python3 -m pip install -r <(grep -v '^torch==' requirements-test.txt)
+else
+  python3 -m pip install -r requirements-test.txt
+fi
 python3 -m pip install -e . --no-deps
 python3 -m ruff check .
 python3 -m ruff format --check .

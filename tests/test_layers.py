@@ -207,3 +207,36 @@ def test_mlstm_gate_soft_cap():
     y = m(x)
     y.sum().backward()
     assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_fla_argument_names_and_unknown_keywords(name):
+    """fla's hidden_size is d_model; an unknown keyword is a TypeError that names it."""
+    cls = type(LAYERS[name]())
+    kwargs = {"feature_map": "relu"} if name == "linear_attn_relu" else {}
+    torch.manual_seed(0)
+    a = cls(hidden_size=D, num_heads=H, **kwargs)
+    torch.manual_seed(0)
+    b = cls(D, H, **kwargs)
+    assert a.d_model == D and all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    with pytest.raises(TypeError, match="no_such_option"):
+        cls(D, H, no_such_option=1)
+    with pytest.raises(TypeError, match="hidden_size=8"):
+        cls(D, H, hidden_size=8)
+
+
+def test_grouped_query_softmax_attention():
+    """num_kv_heads (fla's name): query head h reads key/value head h // (H / num_kv_heads),
+    as the same layer with those key/value heads repeated."""
+    gqa = SoftmaxAttention(D, 4, num_kv_heads=2).double()
+    full = SoftmaxAttention(D, 4).double()
+    hd = D // 4
+    with torch.no_grad():
+        q, k, v = gqa.qkv_proj.weight.split([D, 2 * hd, 2 * hd])
+        rep = [t.view(2, hd, D).repeat_interleave(2, 0).reshape(4 * hd, D) for t in (k, v)]
+        full.qkv_proj.weight.copy_(torch.cat([q, *rep]))
+        full.o_proj.weight.copy_(gqa.o_proj.weight)
+    x = torch.randn(2, 9, D, dtype=torch.float64)
+    assert_close("gqa", gqa(x), full(x), torch.float64)
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+        SoftmaxAttention(D, 4, num_kv_heads=3)

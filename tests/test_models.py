@@ -12,6 +12,9 @@ from linrnn.models import MIXERS, CausalLM, LMConfig
 
 MIXER_CONFIGS = {name: {} for name in MIXERS}
 MIXER_CONFIGS["mlstm_sig"] = {"mixer": "mlstm", "mixer_kwargs": {"input_gate": "sigmoid"}}
+MIXER_CONFIGS["rwkv6_block"] = {  # RWKV6's whole block: LayerNorms, ln0, channel mixing
+    "mixer": "rwkv6", "mlp": "rwkv", "norm": "layer", "embed_norm": True,
+}  # fmt: skip
 MIXER_CONFIGS["linear_attn_performer"] = {
     "mixer": "linear_attn",
     "mixer_kwargs": {"feature_map": "performer"},
@@ -50,7 +53,7 @@ def test_greedy_generation_is_deterministic_and_matches_the_full_forward(name):
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-@pytest.mark.parametrize("name", ["gla", "rwkv6", "mlstm", "softmax"])
+@pytest.mark.parametrize("name", ["gla", "rwkv6", "rwkv6_block", "mlstm", "softmax"])
 def test_padded_prompts_generate_like_unpadded(name, side):
     model = tiny(name)
     lengths, T = [8, 5, 2], 8
@@ -130,3 +133,77 @@ def test_bad_config_raises():
     with pytest.raises(ValueError, match="unknown"):
         LMConfig.from_dict({"mixer": "gla", "width": 3})
     assert LMConfig(d_model=128).mlp_hidden == 352  # 8/3·128 rounded up to a multiple of 32
+
+
+def test_rwkv_block_decodes_with_a_static_cache():
+    """The channel mix's token shift has its own cache entry, so the static cache of
+    linrnn.graphs (same keys on every step) decodes RWKV6's whole block like generate()."""
+    import linrnn.graphs
+    from linrnn.layers import Cache
+
+    model = tiny("rwkv6_block")
+    prompt = torch.randint(0, 50, (2, 5))
+    ref = model.generate(prompt, 6)
+    cache = Cache()
+    with torch.no_grad():
+        first = model(prompt, cache=cache).logits[:, -1].argmax(-1)
+    assert ("mlp", 0) in cache and set(cache[("mlp", 0)]) == {"shift"}
+    dec = linrnn.graphs.capture_decode(model, cache, graph=False)
+    out = dec.generate(first, 5)
+    assert torch.equal(torch.cat([prompt, first[:, None], out], dim=1), ref)
+
+
+def test_generate_rejects_bad_arguments():
+    model = tiny("gla")
+    prompt = torch.randint(0, 50, (2, 4))
+    cases = [
+        ({"max_new_tokens": -1}, "max_new_tokens must be ≥ 0, got -1"),
+        ({"top_k": 0}, "top_k must be ≥ 1, got 0"),
+        ({"temperature": float("nan")}, "temperature must be finite and ≥ 0, got nan"),
+        ({"do_sample": True, "temperature": 0.0}, "needs temperature > 0"),
+        ({"do_sample": True, "top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+    ]
+    for kwargs, message in cases:
+        kwargs = {"max_new_tokens": 2, **kwargs}
+        with pytest.raises(ValueError, match=message):
+            model.generate(prompt, **kwargs)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        model.generate(prompt[:, :0], 2)
+    with pytest.raises(ValueError, match=r"prompt rows \[1\] are all padding"):
+        model.generate(prompt, 2, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]))
+    assert torch.equal(model.generate(prompt, 0), prompt)
+
+
+def test_top_p_keeps_the_nucleus():
+    from linrnn.models.generation import sample_next
+
+    logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]]).log_softmax(-1)  # p ≈ .72, .26, .01, .00
+    gen = torch.Generator().manual_seed(0)
+    picks = {sample_next(logits, 1.0, None, 0.7, gen).item() for _ in range(50)}
+    assert picks == {0}  # the most likely token alone already holds 0.7
+    picks = {sample_next(logits, 1.0, None, 0.9, gen).item() for _ in range(200)}
+    assert picks == {0, 1}
+
+
+def test_labels_are_shifted_and_targets_aligned():
+    model = tiny("simple_gla", torch.float32)
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        by_labels = model(ids, labels=ids)
+        by_targets = model(ids[:, :-1], targets=ids[:, 1:])
+        ref = torch.nn.functional.cross_entropy(
+            by_labels.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()
+        )
+    assert torch.allclose(by_labels.loss, ref) and torch.allclose(by_targets.loss, ref, atol=1e-6)
+    with pytest.raises(ValueError, match="not both"):
+        model(ids, labels=ids, targets=ids)
+
+
+@pytest.mark.parametrize("name", ["gla", "rwkv6_block"])
+def test_fp32_checkpoint_loads_in_bf16(tmp_path, name):
+    model = tiny(name, torch.float32)
+    model.save_pretrained(tmp_path)
+    loaded = CausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    for (k, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a.to(torch.bfloat16), b), k

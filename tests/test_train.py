@@ -72,3 +72,35 @@ def test_command_line(tmp_path, mixer, capsys):
         assert history["model"]["mixer_kwargs"] == {"input_gate": "sigmoid", "gate_soft_cap": 10}
     assert not (tmp_path / mixer / "loss.png").exists()
     assert "sample" in capsys.readouterr().out
+
+
+def test_packed_batches_hold_whole_documents_with_their_boundaries():
+    from itertools import pairwise
+
+    from linrnn.train import get_packed_batch, split_documents
+
+    text = b"ab\n\ncdef\n\ng\n\nhijklmnop\n\n"
+    docs = split_documents(torch.tensor(list(text)))
+    assert [text[a:b] for a, b in pairwise(docs.offsets)] == [
+        b"ab\n\n", b"cdef\n\n", b"g\n\n", b"hijklmnop\n\n",
+    ]  # fmt: skip
+    x, y, cu = get_packed_batch(docs, 5, 7, torch.Generator().manual_seed(0), "cpu")
+    assert x.shape == y.shape == (1, 35) and cu[0] == 0 and cu[-1] == 35
+    assert all(r * 7 in cu for r in range(5))  # every row starts a document
+    for a, b in pairwise(cu):
+        piece = bytes(x[0, a:b].tolist())
+        whole = next(text[s:e] for s, e in pairwise(docs.offsets)
+                     if text[s:e].startswith(piece))  # fmt: skip
+        assert piece == whole[: len(piece)]  # a document's head, or all of it
+        expect = list(whole[1 : len(piece) + 1]) + ([-100] if len(piece) == len(whole) else [])
+        assert y[0, a:b].tolist() == expect[: b - a]
+
+
+def test_command_line_pack(tmp_path):
+    argv = ["train", "--pack", "--out", str(tmp_path / "p"), "--steps", "2", "--eval-every", "2",
+            "--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--seq-len", "32",
+            "--batch-size", "2", "--eval-batches", "1", "--sample-tokens", "4", "--no-plot",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    history = json.loads((tmp_path / "p" / "history.json").read_text())
+    assert history["config"]["pack"] is True and len(history["train_step_loss"]) == 2

@@ -7,6 +7,11 @@ holes) is handled by packing: the valid tokens of all rows are concatenated into
 on that, and the output is scattered back to ``[B, T, D]`` with zeros at the padding. Row b's
 recurrent state is therefore exactly the state after its own valid tokens.
 
+Packed documents. ``cu_seqlens`` (offsets ``[N + 1]``, a list or a 1-D integer tensor) marks
+``x [1, T, D]`` as N documents laid end to end: every state of the layer (the op's, the short
+convolutions', the token shift, softmax attention's keys and positions) restarts at each offset,
+so the output equals N separate calls (docs/DESIGN.md §1).
+
 Decoding. A :class:`Cache` holds one entry per layer (keyed by ``layer_idx``): the op's final
 state, for RWKV6 the last token for the shift, for the delta-rule layers the short
 convolutions' last inputs (softmax attention keeps keys and values).
@@ -22,44 +27,71 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linrnn import _validation
 from linrnn._runtime import tracing
 from linrnn.ops._generic import OUT_STATE
 
 
 class Cache:
     """Decoding cache of a stack of layers: ``cache[layer_idx]`` is a dict of that layer's
-    tensors (empty until the layer has run once). ``seen_tokens`` counts the time steps seen."""
+    tensors (empty until the layer has run once; other parts of a model with a state use other
+    keys, e.g. ``("mlp", layer_idx)``). ``seen_tokens`` counts the time steps seen."""
 
     def __init__(self) -> None:
-        self.layers: dict[int, dict] = {}
+        self.layers: dict[int | tuple, dict] = {}
         self.seen_tokens = 0
 
-    def __getitem__(self, layer_idx: int) -> dict:
+    def __getitem__(self, layer_idx: int | tuple) -> dict:
         return self.layers.get(layer_idx, {})
 
-    def __contains__(self, layer_idx: int) -> bool:
+    def __contains__(self, layer_idx: int | tuple) -> bool:
         return layer_idx in self.layers
 
     def __len__(self) -> int:
         return len(self.layers)
 
-    def update(self, layer_idx: int, entry: dict) -> None:
+    def update(self, layer_idx: int | tuple, entry: dict) -> None:
         self.layers[layer_idx] = entry
 
     def __repr__(self) -> str:
-        parts = {i: sorted(e) for i, e in sorted(self.layers.items())}
+        parts = {i: sorted(e) for i, e in sorted(self.layers.items(), key=lambda kv: str(kv[0]))}
         return f"Cache(seen_tokens={self.seen_tokens}, layers={parts})"
 
 
 @dataclass
 class Packing:
-    """The valid tokens of a padded batch as one packed sequence."""
+    """The valid tokens of a padded batch as one packed sequence, or (:meth:`from_offsets`,
+    ``index`` None) an input that is already packed: ``[1, T, D]`` with its documents' offsets,
+    which :meth:`pack` and :meth:`unpack` leave as it is."""
 
-    index: Tensor  # [N] flat indices (b·T + t) of the valid tokens, row by row
+    index: Tensor | None  # [N] flat indices (b·T + t) of the valid tokens, row by row
     cu_seqlens: list[int]  # [B + 1] offsets of the rows in the packed sequence
-    B: int
+    B: int  # number of sequences (rows of a padded batch, or packed documents)
     T: int
-    mask: Tensor  # [B, T] bool, True at the valid tokens
+    mask: Tensor | None  # [B, T] bool, True at the valid tokens (None when already packed)
+
+    @classmethod
+    def from_offsets(cls, cu_seqlens, x: Tensor) -> Packing:
+        """An already packed ``x [1, T, ...]`` holding the documents ``cu_seqlens``
+        (validated: integers from 0 to T, non-decreasing)."""
+        cu = _validation.cu_seqlens(cu_seqlens, x.shape[0], x.shape[1], x)
+        return cls(None, cu, len(cu) - 1, x.shape[1], None)
+
+    @property
+    def packed(self) -> bool:
+        """True for an input that came packed (documents), False for a padded batch."""
+        return self.index is None
+
+    def document_positions(self, device) -> tuple[Tensor, Tensor]:
+        """``(document [T], position [T])`` of every token of a packed row: which document it
+        belongs to and its position inside it."""
+        lengths = torch.tensor(
+            [self.cu_seqlens[n + 1] - self.cu_seqlens[n] for n in range(self.B)], device=device
+        )
+        doc = torch.repeat_interleave(torch.arange(self.B, device=device), lengths)
+        starts = torch.tensor(self.cu_seqlens[:-1], device=device)
+        pos = torch.arange(int(lengths.sum()), device=device) - starts[doc]
+        return doc, pos
 
     @classmethod
     def from_mask(cls, attention_mask: Tensor, B: int, T: int) -> Packing | None:
@@ -80,10 +112,14 @@ class Packing:
 
     def pack(self, x: Tensor) -> Tensor:
         """``[B, T, ...]`` → ``[1, N, ...]``."""
+        if self.index is None:
+            return x
         return x.flatten(0, 1).index_select(0, self.index).unsqueeze(0)
 
     def unpack(self, y: Tensor) -> Tensor:
         """``[1, N, ...]`` → ``[B, T, ...]`` with zeros at the padding."""
+        if self.index is None:
+            return y
         out = y.new_zeros(self.B * self.T, *y.shape[2:])
         return out.index_copy(0, self.index, y[0]).view(self.B, self.T, *y.shape[2:])
 
@@ -100,12 +136,43 @@ class Packing:
         )
 
 
-def as_packing(attention_mask, x: Tensor) -> Packing | None:
+def as_packing(attention_mask, x: Tensor, cu_seqlens=None) -> Packing | None:
     """Accept a ``[B, T]`` mask, an already built :class:`Packing` (a model builds it once for
-    all its layers) or None."""
+    all its layers) or None; or the offsets ``cu_seqlens`` of an already packed ``x``."""
+    if cu_seqlens is not None:
+        if attention_mask is not None:
+            raise ValueError(
+                "pass either attention_mask (a padded batch) or cu_seqlens (packed documents), "
+                "not both"
+            )
+        return Packing.from_offsets(cu_seqlens, x)
     if attention_mask is None or isinstance(attention_mask, Packing):
         return attention_mask
     return Packing.from_mask(attention_mask.to(x.device), x.shape[0], x.shape[1])
+
+
+def model_width(cls_name: str, d_model: int | None, hidden_size: int | None) -> int:
+    """The layer width from ``d_model`` or its fla name ``hidden_size`` (one of the two)."""
+    if d_model is None and hidden_size is None:
+        raise TypeError(f"{cls_name}() needs the width d_model (or fla's name hidden_size)")
+    if d_model is not None and hidden_size is not None and d_model != hidden_size:
+        raise TypeError(
+            f"{cls_name}() got d_model={d_model} and hidden_size={hidden_size}: they name the "
+            "same width; pass one"
+        )
+    return d_model if d_model is not None else hidden_size
+
+
+def alias(cls_name: str, name: str, value, fla_name: str, fla_value, default):
+    """An argument that fla spells ``fla_name``: whichever was given, or ``default``."""
+    if value is not None and fla_value is not None and value != fla_value:
+        raise TypeError(
+            f"{cls_name}() got {name}={value!r} and {fla_name}={fla_value!r}: they name the "
+            "same thing; pass one"
+        )
+    if value is not None:
+        return value
+    return default if fla_value is None else fla_value
 
 
 def token_shift(x: Tensor, cu_seqlens: list[int] | None, previous: Tensor | None) -> Tensor:
@@ -147,6 +214,23 @@ class RMSNorm(nn.Module):
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * self.weight.to(y.dtype)).to(x.dtype)
+
+
+class LayerNorm(nn.Module):
+    """``(x − mean(x)) / std(x) · weight + bias`` over the last dimension, computed in fp32
+    (RWKV's block norms)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        xf = xf - xf.mean(-1, keepdim=True)
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.to(y.dtype) + self.bias.to(y.dtype)).to(x.dtype)
 
 
 class HeadNorm(nn.Module):
@@ -192,7 +276,9 @@ class Mixer(nn.Module):
     chunk_size: int | None = None
     backend: str | None = None
 
-    def forward(self, x: Tensor, attention_mask=None, cache: Cache | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, attention_mask=None, cache: Cache | None = None, cu_seqlens=None
+    ) -> Tensor:
         """``x [B, T, D]`` → ``[B, T, D]``.
 
         Args:
@@ -200,11 +286,14 @@ class Mixer(nn.Module):
             attention_mask: optional ``[B, T]`` (1 = token, 0 = padding); outputs at padding
                 positions are zero and padding never reaches the state.
             cache: optional :class:`Cache`; the layer starts from its entry (if any) and stores
-                its new state there.
+                its new state there (one state per sequence: per row, or per document with
+                cu_seqlens).
+            cu_seqlens: optional offsets ``[N + 1]`` of N documents packed in ``x [1, T, D]``;
+                every state restarts at each offset (the output equals N separate calls).
         """
         if x.dim() != 3:
             raise ValueError(f"x must be [B, T, D], got shape {tuple(x.shape)}")
-        packing = as_packing(attention_mask, x)
+        packing = as_packing(attention_mask, x, cu_seqlens)
         entry = cache[self.layer_idx] if cache is not None else {}
         target = None
         if getattr(cache, "inplace_state", False) and "state" in entry and not tracing():
@@ -294,12 +383,18 @@ class GatedHeadsMixer(Mixer):
         q = split_heads(self.q_proj(x), self.num_heads)
         k = split_heads(self.k_proj(x), self.num_heads)
         v = split_heads(self.v_proj(x), self.num_heads)
+        q, k, extra = self.rotate(q, k, packing, entry)
         o, state = self.recurrence(
             q, k, v, entry.get("state"), **self.decays(x),
             **self.op_kwargs(x, packing, want_state),
         )  # fmt: skip
         o = self.norm(o) * F.silu(self.g_proj(x))
-        return self.o_proj(o), {"state": state}
+        return self.o_proj(o), {"state": state, **extra}
+
+    def rotate(self, q, k, packing, entry):
+        """Position-dependent changes of ``q, k`` (none here; retention's rotary) →
+        ``(q, k, extra cache entries)``."""
+        return q, k, {}
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, key_dim={self.key_dim}, value_dim={self.value_dim}"

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linrnn.layers.common import Mixer, RMSNorm, check_divisible, split_heads, upcast
+from linrnn.layers.common import Mixer, RMSNorm, check_divisible, model_width, split_heads, upcast
 from linrnn.layers.conv import ShortConvolution
 from linrnn.ops import delta_rule, gated_delta_rule
 
@@ -34,7 +34,7 @@ class DeltaNet(Mixer):
     """DeltaNet layer: linear attention whose writes replace what their key stored.
 
     Args:
-        d_model: model width D.
+        d_model: model width D (fla's name: hidden_size).
         num_heads: H, the query/key heads.
         head_dim: Dk, the query/key width per head (default ``D // H``).
         expand_v: the value width per head is ``Dv = Dk·expand_v``.
@@ -53,9 +53,10 @@ class DeltaNet(Mixer):
 
     def __init__(
         self,
-        d_model: int,
+        d_model: int | None = None,
         num_heads: int = 4,
         *,
+        hidden_size: int | None = None,
         head_dim: int | None = None,
         expand_v: float = 1.0,
         num_v_heads: int | None = None,
@@ -71,6 +72,7 @@ class DeltaNet(Mixer):
         device=None,
         dtype=None,
     ) -> None:
+        d_model = model_width("DeltaNet", d_model, hidden_size)
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         if head_dim is None:
@@ -154,7 +156,7 @@ class GatedDeltaNet(DeltaNet):
 
     def __init__(
         self,
-        d_model: int,
+        d_model: int | None = None,
         num_heads: int = 4,
         *,
         expand_v: float = 2.0,
@@ -178,7 +180,7 @@ class GatedDeltaNet(DeltaNet):
         self.dt_init_floor = dt_init_floor
         kw = {"device": device, "dtype": dtype}
         HV = self.num_v_heads
-        self.a_proj = nn.Linear(d_model, HV, bias=False, **kw)
+        self.a_proj = nn.Linear(self.d_model, HV, bias=False, **kw)
         self.A_log = nn.Parameter(torch.empty(HV, **kw))
         self.dt_bias = nn.Parameter(torch.empty(HV, **kw))
         self.reset_decay()
@@ -188,9 +190,9 @@ class GatedDeltaNet(DeltaNet):
         """A uniform in A_init_range (A_log = log A); dt log-uniform in [dt_min, dt_max] and
         floored, ``dt_bias = dt + log(−expm1(−dt))`` (softplus(dt_bias) = dt)."""
         lo, hi = self.A_init_range
-        A = torch.empty(self.num_v_heads, dtype=torch.float64).uniform_(lo, hi)
+        A = torch.empty(self.num_v_heads, dtype=torch.float64, device="cpu").uniform_(lo, hi)
         self.A_log.copy_(A.clamp_min(torch.finfo(torch.float32).tiny).log())
-        u = torch.rand(self.num_v_heads, dtype=torch.float64)
+        u = torch.rand(self.num_v_heads, dtype=torch.float64, device="cpu")
         dt = torch.exp(u * (math.log(self.dt_max) - math.log(self.dt_min)) + math.log(self.dt_min))
         dt = dt.clamp_min(self.dt_init_floor)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from linrnn.layers.common import GatedHeadsMixer, split_heads, upcast
+from linrnn.layers.common import GatedHeadsMixer, model_width, split_heads, upcast
 from linrnn.ops import gla
 
 
@@ -18,7 +18,7 @@ class GatedLinearAttention(GatedHeadsMixer):
     """GLA layer.
 
     Args:
-        d_model: model width D.
+        d_model: model width D (fla's name: hidden_size).
         num_heads: H.
         expand_k, expand_v: key and value widths ``D·expand_k``, ``D·expand_v`` (GLA: 0.5, 1).
         gate_low_rank_dim: rank r of the gate projection ``D → r → D·expand_k``.
@@ -31,9 +31,10 @@ class GatedLinearAttention(GatedHeadsMixer):
 
     def __init__(
         self,
-        d_model: int,
+        d_model: int | None = None,
         num_heads: int = 4,
         *,
+        hidden_size: int | None = None,
         expand_k: float = 0.5,
         expand_v: float = 1.0,
         gate_low_rank_dim: int = 16,
@@ -46,6 +47,7 @@ class GatedLinearAttention(GatedHeadsMixer):
         device=None,
         dtype=None,
     ) -> None:
+        d_model = model_width("GatedLinearAttention", d_model, hidden_size)
         super().__init__(
             d_model, num_heads, expand_k, expand_v, norm_eps, layer_idx, mode, chunk_size,
             backend, device, dtype,

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linrnn.layers.common import Mixer, check_divisible, split_heads
+from linrnn.layers.common import Mixer, check_divisible, model_width, split_heads
 from linrnn.ops import linear_attn
 
 FEATURE_MAPS = ("elu", "relu", "identity", "performer")
@@ -26,7 +26,7 @@ class LinearAttention(Mixer):
     """Multi-head causal linear attention.
 
     Args:
-        d_model: model width D.
+        d_model: model width D (fla's name: hidden_size).
         num_heads: H; the key and value widths are ``D·expand_k`` and ``D·expand_v``.
         feature_map: ``"elu"`` (default), ``"relu"``, ``"identity"`` or ``"performer"``.
         num_features: random features per head for ``"performer"`` (default: the head's key
@@ -43,9 +43,10 @@ class LinearAttention(Mixer):
 
     def __init__(
         self,
-        d_model: int,
+        d_model: int | None = None,
         num_heads: int = 4,
         *,
+        hidden_size: int | None = None,
         feature_map: str = "elu",
         expand_k: float = 1.0,
         expand_v: float = 1.0,
@@ -60,6 +61,7 @@ class LinearAttention(Mixer):
         device=None,
         dtype=None,
     ) -> None:
+        d_model = model_width("LinearAttention", d_model, hidden_size)
         super().__init__()
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, got {feature_map!r}")
@@ -80,7 +82,9 @@ class LinearAttention(Mixer):
         if feature_map == "performer":
             m = num_features or self.head_k
             gen = torch.Generator().manual_seed(feature_seed)
-            proj = torch.randn(num_heads, self.head_k, m, generator=gen, dtype=torch.float64)
+            proj = torch.randn(
+                num_heads, self.head_k, m, generator=gen, dtype=torch.float64, device="cpu"
+            )
             self.register_buffer("projection", proj.to(dtype or torch.get_default_dtype()))
             if device is not None:
                 self.projection = self.projection.to(device)

@@ -15,7 +15,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from linrnn.layers.common import HeadNorm, Mixer, check_divisible, softcap, split_heads, upcast
+from linrnn.layers.common import (
+    HeadNorm,
+    Mixer,
+    check_divisible,
+    model_width,
+    softcap,
+    split_heads,
+    upcast,
+)
 from linrnn.ops import mlstm
 
 
@@ -23,7 +31,7 @@ class mLSTMLayer(Mixer):
     """mLSTM layer.
 
     Args:
-        d_model: model width D.
+        d_model: model width D (fla's name: hidden_size).
         num_heads: H.
         qk_dim_factor, v_dim_factor: query/key and value widths relative to D (0.5 and 1).
         input_gate: ``"exp"`` (stabilized exponential gate) or ``"sigmoid"``.
@@ -37,9 +45,10 @@ class mLSTMLayer(Mixer):
 
     def __init__(
         self,
-        d_model: int,
+        d_model: int | None = None,
         num_heads: int = 4,
         *,
+        hidden_size: int | None = None,
         qk_dim_factor: float = 0.5,
         v_dim_factor: float = 1.0,
         input_gate: str = "exp",
@@ -56,6 +65,7 @@ class mLSTMLayer(Mixer):
         device=None,
         dtype=None,
     ) -> None:
+        d_model = model_width("mLSTMLayer", d_model, hidden_size)
         super().__init__()
         if input_gate not in ("exp", "sigmoid"):
             raise ValueError(f"input_gate must be 'exp' or 'sigmoid', got {input_gate!r}")
@@ -86,7 +96,7 @@ class mLSTMLayer(Mixer):
         nn.init.zeros_(self.f_proj.weight)
         self.i_proj.bias.fill_(self.input_gate_bias)
         lo, hi = self.forget_gate_bias
-        self.f_proj.bias.copy_(torch.linspace(lo, hi, self.num_heads))
+        self.f_proj.bias.copy_(torch.linspace(lo, hi, self.num_heads, device="cpu"))
 
     def mix(self, x, packing, entry, want_state):
         q = split_heads(self.q_proj(x), self.num_heads)

@@ -20,7 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linrnn.layers.common import HeadNorm, Mixer, check_divisible, split_heads, token_shift, upcast
+from linrnn.layers.common import (
+    HeadNorm,
+    Mixer,
+    alias,
+    check_divisible,
+    model_width,
+    split_heads,
+    token_shift,
+    upcast,
+)
 from linrnn.ops import rwkv6
 
 
@@ -28,11 +37,11 @@ class RWKV6TimeMix(Mixer):
     """RWKV6 time-mixing layer.
 
     Args:
-        d_model: model width D.
+        d_model: model width D (fla's name: hidden_size).
         num_heads: H (RWKV6 uses heads of 64 channels).
         expand_k, expand_v: key and value widths ``D·expand_k``, ``D·expand_v`` (RWKV6: 1, 1).
-        mix_low_rank_dim: rank of the ddlerp LoRA (32).
-        decay_low_rank_dim: rank of the decay LoRA (64).
+        mix_low_rank_dim: rank of the ddlerp LoRA (32; fla's name: proj_low_rank_dim).
+        decay_low_rank_dim: rank of the decay LoRA (64; fla's name: gate_low_rank_dim).
         layer_idx, num_layers: position in the stack; the initialization depends on the depth
             ratio as in RWKV6 (decays and mixing coefficients), and ``layer_idx`` is the key in
             a :class:`~linrnn.layers.Cache`.
@@ -42,13 +51,16 @@ class RWKV6TimeMix(Mixer):
 
     def __init__(
         self,
-        d_model: int,
+        d_model: int | None = None,
         num_heads: int = 4,
         *,
+        hidden_size: int | None = None,
         expand_k: float = 1.0,
         expand_v: float = 1.0,
-        mix_low_rank_dim: int = 32,
-        decay_low_rank_dim: int = 64,
+        mix_low_rank_dim: int | None = None,
+        decay_low_rank_dim: int | None = None,
+        proj_low_rank_dim: int | None = None,
+        gate_low_rank_dim: int | None = None,
         layer_idx: int = 0,
         num_layers: int = 1,
         norm_eps: float = 64e-5,
@@ -58,6 +70,15 @@ class RWKV6TimeMix(Mixer):
         device=None,
         dtype=None,
     ) -> None:
+        d_model = model_width("RWKV6TimeMix", d_model, hidden_size)
+        mix_low_rank_dim = alias(
+            "RWKV6TimeMix", "mix_low_rank_dim", mix_low_rank_dim, "proj_low_rank_dim",
+            proj_low_rank_dim, 32,
+        )  # fmt: skip
+        decay_low_rank_dim = alias(
+            "RWKV6TimeMix", "decay_low_rank_dim", decay_low_rank_dim, "gate_low_rank_dim",
+            gate_low_rank_dim, 64,
+        )  # fmt: skip
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.d_model, self.num_heads = d_model, num_heads
@@ -89,7 +110,9 @@ class RWKV6TimeMix(Mixer):
         D, L = self.d_model, max(self.num_layers, 1)
         r01 = self.layer_idx / (L - 1) if L > 1 else 0.0  # 0 at the bottom, 1 at the top
         r10 = 1.0 - self.layer_idx / L  # 1 at the bottom, → 0 at the top
-        ddd = torch.arange(D, dtype=torch.float64) / D
+        # Constants on the CPU (copied into the parameters), also when the model is built
+        # under a default device such as "meta" (transformers' from_pretrained).
+        ddd = torch.arange(D, dtype=torch.float64, device="cpu") / D
         self.mu_x.copy_(1 - ddd**r10)
         self.mu.copy_(torch.stack([
             1 - ddd**r10,                    # w
@@ -98,9 +121,9 @@ class RWKV6TimeMix(Mixer):
             1 - ddd ** (0.5 * r10),          # r
             1 - ddd ** (0.5 * r10),          # g
         ]))  # fmt: skip
-        n = torch.arange(self.key_dim, dtype=torch.float64) / max(self.key_dim - 1, 1)
+        n = torch.arange(self.key_dim, dtype=torch.float64, device="cpu") / max(self.key_dim - 1, 1)
         self.decay.copy_(-6 + 5 * n ** (0.7 + 1.3 * r01))
-        zigzag = (torch.arange(self.key_dim) + 1) % 3 - 1
+        zigzag = (torch.arange(self.key_dim, device="cpu") + 1) % 3 - 1
         self.bonus.copy_((r01 * (1 - n) + 0.1 * zigzag).view(self.num_heads, self.head_k))
         nn.init.uniform_(self.mix_a, -1e-4, 1e-4)
         nn.init.uniform_(self.mix_b, -1e-2, 1e-2)

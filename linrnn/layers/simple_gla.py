@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from linrnn.layers.common import GatedHeadsMixer, upcast
+from linrnn.layers.common import GatedHeadsMixer, model_width, upcast
 from linrnn.ops import simple_gla
 
 
@@ -18,7 +18,7 @@ class SimpleGLA(GatedHeadsMixer):
     """Simple GLA layer (scalar gate per head).
 
     Args:
-        d_model: model width D.
+        d_model: model width D (fla's name: hidden_size).
         num_heads: H.
         expand_k, expand_v: key and value widths ``D·expand_k``, ``D·expand_v``.
         gate_logit_normalizer: the log decay is ``logsigmoid(x W_a + b) / normalizer``.
@@ -29,9 +29,10 @@ class SimpleGLA(GatedHeadsMixer):
 
     def __init__(
         self,
-        d_model: int,
+        d_model: int | None = None,
         num_heads: int = 4,
         *,
+        hidden_size: int | None = None,
         expand_k: float = 1.0,
         expand_v: float = 1.0,
         gate_logit_normalizer: float = 16.0,
@@ -43,6 +44,7 @@ class SimpleGLA(GatedHeadsMixer):
         device=None,
         dtype=None,
     ) -> None:
+        d_model = model_width("SimpleGLA", d_model, hidden_size)
         super().__init__(
             d_model, num_heads, expand_k, expand_v, norm_eps, layer_idx, mode, chunk_size,
             backend, device, dtype,

@@ -1,0 +1,72 @@
+"""The feed-forward halves of the blocks: SwiGLU (the default) and RWKV's channel mixing, which
+mixes each token with the previous one (a token shift, kept in the cache and restarted at
+every sequence start like the mixers' states)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linrnn.layers.common import Packing, token_shift
+
+
+class SwiGLU(nn.Module):
+    """``W_down (silu(x W_gate) ⊙ x W_up)``."""
+
+    def __init__(self, d_model: int, hidden: int, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False, **kw)
+        self.down = nn.Linear(hidden, d_model, bias=False, **kw)
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float, num_layers: int) -> None:
+        nn.init.normal_(self.gate_up.weight, std=std)
+        nn.init.normal_(self.down.weight, std=std / math.sqrt(2 * num_layers))
+
+    def forward(self, x: Tensor, packing: Packing | None = None, entry=None):
+        """``(y, None)``: position-wise, it keeps nothing in the cache."""
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up), None
+
+
+class RWKVChannelMix(nn.Module):
+    """RWKV6's channel mixing: with ``Δ_t = x_{t−1} − x_t``,
+
+        y_t = σ(W_r (x_t + Δ_t ⊙ μ_r)) ⊙ W_v relu(W_k (x_t + Δ_t ⊙ μ_k))²
+
+    ``entry`` (the cache) holds each sequence's last input for the next call's shift."""
+
+    def __init__(self, d_model: int, hidden: int, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.mu_k = nn.Parameter(torch.zeros(d_model, **kw))
+        self.mu_r = nn.Parameter(torch.zeros(d_model, **kw))
+        self.key = nn.Linear(d_model, hidden, bias=False, **kw)
+        self.value = nn.Linear(hidden, d_model, bias=False, **kw)
+        self.receptance = nn.Linear(d_model, d_model, bias=False, **kw)
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float, num_layers: int, layer_idx: int = 0) -> None:
+        """RWKV's mixing coefficients ``1 − (d/D)^(1 − i/L)`` and normal weights."""
+        D = self.mu_k.shape[0]
+        ddd = torch.arange(D, dtype=torch.float64, device="cpu") / D
+        mu = 1 - ddd ** (1.0 - layer_idx / max(num_layers, 1))
+        self.mu_k.copy_(mu)
+        self.mu_r.copy_(mu)
+        nn.init.normal_(self.key.weight, std=std)
+        nn.init.normal_(self.receptance.weight, std=std)
+        nn.init.normal_(self.value.weight, std=std / math.sqrt(2 * num_layers))
+
+    def forward(self, x: Tensor, packing: Packing | None = None, previous: Tensor | None = None):
+        """``x [B, T, D]`` (padded per ``packing``) → ``(y, last input of each sequence)``."""
+        xs = x if packing is None else packing.pack(x)
+        cu = None if packing is None else packing.cu_seqlens
+        delta = token_shift(xs, cu, previous) - xs
+        k = torch.relu(self.key(xs + delta * self.mu_k)).square()
+        y = torch.sigmoid(self.receptance(xs + delta * self.mu_r)) * self.value(k)
+        last = xs[:, -1] if packing is None else packing.last(xs, previous)
+        return (y if packing is None else packing.unpack(y)), last.detach()
