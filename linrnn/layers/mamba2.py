@@ -122,8 +122,8 @@ class Mamba2(Mixer):
         (softplus(dt_bias) = dt); D = 1."""
         lo, hi = self.A_init_range
         H = self.num_heads
-        self.A_log.copy_(torch.empty(H, dtype=torch.float64).uniform_(lo, hi).log())
-        u = torch.rand(H, dtype=torch.float64)
+        self.A_log.copy_(torch.empty(H, dtype=torch.float64, device="cpu").uniform_(lo, hi).log())
+        u = torch.rand(H, dtype=torch.float64, device="cpu")  # CPU: the model may be on meta
         dt = torch.exp(u * (math.log(self.dt_max) - math.log(self.dt_min)) + math.log(self.dt_min))
         dt = dt.clamp_min(self.dt_init_floor)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
