@@ -310,7 +310,7 @@ DELTA_MAX_CHUNK = 128
 # num_stages); walk (K block, fp32 state elements per program: sets the V tile, num_warps,
 # num_stages). The walk holds the whole key dimension in at most four K blocks (K ≤ 256); one
 # pipeline stage, as a second copy of its chunk tiles over all of K overflows shared memory.
-DELTA_TILES = {"solve": (64, 2, 1), "wu": (64, 4, 2), "walk": (64, 8192, 4, 1)}
+DELTA_TILES = {"solve": (64, 2, 1), "wu": (64, 4, 2), "walk": (128, 8192, 4, 1)}
 DELTA_MAX_K = 256
 
 

@@ -167,7 +167,7 @@ def forward(q, k, v, beta, g, S0, cfg: DeltaConfig):
 # chunks of up to 64 rows, wy_long above. The walk and the WY kernel run one pipeline stage: a
 # second (or Triton's default third) copy of their per-chunk tiles over the whole K does not fit
 # in sm_90's 227 KiB of shared memory at fp32 or K = 256 (compile_check reports the size).
-BWD_TILES = {"dv_local": (128, 8), "walk": (64, 8192, 8), "wy": (64, 4), "wy_long": (32, 8)}
+BWD_TILES = {"dv_local": (128, 8), "walk": (64, 8192, 4), "wy": (64, 4), "wy_long": (32, 8)}
 
 
 def backward(saved: dict, cfg: DeltaConfig, do, dS_T):
