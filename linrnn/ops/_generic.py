@@ -113,6 +113,7 @@ def route(family: str, q: Tensor, v: Tensor, *, g=None, gv=None, u=None, grad: b
         chunk_size, K, V, triton=backend == "triton", fused=mode == "fused_chunk",
         vector=_vector(g, gv, u),
         family=family, dtype=q.dtype, device=device,
+        T=None if _runtime.tracing() else q.shape[1],
     )  # fmt: skip
     return Route(mode, backend, L)
 
@@ -190,7 +191,16 @@ def run(
                 mag = mag.clamp_min(1)
             out = num / (mag + eps)
     n_T = S[..., V].contiguous() if track_n else None
-    return out.to(q.dtype), (S[..., :V].contiguous() if track_n else S, n_T, m_T)
+    return _out(out, q.dtype), (S[..., :V].contiguous() if track_n else S, n_T, m_T)
+
+
+def _out(o: Tensor, dtype: torch.dtype) -> Tensor:
+    """The PyTorch path's output in the input dtype. Its memory order is [B, H, T, V] (a
+    transposed view); while tracing it is made contiguous: inductor may lay such a saved
+    activation out differently from the traced graph, and the backward graph then pins its
+    strides to the first call's numbers (T specialized: a recompile per length)."""
+    o = o.to(dtype)
+    return o.clone(memory_format=torch.contiguous_format) if _runtime.tracing() else o
 
 
 # Set by linrnn.step(inplace=True): the state tensors the Triton recurrent kernel writes the
