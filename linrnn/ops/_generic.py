@@ -180,6 +180,8 @@ def run(
     if normalizer is None:
         out = o[..., :V]
     else:
+        if _runtime.tracing():  # num and den are saved for backward: slices of a dense o
+            o = _dense(o)
         num, den = o[..., :V], o[..., V:]
         if normalizer == "sum":
             out = num / (den + eps)
@@ -195,12 +197,18 @@ def run(
 
 
 def _out(o: Tensor, dtype: torch.dtype) -> Tensor:
-    """The PyTorch path's output in the input dtype. Its memory order is [B, H, T, V] (a
-    transposed view); while tracing it is made contiguous: inductor may lay such a saved
-    activation out differently from the traced graph, and the backward graph then pins its
-    strides to the first call's numbers (T specialized: a recompile per length)."""
+    """The PyTorch path's output in the input dtype, made dense while tracing (:func:`_dense`)."""
     o = o.to(dtype)
-    return o.clone(memory_format=torch.contiguous_format) if _runtime.tracing() else o
+    return _dense(o) if _runtime.tracing() else o
+
+
+def _dense(x: Tensor) -> Tensor:
+    """A contiguous copy. The PyTorch engine's outputs are transposed views ([B, H, T, V] in
+    memory); inductor may lay such a tensor out on its own when the backward saves it, and the
+    backward graph then pins its strides to the first call's numbers (T specialized under
+    ``mark_dynamic``: ConstraintViolationError). ``clone``, not ``contiguous()``: the latter
+    asks whether the view is contiguous, a guard on T."""
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 # Set by linrnn.step(inplace=True): the state tensors the Triton recurrent kernel writes the
