@@ -239,3 +239,61 @@ def test_chunk_size_nonsense_refused(value, error, text):
         call, build = OPS[name]
         with pytest.raises(error, match=text):
             call(build(6), chunk_size=value)
+
+
+# ------------------------------------------------------------------------------------------
+# step takes a family name; flags take numpy bools
+
+
+def test_step_takes_a_family_name():
+    """``linrnn.step("gla", ...)`` as ``context_parallel("gla", ...)``: one resolver."""
+    build = OPS["gla"][1]
+    inputs = build(1)
+    state = torch.randn(B, H, K, V, dtype=torch.float64)
+    args = [inputs[n] for n in ("q", "k", "v", "gk")]
+    o, S = linrnn.step("gla", *args, state=state)
+    o_ref, S_ref = linrnn.step(linrnn.gla, *args, state=state)
+    assert torch.equal(o, o_ref) and torch.equal(S, S_ref)
+    with pytest.raises(ValueError, match=r"op must be one of \[.*'gla'.*\].*got 'attention'"):
+        linrnn.step("attention", *args, state=state)
+    with pytest.raises(TypeError, match=r"op must be a family name .* or an op function, got 3"):
+        linrnn.step(3, *args, state=state)
+
+
+@pytest.mark.parametrize("value, name", [("yes", "str"), (1, "int"), (None, "NoneType")])
+def test_step_inplace_must_be_a_bool(value, name):
+    build = OPS["simple_gla"][1]
+    inputs = build(1)
+    args = [inputs[n] for n in ("q", "k", "v", "g")]
+    state = torch.randn(B, H, K, V)
+    with pytest.raises(TypeError, match=f"^inplace must be a bool, got {name}$"):
+        linrnn.step("simple_gla", *args, state=state, inplace=value)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_numpy_bools_are_bools(name):
+    """``output_final_state=np.True_`` (what numpy comparisons give) is a bool, as numpy floats
+    are numbers for ``scale``; the result equals the Python bool's."""
+    np = pytest.importorskip("numpy")
+    call, build = OPS[name]
+    inputs = build(5)
+    o, st = call(inputs, output_final_state=np.True_, backend="torch")
+    o_ref, st_ref = call(inputs, output_final_state=True, backend="torch")
+    assert torch.equal(o, o_ref)
+    for s, s_ref in zip(flat_state(st), flat_state(st_ref)):
+        assert torch.equal(s, s_ref)
+    assert call(inputs, output_final_state=np.False_, backend="torch")[1] is None
+
+
+def test_flag_messages_name_the_type():
+    np = pytest.importorskip("numpy")
+    call, build = OPS["linear_attn"]
+    inputs = build(5)
+    o, _ = call(inputs, normalize=np.True_)
+    assert_close("normalize", o, call(inputs, normalize=True)[0], torch.float64)
+    with pytest.raises(TypeError, match=r"^output_final_state must be a bool, got str$"):
+        call(inputs, output_final_state="yes")
+    with pytest.raises(TypeError, match=r"^normalize must be a bool or None, got int64$"):
+        linrnn.mlstm(**{n: t for n, t in OPS["mlstm_exp"][1](5).items()}, normalize=np.int64(1))
+    assert linrnn._validation.type_name(np.True_) in ("numpy.bool", "numpy.bool_")
+    assert linrnn._validation.type_name(torch.ones(1)) == "Tensor"
