@@ -421,7 +421,8 @@ scale: multiplier of the query, default ``K ** -0.5``.
             step-by-step reference loop), ``"fused_chunk"`` (Triton only; no chunk states
             stored, the lowest memory). None (default): ``"recurrent"`` on the Triton path
             when no gradient is needed and every sequence has ≤ 64 steps, else ``"chunk"``.
-        chunk_size: chunk length L (any L ≥ 1; T need not be a multiple), or ``"auto"`` (the
+        chunk_size: chunk length L (any L ≥ 1; T need not be a multiple; an L past both 128
+            and the next power of two ≥ T is cut to that: one chunk either way), or ``"auto"`` (the
             fastest L measured by ``linrnn bench --suite chunksize --save-cache`` for this
             family, head dims, dtype and GPU, else linrnn's measurement on this GPU model,
             else the analytical optimum of the TFLA paper's runtime model, App. G).
