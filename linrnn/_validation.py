@@ -8,6 +8,7 @@ they run when :func:`linrnn._runtime.data_checks` says so (by default on CPU ten
 
 from __future__ import annotations
 
+import builtins
 import math
 import numbers
 from collections.abc import Sequence
@@ -168,30 +169,64 @@ def cu_seqlens(cu, B: int, T: int, ref: Tensor) -> list[int]:
     return offsets
 
 
-def scale(value, K: int) -> float:
+def _real(name: str, value, what: str) -> None:
+    """``value`` must be a real Python number (numpy scalars pass; bools and tensors do not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {what}, got {type_name(value)}")
+
+
+def scale(value, K):
+    """The query multiplier: ``K ** -0.5`` for None, else a finite real, returned as a float.
+
+    While ``torch.compile`` traces, a Python float argument may be a symbol (``dynamic=True``,
+    or the recompile after a new value): ``math.isfinite`` or ``float()`` on it would fail or
+    pin the graph to the value, and so would ``torch._check`` (inductor's scalar pass
+    specializes a float used outside tensor math). So, like the tensor value checks, the
+    finiteness check runs in eager mode only; traced, the value passes through as it is."""
     if value is None:
         return K**-0.5
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy floats pass
-        raise TypeError(f"scale must be a float or None, got {type(value).__name__}")
+    _real("scale", value, "a float or None")
+    if _runtime.tracing():
+        return value
     if not math.isfinite(value):
         raise ValueError(f"scale must be finite, got {value}")
     return float(value)
 
 
-def eps(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"eps must be a float, got {type(value).__name__}")
+def eps(value):
+    """A denominator's ε: a finite real ≥ 0 (checked in eager mode only, as :func:`scale`)."""
+    _real("eps", value, "a float")
+    if _runtime.tracing():
+        return value
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"eps must be finite and ≥ 0, got {value}")
     return float(value)
 
 
-def flag(name: str, value) -> bool:
-    """A boolean switch (``output_final_state``, ``normalize``): a truthy string or a tensor is
-    refused rather than read as True (a multi-element tensor would raise a RuntimeError)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
+def type_name(value) -> str:
+    """The name of ``value``'s type for a message: ``str``, ``Tensor``; qualified by its module
+    where the bare name would read as a builtin it is not (``numpy.bool``)."""
+    t = type(value)
+    if t.__module__ != "builtins" and hasattr(builtins, t.__name__):
+        return f"{t.__module__}.{t.__qualname__}"
+    return t.__name__
+
+
+def _numpy_bool(value) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+
+
+def flag(name: str, value, *, optional: bool = False) -> bool | None:
+    """A boolean switch (``output_final_state``, ``normalize``): a bool or a numpy bool (as
+    numpy floats are numbers for ``scale``), returned as a Python bool; ``optional`` also takes
+    None. A truthy string or a tensor is refused rather than read as True (a multi-element
+    tensor would raise a RuntimeError)."""
+    if isinstance(value, bool) or (optional and value is None):
+        return value
+    if _numpy_bool(value):
+        return bool(value)
+    what = "a bool or None" if optional else "a bool"
+    raise TypeError(f"{name} must be {what}, got {type_name(value)}")
 
 
 def choice(name: str, value, choices: Sequence) -> None:

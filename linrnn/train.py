@@ -8,7 +8,9 @@ validation loss periodically, and writes into ``--out``:
 
 - ``history.json``: the losses and the run's settings;
 - ``loss.png``: the loss curves (needs matplotlib; skipped with a message otherwise);
-- ``checkpoint/``: ``config.json`` and ``model.safetensors`` (periodically and at the end);
+- ``checkpoint/``: ``config.json`` and ``model.safetensors`` (periodically and at the end),
+  and ``train_state.pt``: what a resumed run needs (optimizer state, step, random states,
+  the loss history and the run's settings);
 - ``sample.txt``: a generation from the trained model.
 
 With ``--pack`` the text is split into documents (at blank lines) and each training row is
@@ -17,6 +19,10 @@ the model as one packed sequence with the documents' offsets (``cu_seqlens``), s
 crosses a document boundary and no document's first byte is predicted from another document.
 
 Tokens are bytes (vocabulary 256): no tokenizer and nothing to download.
+
+``--resume DIR`` continues the run whose outputs are in ``DIR`` from its last checkpoint, with
+its saved settings: the losses of the steps after it are the ones the run would have had
+without the interruption (bitwise on a CPU).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -73,6 +80,28 @@ class TrainConfig:
     pack: bool = False
 
 
+def _count(minimum: int):
+    """An argparse type: an int ≥ ``minimum`` (a bad value is an argument error, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be ≥ {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"int ≥ {minimum}"
+    return parse
+
+
+# Settings that count something: the least value each takes.
+MINIMUM = {"d_model": 1, "num_layers": 1, "num_heads": 1, "seq_len": 1, "batch_size": 1,
+           "steps": 1, "warmup": 0, "eval_every": 0, "eval_batches": 1, "checkpoint_every": 0,
+           "sample_tokens": 0}  # fmt: skip
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     p.add_argument("--data", default=d.data, help="training text (bytes); default: the shipped "
@@ -103,6 +132,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ("temperature", float, "sampling temperature of the final sample (0: greedy)"),
     ]:
         flag = "--" + name.replace("_", "-")
+        if name in MINIMUM:
+            kind = _count(MINIMUM[name])
         p.add_argument(
             flag, type=kind, default=getattr(d, name), help=f"{text} ({getattr(d, name)})"
         )
@@ -121,6 +152,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--pack", action="store_true",
         help="train on whole documents (split at blank lines) packed with their boundaries, "
         "instead of windows cut from one stream",
+    )  # fmt: skip
+    p.add_argument(
+        "--resume", metavar="DIR", default=None,
+        help="continue the run saved in DIR (its --out folder) from its last checkpoint, with "
+        "its saved settings (the other options are ignored)",
     )  # fmt: skip
 
 
@@ -154,6 +190,11 @@ def load_bytes(path, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"training text {path} not found; pass --data FILE")
     raw = path.read_bytes()
+    if len(raw) < 4:
+        raise ValueError(
+            f"training text {path} holds {len(raw)} bytes: too little to split into training "
+            "and validation text; pass --data with a longer file"
+        )
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
     n_val = max(int(len(data) * val_fraction), 2)
     return data[:-n_val], data[-n_val:]
@@ -219,7 +260,10 @@ def sample_batch(data, cfg: TrainConfig, gen, device):
 def get_batch(data, batch_size, seq_len, gen, device):
     """Random windows: inputs ``[B, L]`` and the next bytes ``[B, L]``."""
     if len(data) < seq_len + 2:
-        raise ValueError(f"the text ({len(data)} bytes) is shorter than seq_len + 2")
+        raise ValueError(
+            f"the text ({len(data)} bytes) is shorter than seq_len + 2 = {seq_len + 2}; "
+            "lower --seq-len or pass a longer --data file"
+        )
     start = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=gen)
     idx = start[:, None] + torch.arange(seq_len + 1)
     chunk = data[idx]
@@ -387,8 +431,11 @@ def train_step(
     return loss
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Run training; returns the history (also written to ``out/history.json``)."""
+def train(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
+    """Run training; returns the history (also written to ``out/history.json``). ``resume``: a
+    run folder (or its ``checkpoint/``) whose saved state the run continues from; ``cfg``
+    must then be that run's settings (:func:`resume_config` reads them)."""
+    check_config(cfg)
     device, amp, autocast = resolve_device(cfg)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
@@ -403,14 +450,17 @@ def train(cfg: TrainConfig) -> dict:
     gen = torch.Generator().manual_seed(cfg.seed)
     history = {"config": asdict(cfg), "model": asdict(model_cfg), "device": str(device),
                "parameters": model.num_parameters(), "train_step_loss": [], "eval": []}  # fmt: skip
-    bar = Progress(cfg.steps, cfg.progress)
+    start = 0
+    if resume is not None:
+        start = restore_checkpoint(resume, cfg, model, opt, scaler, gen, history, device)
+    bar = Progress(cfg.steps - start, cfg.progress)
     bar.write(
         f"linrnn.train: {cfg.mixer}, {model.num_parameters():,} parameters, {device} "
         f"(autocast {amp}), {len(train_data):,} training bytes, {cfg.steps} steps of "
-        f"{cfg.batch_size}×{cfg.seq_len}"
+        f"{cfg.batch_size}×{cfg.seq_len}" + (f", resumed at step {start}" if resume else "")
     )
     t0 = time.perf_counter()
-    for step in range(cfg.steps):
+    for step in range(start, cfg.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         x, y, cu = sample_batch(train_data, cfg, gen, device)
@@ -426,10 +476,10 @@ def train(cfg: TrainConfig) -> dict:
             history["eval"].append({"step": step + 1, **ev, "time_s": time.perf_counter() - t0})
             bar.write(f"step {step + 1:>6}: train {ev['train']:.4f}  val {ev['val']:.4f}")
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and not last:
-            model.save_pretrained(out / "checkpoint")
+            save_checkpoint(out / "checkpoint", step + 1, cfg, model, opt, scaler, gen, history)
     bar.close()
     history["train_time_s"] = time.perf_counter() - t0
-    model.save_pretrained(out / "checkpoint")
+    save_checkpoint(out / "checkpoint", cfg.steps, cfg, model, opt, scaler, gen, history)
     print(f"checkpoint: {out / 'checkpoint'}")
 
     model.eval()
@@ -449,8 +499,113 @@ def train(cfg: TrainConfig) -> dict:
     return history
 
 
+def check_config(cfg: TrainConfig) -> None:
+    """Raise a ValueError naming the first setting out of its range."""
+    for name, least in MINIMUM.items():
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an int ≥ {least}, got {value!r}")
+    if not 0 < cfg.val_fraction < 1:
+        raise ValueError(f"val_fraction must lie in (0, 1), got {cfg.val_fraction!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints that a run can resume from
+
+STATE_NAME = "train_state.pt"
+STATE_FORMAT = 1
+
+
+def save_checkpoint(directory: Path, step: int, cfg, model, opt, scaler, gen, history) -> None:
+    """Write the weights (``config.json``, ``model.safetensors``) and ``train_state.pt``: the
+    number of steps done, the weights again (so that they and the optimizer state always
+    belong to the same step, even if the run dies between the two files), the optimizer and
+    grad-scaler state, the batch generator (the data position) and the global random states,
+    the loss history and the settings. The state file is replaced atomically."""
+    model.save_pretrained(directory)
+    state = {
+        "format": STATE_FORMAT,
+        "step": step,
+        "config": asdict(cfg),
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scaler": scaler.state_dict(),
+        "batch_rng": gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "history": {"train_step_loss": list(history["train_step_loss"]),
+                    "eval": list(history["eval"])},
+    }  # fmt: skip
+    tmp = directory / (STATE_NAME + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, directory / STATE_NAME)
+
+
+def _state_path(run: str | Path) -> Path:
+    """``train_state.pt`` of a run folder or of its ``checkpoint/`` folder."""
+    run = Path(run)
+    for path in (run / "checkpoint" / STATE_NAME, run / STATE_NAME):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"no training state to resume in {run}: expected {run / 'checkpoint' / STATE_NAME} "
+        "(written at every checkpoint; runs saved without it keep only their weights)"
+    )
+
+
+def load_state(run: str | Path) -> dict:
+    state = torch.load(_state_path(run), map_location="cpu", weights_only=True)
+    if state.get("format") != STATE_FORMAT:
+        raise ValueError(
+            f"{_state_path(run)} has format {state.get('format')!r}, this linrnn reads "
+            f"format {STATE_FORMAT}"
+        )
+    return state
+
+
+def resume_config(run: str | Path, **overrides) -> TrainConfig:
+    """The settings of the run saved in ``run``, with ``out`` set to ``run`` (the run folder)
+    and ``overrides`` (e.g. ``progress=False``) applied."""
+    saved = dict(load_state(run)["config"])
+    path = _state_path(run)
+    saved["out"] = str(path.parent.parent)
+    saved.update(overrides)
+    return TrainConfig(**saved)
+
+
+def restore_checkpoint(run, cfg, model, opt, scaler, gen, history, device) -> int:
+    """Load the state saved in ``run`` into the fresh run's objects; returns the step to
+    continue from. The settings that shape the run must equal the saved ones."""
+    state = load_state(run)
+    saved = state["config"]
+    keep = ("out", "progress", "plot")  # where and how it reports may differ
+    diff = {k: (saved[k], v) for k, v in asdict(cfg).items() if k not in keep and saved.get(k) != v}
+    if diff:
+        text = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in sorted(diff.items()))
+        raise ValueError(f"cannot resume {run} with other settings ({text})")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    gen.set_state(state["batch_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    history["train_step_loss"] = [tuple(x) for x in state["history"]["train_step_loss"]]
+    history["eval"] = list(state["history"]["eval"])
+    model.to(device)
+    return int(state["step"])
+
+
 def main(args: argparse.Namespace) -> int:
-    train(config_from_args(args))
+    try:
+        if args.resume is not None:
+            cfg = resume_config(args.resume, progress=not args.no_progress, plot=not args.no_plot)
+        else:
+            cfg = config_from_args(args)
+        load_bytes(cfg.data, cfg.val_fraction)  # a missing or empty file: a message, no trace
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"linrnn.train: {e}") from None
+    train(cfg, resume=args.resume)
     return 0
 
 

@@ -257,3 +257,64 @@ def _worker(rank, world, port, test_seed):
 def test_context_parallel_matches_one_process(world):
     # The test's own seed (conftest derives it from the run's seed and the test id).
     _spawn(_worker, world, torch.initial_seed())
+
+
+def _mismatch_worker(rank, world, port, test_seed):
+    """Replicated arguments that differ between ranks: an error on every rank that shows the
+    differing values (initial states are compared bitwise)."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    try:
+        torch.set_num_threads(1)
+        errors: list[str] = []
+        T = LENGTHS[world][rank]
+        q = torch.randn(1, T, H, K, dtype=torch.float64)
+        v = torch.randn(1, T, H, V, dtype=torch.float64)
+        g = -torch.rand(1, T, H, dtype=torch.float64)
+        S0 = torch.arange(H * K * V, dtype=torch.float64).view(1, H, K, V) / 7
+        S0_r = S0.clone()
+        S0_r[0, 1, 3, 2] += rank  # rank 1 differs in one value
+        _expect_error(
+            errors, rank, "initial states differ", ValueError,
+            "initial_state differs at index [0, 1, 3, 2]: rank 0: "
+            f"{S0[0, 1, 3, 2].item()!r}, rank 1: {S0[0, 1, 3, 2].item() + 1!r} (1 of",
+            lambda: cp.context_parallel("simple_gla", q, q, v, g, initial_state=S0_r,
+                                        output_final_state=True),
+        )  # fmt: skip
+        C0 = (
+            S0_r,
+            torch.zeros(1, H, K, dtype=torch.float64),
+            torch.zeros(1, H, dtype=torch.float64),
+        )
+        _expect_error(
+            errors, rank, "mlstm initial states differ", ValueError,
+            "disagree on initial_state values",
+            lambda: cp.context_parallel("mlstm", q, q, v, g, g, initial_state=C0),
+        )  # fmt: skip
+        _expect_error(
+            errors, rank, "scale differs", ValueError,
+            "disagree on options (scale: rank 0: 0.5, rank 1: 0.25)",
+            lambda: cp.context_parallel("simple_gla", q, q, v, g, scale=0.5 / (rank + 1)),
+        )  # fmt: skip
+        total = sum(LENGTHS[world])
+        cu = [0, 3 + rank, total]
+        _expect_error(
+            errors, rank, "cu_seqlens differ", ValueError,
+            f"disagree on cu_seqlens (rank 0: [0, 3, {total}], rank 1: [0, 4, {total}])",
+            lambda: cp.context_parallel("simple_gla", q, q, v, g, cu_seqlens=cu),
+        )  # fmt: skip
+        # the same state on every rank still runs
+        _, S = cp.context_parallel("simple_gla", q, q, v, g, initial_state=S0,
+                                   output_final_state=True)  # fmt: skip
+        if not torch.isfinite(S).all():
+            errors.append(f"rank {rank}: equal initial states: non-finite final state")
+        if errors:
+            raise AssertionError(f"seed {test_seed}:\n" + "\n".join(errors))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_context_parallel_replicated_arguments_must_match():
+    _spawn(_mismatch_worker, 2, torch.initial_seed())

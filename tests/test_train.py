@@ -9,9 +9,18 @@ import json
 import pytest
 import torch
 
+import linrnn.train
 from linrnn.__main__ import main
 from linrnn.models import CausalLM
-from linrnn.train import DEFAULT_DATA, TrainConfig, get_batch, load_bytes, lr_at, train
+from linrnn.train import (
+    DEFAULT_DATA,
+    TrainConfig,
+    get_batch,
+    load_bytes,
+    lr_at,
+    resume_config,
+    train,
+)
 
 TINY = dict(d_model=32, num_layers=1, num_heads=2, seq_len=32, batch_size=8, eval_batches=2)
 
@@ -104,3 +113,78 @@ def test_command_line_pack(tmp_path):
     assert main(argv) == 0
     history = json.loads((tmp_path / "p" / "history.json").read_text())
     assert history["config"]["pack"] is True and len(history["train_step_loss"]) == 2
+
+
+# ------------------------------------------------------------------------------------------
+# Resuming, and errors of the command line
+
+
+def _run_cfg(out, **kw):
+    small = dict(TINY, seq_len=16, batch_size=2, eval_batches=1)
+    settings = dict(mixer="gla", steps=6, warmup=2, eval_every=2, checkpoint_every=3,
+                    sample_tokens=4, progress=False, plot=False, **small)  # fmt: skip
+    return TrainConfig(out=str(out), **{**settings, **kw})
+
+
+def test_resume_continues_the_loss_curve_bitwise(tmp_path, monkeypatch):
+    """6 steps in one go against a run killed in step 5 (after its checkpoint at step 3) and
+    resumed: the same per-step losses and evaluations, bitwise (CPU)."""
+    full = train(_run_cfg(tmp_path / "full"))
+    calls = {"n": 0}
+    real_step = linrnn.train.train_step
+
+    def dying_step(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt  # killed mid-run
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(linrnn.train, "train_step", dying_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(_run_cfg(tmp_path / "cut"))
+    monkeypatch.undo()
+    cfg = resume_config(tmp_path / "cut", progress=False)
+    assert cfg.out == str(tmp_path / "cut") and cfg.steps == 6
+    resumed = train(cfg, resume=tmp_path / "cut")
+    assert resumed["train_step_loss"] == full["train_step_loss"]
+    strip = lambda evals: [{k: v for k, v in e.items() if k != "time_s"} for e in evals]  # noqa: E731
+    assert strip(resumed["eval"]) == strip(full["eval"])
+    assert resumed["sample"] == full["sample"]
+    # the command line: --resume of a finished run has nothing left to do
+    assert main(["train", "--resume", str(tmp_path / "cut"), "--no-progress", "--no-plot"]) == 0
+
+
+def test_resume_refuses_other_settings_and_missing_state(tmp_path):
+    train(_run_cfg(tmp_path / "run", steps=3))
+    with pytest.raises(ValueError, match=r"cannot resume .*lr: saved 0\.003, now 0\.1"):
+        train(_run_cfg(tmp_path / "run", steps=3, lr=0.1), resume=tmp_path / "run")
+    with pytest.raises(FileNotFoundError, match="no training state to resume"):
+        resume_config(tmp_path / "nothing")
+    with pytest.raises(SystemExit, match="no training state to resume"):
+        main(["train", "--resume", str(tmp_path / "nothing")])
+
+
+def test_empty_data_file_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty\.txt holds 0 bytes"):
+        load_bytes(empty, 0.1)
+    with pytest.raises(SystemExit, match=r"linrnn.train: training text .*holds 0 bytes"):
+        main(["train", "--data", str(empty), "--out", str(tmp_path / "out")])
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"0123456789")
+    with pytest.raises(ValueError, match=r"shorter than seq_len \+ 2 = 18; lower --seq-len"):
+        train(_run_cfg(tmp_path / "short", data=str(short)))
+
+
+@pytest.mark.parametrize(
+    "flag, value", [("--steps", "-5"), ("--steps", "0"), ("--batch-size", "0"),
+                    ("--eval-every", "-1"), ("--seq-len", "x")],
+)  # fmt: skip
+def test_bad_counts_are_argument_errors(tmp_path, flag, value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", flag, value, "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"steps must be an int ≥ 1, got -5"):
+        train(TrainConfig(out=str(tmp_path / "out"), steps=-5))

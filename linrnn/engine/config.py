@@ -5,7 +5,8 @@ picks the chunk length L (:func:`resolve_chunk_size`).
 Chunk size. ``chunk_size`` is an int ≥ 1, None or ``"auto"``:
 
 * an int is taken as it is (``fused_chunk`` holds one chunk in one register tile, so it takes
-  L ≤ :data:`FUSED_MAX_CHUNK`);
+  L ≤ :data:`FUSED_MAX_CHUNK`), but never longer than the call needs (:func:`fit_length`: a
+  chunk past the next power of two ≥ T, and past :data:`LENGTH_FLOOR`, is cut to that);
 * None is :func:`default_chunk_size`: 64 on the PyTorch path and in ``fused_chunk``; on the
   Triton chunk path 128 for head dims ≥ 128 (≥ 256 for per-channel decays), else 64;
 * ``"auto"`` is :func:`auto_chunk_size`: the fastest L the user measured on this GPU
@@ -36,6 +37,21 @@ from linrnn.engine.host_math import cdiv, next_pow2
 
 FUSED_MAX_CHUNK = 128  # fused_chunk keeps one chunk in one register tile
 TORCH_CHUNK_SIZE = 64  # the PyTorch path's default
+
+
+# fit_length never cuts L below this: every default and "auto" choice up to it stands as it is.
+LENGTH_FLOOR = 128
+
+
+def fit_length(L: int, T) -> int:
+    """L for a call of T steps: at most ``max(next_pow2(T), LENGTH_FLOOR)``. A chunk at least as
+    long as T is one chunk whatever its length, so the cut changes no result beyond rounding,
+    but it bounds the padded [L, L] tiles and loops (``chunk_size=10**9`` at T = 12 would
+    otherwise allocate gigabytes). T None (unknown, or symbolic while ``torch.compile``
+    traces: comparing it would pin the graph to a length range) leaves L as it is."""
+    if T is None:
+        return L
+    return min(L, max(LENGTH_FLOOR, next_pow2(int(T))))
 
 
 def check_chunk_size(value) -> None:
@@ -69,10 +85,11 @@ def fused_cap(K: int, V: int) -> int:
 
 def resolve_chunk_size(value, K: int, V: int, *, triton: bool, fused: bool = False,
                        vector: bool = False, family: str | None = None, dtype=None,
-                       device=None) -> int:  # fmt: skip
+                       device=None, T: int | None = None) -> int:  # fmt: skip
     """The chunk length L of one call (see the module docstring): ``value`` validated, None
     replaced by the default and ``"auto"`` by :func:`auto_chunk_size` (which needs ``family``,
-    ``dtype`` and ``device``). ``fused`` rejects L > :data:`FUSED_MAX_CHUNK`."""
+    ``dtype`` and ``device``), then cut to the call's length T by :func:`fit_length`.
+    ``fused`` rejects L > :data:`FUSED_MAX_CHUNK` (whatever T)."""
     check_chunk_size(value)
     if value is None:
         L = default_chunk_size(K, V, triton=triton, fused=fused, vector=vector)
@@ -87,7 +104,7 @@ def resolve_chunk_size(value, K: int, V: int, *, triton: bool, fused: bool = Fal
             f"mode='fused_chunk' holds one chunk in one tile: chunk_size must be ≤ "
             f"{FUSED_MAX_CHUNK}, got {L} (mode='chunk' takes any chunk size)"
         )
-    return L
+    return fit_length(L, T)
 
 
 # "auto": measured choices, first the user's own (a cache file), then linrnn's.
@@ -315,11 +332,16 @@ DELTA_MAX_K = 256
 
 
 def delta_chunk_size(value, K: int, V: int, *, family: str = "delta_rule", dtype=None,
-                     device=None) -> int:  # fmt: skip
+                     device=None, T: int | None = None) -> int:  # fmt: skip
     """The delta rule's chunk length L on the Triton chunk path: an int ≤
     :data:`DELTA_MAX_CHUNK` as it is; None :data:`DELTA_CHUNK_SIZE`; ``"auto"`` the fastest L the
     user measured on this GPU (the cache of :func:`auto_chunk_size`, capped), else the
-    default (no measurement of linrnn's and no runtime model for the delta rule yet)."""
+    default (no measurement of linrnn's and no runtime model for the delta rule yet); then
+    :func:`fit_length` for a call of T steps."""
+    return fit_length(_delta_chunk_size(value, K, V, family, dtype, device), T)
+
+
+def _delta_chunk_size(value, K, V, family, dtype, device) -> int:
     check_chunk_size(value)
     if value is None:
         return DELTA_CHUNK_SIZE

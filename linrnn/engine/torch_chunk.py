@@ -46,16 +46,18 @@ def _to_chunks(x: Tensor, N: int, L: int, pad_value: float = 0.0) -> Tensor:
     B, T, H = x.shape[:3]
     x = x.transpose(1, 2).contiguous()  # [B, H, T, *]; contiguous once, not in every matmul
     pad = N * L - T
-    if pad or _runtime.tracing():  # traced: no guard on T % L (it would recompile)
+    if _runtime.tracing() or pad:  # traced: no guard on T % L (`pad` first would add one)
         widths = [0, 0] * (x.dim() - 3) + [0, pad]
         x = F.pad(x, widths, value=pad_value)
     return x.reshape(B, H, N, L, *x.shape[3:])
 
 
 def _from_chunks(x: Tensor, T: int) -> Tensor:
-    """[B, H, N, L, *] -> [B, T, H, *]."""
+    """[B, H, N, L, *] -> [B, T, H, *]. Transposed before the padding is cut off: the same
+    view, but no intermediate [B, H, T, *] whose contiguity depends on T == N·L (a traced
+    graph would guard on it and recompile when T crosses a multiple of L)."""
     B, H, N, L = x.shape[:4]
-    return x.reshape(B, H, N * L, *x.shape[4:])[:, :, :T].transpose(1, 2)
+    return x.reshape(B, H, N * L, *x.shape[4:]).transpose(1, 2)[:, :T]
 
 
 def _subchunk(L: int) -> int:
@@ -247,8 +249,10 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
     exclusive = u is not None
     b_end = b[..., -1, :]  # [B, H, N, K]
     bq = b - gc if exclusive else b  # query-side cumulative decay
-    # exp(bq) · scale in one pass over [.., L, K] (exp(bq + log scale) for scale > 0).
-    q_dec = qc * (torch.exp(bq + math.log(scale)) if scale > 0 else torch.exp(bq) * scale)
+    # exp(bq) · scale in one pass over [.., L, K] (exp(bq + log scale) for scale > 0; traced,
+    # the product: inductor fuses it, and a branch on a symbolic scale would pin its value).
+    one_pass = not _runtime.tracing() and scale > 0
+    q_dec = qc * (torch.exp(bq + math.log(scale)) if one_pass else torch.exp(bq) * scale)
     cv = None if gv is None else _to_chunks(gv, N, L).cumsum(3)  # [B, H, N, L, V]
     # Fast path: when the whole chunk decays by at most exp(−_FACTOR_LIMIT) in every
     # dimension, exp(bq_r − b_s) = exp(bq_r) · exp(−b_s) with both factors bounded, and the

@@ -113,6 +113,7 @@ def route(family: str, q: Tensor, v: Tensor, *, g=None, gv=None, u=None, grad: b
         chunk_size, K, V, triton=backend == "triton", fused=mode == "fused_chunk",
         vector=_vector(g, gv, u),
         family=family, dtype=q.dtype, device=device,
+        T=None if _runtime.tracing() else q.shape[1],
     )  # fmt: skip
     return Route(mode, backend, L)
 
@@ -179,6 +180,8 @@ def run(
     if normalizer is None:
         out = o[..., :V]
     else:
+        if _runtime.tracing():  # num and den are saved for backward: slices of a dense o
+            o = _dense(o)
         num, den = o[..., :V], o[..., V:]
         if normalizer == "sum":
             out = num / (den + eps)
@@ -190,7 +193,22 @@ def run(
                 mag = mag.clamp_min(1)
             out = num / (mag + eps)
     n_T = S[..., V].contiguous() if track_n else None
-    return out.to(q.dtype), (S[..., :V].contiguous() if track_n else S, n_T, m_T)
+    return _out(out, q.dtype), (S[..., :V].contiguous() if track_n else S, n_T, m_T)
+
+
+def _out(o: Tensor, dtype: torch.dtype) -> Tensor:
+    """The PyTorch path's output in the input dtype, made dense while tracing (:func:`_dense`)."""
+    o = o.to(dtype)
+    return _dense(o) if _runtime.tracing() else o
+
+
+def _dense(x: Tensor) -> Tensor:
+    """A contiguous copy. The PyTorch engine's outputs are transposed views ([B, H, T, V] in
+    memory); inductor may lay such a tensor out on its own when the backward saves it, and the
+    backward graph then pins its strides to the first call's numbers (T specialized under
+    ``mark_dynamic``: ConstraintViolationError). ``clone``, not ``contiguous()``: the latter
+    asks whether the view is contiguous, a guard on T."""
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 # Set by linrnn.step(inplace=True): the state tensors the Triton recurrent kernel writes the
@@ -403,7 +421,8 @@ scale: multiplier of the query, default ``K ** -0.5``.
             step-by-step reference loop), ``"fused_chunk"`` (Triton only; no chunk states
             stored, the lowest memory). None (default): ``"recurrent"`` on the Triton path
             when no gradient is needed and every sequence has ≤ 64 steps, else ``"chunk"``.
-        chunk_size: chunk length L (any L ≥ 1; T need not be a multiple), or ``"auto"`` (the
+        chunk_size: chunk length L (any L ≥ 1; T need not be a multiple; an L past both 128
+            and the next power of two ≥ T is cut to that: one chunk either way), or ``"auto"`` (the
             fastest L measured by ``linrnn bench --suite chunksize --save-cache`` for this
             family, head dims, dtype and GPU, else linrnn's measurement on this GPU model,
             else the analytical optimum of the TFLA paper's runtime model, App. G).

@@ -208,7 +208,7 @@ def _torch(r, q, k, v, beta, g, scale, S0, offsets):
         o, S = impl(qc, kc, vc, bc, scale=scale, g=gc, S0=S0)
     else:
         o, S = _packed(impl, qc, kc, vc, bc, gc, scale, S0, offsets)
-    return o.to(q.dtype), S
+    return _generic._out(o, q.dtype), S
 
 
 def _packed(impl, q, k, v, beta, g, scale, S0, offsets):

@@ -62,10 +62,9 @@ def mlstm(
     c = prepare(q, k, v, scale, cu_seqlens, mode, backend, chunk_size, output_final_state)
     check.choice("input_gate", input_gate, ("exp", "sigmoid"))
     exp_gate = input_gate == "exp"
+    normalize = check.flag("normalize", normalize, optional=True)
     if normalize is None:
         normalize = exp_gate
-    elif not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be a bool or None, got {type(normalize).__name__}")
     if exp_gate and not normalize:
         raise ValueError(
             "input_gate='exp' always normalizes (its output is defined only up to exp(m_t)); "

@@ -1,7 +1,8 @@
 """The step API for decoding: advance a state by one token (or a few) with the recurrent form.
 
 ``linrnn.step(op, *inputs, state=..., inplace=False)`` runs ``op`` (any family function, e.g.
-``linrnn.mlstm``) with ``mode="recurrent"`` from ``state`` and returns ``(o, new_state)``.
+``linrnn.mlstm``, or its name, ``"mlstm"``) with ``mode="recurrent"`` from ``state`` and
+returns ``(o, new_state)``.
 ``linrnn.<family>_step`` is the same with the op bound. On CUDA tensors without gradients it
 runs the Triton recurrent kernel (one launch for the whole batch and all heads, state in
 registers); elsewhere the PyTorch recurrence. Prefilling with ``mode="chunk"`` and then
@@ -19,8 +20,10 @@ import contextlib
 import torch
 
 from linrnn import _runtime
+from linrnn import _validation as check
 from linrnn.ops import _generic
 from linrnn.ops.delta_rule import delta_rule, gated_delta_rule
+from linrnn.ops.families import resolve_callable
 from linrnn.ops.gla import gla
 from linrnn.ops.linear_attn import linear_attn
 from linrnn.ops.mamba2 import mamba2
@@ -38,7 +41,10 @@ def step(op, *inputs, state, inplace: bool = False, **kwargs):
     """Advance ``state`` over the tokens of ``inputs`` (``[B, T, H, ·]``, usually T = 1) with
     ``op``'s recurrence; returns ``(o, new_state)``. ``kwargs`` go to ``op`` (gates by name,
     ``input_gate``, ``normalize``, ``scale``, ``backend`` …; not ``mode`` or the state
-    arguments). See the module docstring for ``inplace``."""
+    arguments). ``op`` may be the family's name (``"gla"``), as for
+    :func:`linrnn.distributed.context_parallel`. See the module docstring for ``inplace``."""
+    op = resolve_callable(op)
+    inplace = check.flag("inplace", inplace)
     for key in ("mode", "initial_state", "output_final_state"):
         if key in kwargs:
             raise TypeError(f"step() sets {key!r} itself; got {key}={kwargs[key]!r}")
