@@ -77,8 +77,8 @@ def mamba2(
     Args:
         x: ``[B, T, H, P]`` the inputs (values); fp16/bf16/fp32/fp64.
         dt: ``[B, T, H]`` step sizes (before ``dt_bias`` and the softplus), finite; any float
-            dtype, used in fp32.
-        A: ``[H]`` finite and ≤ 0 (Mamba2: ``−exp(A_log)``); used in fp32.
+            dtype, used in fp32 (fp64 for fp64 x).
+        A: ``[H]`` finite and ≤ 0 (Mamba2: ``−exp(A_log)``); used in fp32 (fp64 for fp64 x).
         B, C: ``[B, T, G, N]`` in x's dtype, H a multiple of G: head h reads group
             ``h // (H / G)`` (B are the keys, C the queries).
         D: ``[H]`` skip connection, or None.
@@ -86,7 +86,7 @@ def mamba2(
         dt_softplus: Δ = softplus(dt + dt_bias); else Δ = dt + dt_bias, which must be ≥ 0.
         {common}
 
-    The scale is 1 (``C_tᵀ h_t``). State: ``h [N_seq, H, N, P]`` (fp32).
+    The scale is 1 (``C_tᵀ h_t``). State: ``h [N_seq, H, N, P]`` (fp32; fp64 for fp64 x).
 
     Example:
         >>> x, dt = torch.randn(2, 128, 8, 64), torch.randn(2, 128, 8)
