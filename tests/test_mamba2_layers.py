@@ -81,6 +81,19 @@ def test_layer_matches_its_math_written_out(name):
         assert_close(name, layer(x), layer_reference(layer, x), torch.float64)
 
 
+def test_fp64_layer_keeps_fp64_decays():
+    """No skip term and slow decays (A in [0.37, 1], Δ ~ 0.7..1.3), where the output rests on
+    the decays: A = −exp(A_log) rounded to fp32 alone would cost ~1e-8 here."""
+    layer = make("mamba2_groups", chunk_size=8)
+    with torch.no_grad():
+        layer.D.zero_()
+        layer.A_log.uniform_(-1.0, 0.0)
+        layer.dt_bias.uniform_(0.0, 1.0)
+    x = torch.randn(2, 21, D, dtype=torch.float64)
+    with torch.no_grad():
+        assert_close("slow decays", layer(x), layer_reference(layer, x), torch.float64)
+
+
 @pytest.mark.parametrize("name", LAYERS)
 def test_forward_backward_reach_every_parameter(name):
     layer = make(name, torch.float32)

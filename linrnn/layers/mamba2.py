@@ -135,7 +135,7 @@ class Mamba2(Mixer):
         z, xBC, dt = self.in_proj(x).split([self.d_inner, self.conv_dim, H], dim=-1)
         xBC, conv = self.conv1d(xBC, cu, entry.get("conv"), want_state)
         xs, B, C = xBC.split([self.d_inner, G * N, G * N], dim=-1)
-        A = -torch.exp(self.A_log.float())
+        A = -torch.exp(upcast(self.A_log))  # fp32 for 16-bit parameters, fp64 kept
         y, state = self.call_op(
             mamba2, xs.unflatten(-1, (H, P)), dt, A, B.unflatten(-1, (G, N)),
             C.unflatten(-1, (G, N)), D=self.D, dt_bias=self.dt_bias, dt_softplus=True,

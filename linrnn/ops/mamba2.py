@@ -32,6 +32,15 @@ from linrnn.ops._generic import COMMON_ARGS, compute_dtype
 # Below this argument softplus(z) = e^z (1 − e^z/2 + …), so log softplus(z) = z − e^z/2 to
 # within e^{2z}/5 (< 1e-13 here): the form that never forms log(0) when e^z underflows.
 _LOG_SOFTPLUS_CUT = -15.0
+# Above this softplus(z) = z + e^{−z} rounds to z in fp64 too (e^{−40} < 2^{−53}·40); torch's
+# default of 20 drops e^{−20} ≈ 2e-9 there, a 1e-10 relative error of Δ in fp64.
+_SOFTPLUS_LINEAR_ABOVE = 40.0
+
+
+def softplus(z: Tensor) -> Tensor:
+    """``log(1 + e^z)``, exact to the last bit of fp64 (``e^z`` stays finite below the
+    threshold in fp32 as well)."""
+    return F.softplus(z, threshold=_SOFTPLUS_LINEAR_ABOVE)
 
 
 def log_softplus(z: Tensor) -> Tensor:
@@ -39,7 +48,7 @@ def log_softplus(z: Tensor) -> Tensor:
     softplus underflows), with a finite gradient ``σ(z)/softplus(z)`` everywhere."""
     lo = z.clamp_max(_LOG_SOFTPLUS_CUT)
     hi = z.clamp_min(_LOG_SOFTPLUS_CUT)
-    return torch.where(z < _LOG_SOFTPLUS_CUT, lo - 0.5 * torch.exp(lo), torch.log(F.softplus(hi)))
+    return torch.where(z < _LOG_SOFTPLUS_CUT, lo - 0.5 * torch.exp(lo), torch.log(softplus(hi)))
 
 
 def mamba2(
@@ -68,8 +77,8 @@ def mamba2(
     Args:
         x: ``[B, T, H, P]`` the inputs (values); fp16/bf16/fp32/fp64.
         dt: ``[B, T, H]`` step sizes (before ``dt_bias`` and the softplus), finite; any float
-            dtype, used in fp32.
-        A: ``[H]`` finite and ≤ 0 (Mamba2: ``−exp(A_log)``); used in fp32.
+            dtype, used in fp32 (fp64 for fp64 x).
+        A: ``[H]`` finite and ≤ 0 (Mamba2: ``−exp(A_log)``); used in fp32 (fp64 for fp64 x).
         B, C: ``[B, T, G, N]`` in x's dtype, H a multiple of G: head h reads group
             ``h // (H / G)`` (B are the keys, C the queries).
         D: ``[H]`` skip connection, or None.
@@ -77,7 +86,7 @@ def mamba2(
         dt_softplus: Δ = softplus(dt + dt_bias); else Δ = dt + dt_bias, which must be ≥ 0.
         {common}
 
-    The scale is 1 (``C_tᵀ h_t``). State: ``h [N_seq, H, N, P]`` (fp32).
+    The scale is 1 (``C_tᵀ h_t``). State: ``h [N_seq, H, N, P]`` (fp32; fp64 for fp64 x).
 
     Example:
         >>> x, dt = torch.randn(2, 128, 8, 64), torch.randn(2, 128, 8)
@@ -127,7 +136,7 @@ def gates(x, dt, A, dt_bias, dt_softplus: bool):
     cdt = compute_dtype(x)
     z = dt.to(cdt) if dt_bias is None else dt.to(cdt) + dt_bias.to(cdt)
     if dt_softplus:
-        delta, gi, v = F.softplus(z), log_softplus(z), x
+        delta, gi, v = softplus(z), log_softplus(z), x
     else:
         delta, gi = _nonnegative_delta(z), None
         v = (x.to(cdt) * delta[..., None]).to(x.dtype)

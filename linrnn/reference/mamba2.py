@@ -14,7 +14,6 @@ x ``[B, T, H, P]``, dt ``[B, T, H]``, A ``[H]``, B and C ``[B, T, G, N]`` (head 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -34,7 +33,7 @@ def mamba2_recurrent(
     Bsz, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     z = dt if dt_bias is None else dt + dt_bias
-    delta = F.softplus(z) if dt_softplus else z
+    delta = torch.logaddexp(z, torch.zeros_like(z)) if dt_softplus else z  # softplus, exact
     head_group = torch.arange(H, device=x.device) // (H // G)
     Bh, Ch = B[:, :, head_group], C[:, :, head_group]  # [B, T, H, N]
     h = x.new_zeros(Bsz, H, N, P) if h0 is None else h0.to(x.dtype)
