@@ -32,7 +32,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _bounds, _state_tile, _tile, _tile_t, _vec, _walk
+from linrnn.engine.triton_common import (
+    _bounds,
+    _causal_dot,
+    _state_tile,
+    _tile,
+    _tile_t,
+    _vec,
+    _walk,
+)
 
 
 @triton.jit
@@ -43,7 +51,8 @@ def _inv_unit_lower(b_n, BT: tl.constexpr):
     b_y = -b_n
     for t in range(1, BT):
         row = tl.sum(tl.where(o_i[:, None] == t, b_y, 0.0), 0)  # [BT]: −n_t (columns < t)
-        row += tl.sum(row[:, None] * b_y, 0)  # rows s < t of b_y are final, row[s ≥ t] = 0
+        # rows s < t of b_y are final; where, not row[s ≥ t] = 0 times a later row (0·NaN)
+        row += tl.sum(tl.where(o_i[:, None] < t, row[:, None] * b_y, 0.0), 0)
         b_y = tl.where(o_i[:, None] == t, row[None, :], b_y)
     return b_y + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
 
@@ -94,7 +103,7 @@ def solve_fwd_kernel(
             x_ii = _inv_unit_lower(n_ii, 16)  # (I + N_ii)⁻¹
             b_s = tl.dot(n_row, tl.reshape(b_a3, [BL, BL]), input_precision="ieee")  # [16, BL]
             a_row = tl.reshape(tl.where(in_i, x_ii[:, None, :], 0.0), [16, BL])  # x_ii E_i
-            a_row -= tl.dot(x_ii, b_s, input_precision="ieee")
+            a_row -= _causal_dot(x_ii, b_s, "ieee")  # (a later row's NaN stays there)
             b_a3 = tl.where((o_b == i)[:, None, None], a_row[None, :, :], b_a3)
         b_a = tl.reshape(b_a3, [BL, BL])
 
@@ -111,7 +120,7 @@ def _wu_part(p_x, p_y, b_a, b_f, o_r, m_r, D, s_x, s_y, BL: tl.constexpr, BD: tl
         o_d = d0 + tl.arange(0, BD)
         m_d = o_d < D
         b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d).to(tl.float32) * b_f[:, None]  # [BL, BD]
-        b_y = tl.dot(b_a, b_x, input_precision=DOT_PREC)
+        b_y = _causal_dot(b_a, b_x, DOT_PREC)  # (a later row's NaN reaches no earlier one)
         p_o = p_y + o_r.to(tl.int64)[:, None] * s_y + o_d[None, :]
         tl.store(p_o, b_y.to(p_y.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
 
