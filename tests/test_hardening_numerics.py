@@ -102,12 +102,12 @@ def _gate_names(fam):
 
 
 def check_causal_non_finite(
-    name, backend, mode, extreme, which, t0, T=40, K=8, V=8, bads=(float("nan"), float("inf"))
+    name, backend, mode, extreme, names, t0, T=40, K=8, V=8, bads=(float("nan"), float("inf"))
 ):
-    """Outputs before t0 are unchanged when ``which`` (an input name) is NaN or inf at t0
-    (value checks off, so that non-finite gates get in): bitwise for q, k, v. A gate at t0 may
-    also change which exact form a chunk takes (the engine picks it from a bound of the
-    gates), so there the earlier outputs are held to the fp64 reference instead."""
+    """Outputs before t0 are unchanged when an input of ``names`` is NaN or inf at t0 (value
+    checks off, so that non-finite gates get in): bitwise for q, k, v. A gate at t0 may also
+    change which exact form a chunk takes (the engine picks it from a bound of the gates), so
+    there the earlier outputs are held to the fp64 reference instead."""
     fam = _family(name)
     B, H = 1, 2
     inputs64 = _on(fam.build(B, T, H, K, V, extreme))
@@ -115,22 +115,23 @@ def check_causal_non_finite(
     kw = dict(backend=backend, mode=mode, chunk_size=16)
     with linrnn.checks(False):
         o = fam.call(inputs, **kw)[0]
-        for bad in bads:
-            dirty = dict(inputs)
-            dirty[which] = inputs[which].clone()
-            dirty[which][:, t0] = bad
-            o_bad = fam.call(dirty, **kw)[0]
-            where = f"{name} {backend}/{mode}: {which}[:, {t0}] = {bad}"
-            early = ~torch.isfinite(o_bad[:, :t0])
-            assert not early.any(), (
-                f"{where} made earlier outputs non-finite (first at step "
-                f"{int(early.flatten(2).any(-1).any(0).nonzero()[0])})"
-            )
-            if which in ("q", "r", "k", "v"):
-                assert torch.equal(o_bad[:, :t0], o[:, :t0]), where
-            else:
-                ref = fam.call(inputs64, mode="reference", backend="torch")[0]
-                assert_close(where, o_bad[:, :t0], ref[:, :t0], torch.float32, 5.0)
+        for which in names:
+            for bad in bads:
+                dirty = dict(inputs)
+                dirty[which] = inputs[which].clone()
+                dirty[which][:, t0] = bad
+                o_bad = fam.call(dirty, **kw)[0]
+                where = f"{name} {backend}/{mode}: {which}[:, {t0}] = {bad}"
+                early = ~torch.isfinite(o_bad[:, :t0])
+                assert not early.any(), (
+                    f"{where} made earlier outputs non-finite (first at step "
+                    f"{int(early.flatten(2).any(-1).any(0).nonzero()[0])})"
+                )
+                if which in ("q", "r", "k", "v"):
+                    assert torch.equal(o_bad[:, :t0], o[:, :t0]), where
+                else:
+                    ref = fam.call(inputs64, mode="reference", backend="torch")[0]
+                    assert_close(where, o_bad[:, :t0], ref[:, :t0], torch.float32, 5.0)
 
 
 def _torch_modes(name):
@@ -144,9 +145,9 @@ def test_causal_non_finite_torch(name, extreme):
     must stay clean) and at a chunk's first row (32); q, k, v and the gates."""
     fam = _family(name)
     for mode in _torch_modes(name):
-        for which in ["k", "v", fam.tensors[0], *_gate_names(fam)]:
-            for t0 in (37, 32):
-                check_causal_non_finite(name, "torch", mode, extreme, which, t0)
+        for t0 in (37, 32):
+            names = ["k", "v", fam.tensors[0], *_gate_names(fam)]
+            check_causal_non_finite(name, "torch", mode, extreme, names, t0)
 
 
 # (their kernels' paths are those of linear_attn / mlstm_sig_norm: interpreter time)
@@ -164,9 +165,8 @@ def test_causal_non_finite_triton(name):
     ones elsewhere; inf is covered on the torch path (the same masking)."""
     extreme = name in ("gla", "gla_gv", "rwkv6")
     for mode in _triton_modes(name):
-        for which in ("k", "v"):
-            check_causal_non_finite(name, "triton", mode, extreme, which, 37, K=16, V=16,
-                                    bads=(float("nan"),))  # fmt: skip
+        check_causal_non_finite(name, "triton", mode, extreme, ("k", "v"), 37, K=16, V=16,
+                                bads=(float("nan"),))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------
