@@ -150,22 +150,23 @@ def test_causal_non_finite_torch(name, extreme):
             check_causal_non_finite(name, "torch", mode, extreme, names, t0)
 
 
-# (their kernels' paths are those of linear_attn / mlstm_sig_norm: interpreter time)
-TRITON_SKIP = ("linear_attn_norm", "mlstm_sig")
+# (their kernel paths are those of linear_attn, mlstm_sig_norm, simple_gla: interpreter time)
+TRITON_SKIP = ("linear_attn_norm", "mlstm_sig", "retention")
 
 
 def _triton_modes(name):
     return ["chunk", "recurrent"] + ([] if "delta" in name else ["fused_chunk"])
 
 
+@pytest.mark.parametrize("backend", ["triton"])  # (the interpreter tier, tests/conftest.py)
 @pytest.mark.parametrize("name", [n for n in CAUSAL_FAMILIES if n not in TRITON_SKIP])
-def test_causal_non_finite_triton(name):
+def test_causal_non_finite_triton(name, backend):
     """The kernels: a NaN key or value at step 37 (inside the chunk 32…47) reaches no earlier
     output in any mode. Strong decays for the vector gates (their exact diagonal forms), mild
     ones elsewhere; inf is covered on the torch path (the same masking)."""
     extreme = name in ("gla", "gla_gv", "rwkv6")
     for mode in _triton_modes(name):
-        check_causal_non_finite(name, "triton", mode, extreme, ("k", "v"), 37, K=16, V=16,
+        check_causal_non_finite(name, backend, mode, extreme, ("k", "v"), 37, K=16, V=16,
                                 bads=(float("nan"),))  # fmt: skip
 
 
@@ -241,12 +242,13 @@ def _floor_ratio(err, scale):
     [("simple_gla", "chunk"), ("simple_gla", "fused_chunk"), ("simple_gla", "recurrent"),
      ("gla", "chunk"), ("rwkv6", "fused_chunk")],
 )  # fmt: skip
-def test_decay_grad_floor_triton(name, mode):
+@pytest.mark.parametrize("backend", ["triton"])
+def test_decay_grad_floor_triton(name, mode, backend):
     """The kernels compute a log decay's gradient by the identity Σ_{t≥u} (q_t·dq_t − k_t·dk_t)
     (restarted at chunk ends), whose terms cancel: its error is absolute, bounded by the terms'
     size — the documented bound — however small the true gradient (≈ 1e-12 at a step
     decaying by −30; the error there is ~1e-6)."""
-    err, scale, _strong = _decay_grad_errors(name, "triton", mode)
+    err, scale, _strong = _decay_grad_errors(name, backend, mode)
     ratio = _floor_ratio(err, scale)
     assert ratio <= DECAY_GRAD_FLOOR, f"{name} {mode}: error {ratio:.2f} u·Σ > the documented bound"
 
