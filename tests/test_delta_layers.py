@@ -220,9 +220,9 @@ def test_forward_backward_reach_every_parameter(name):
 def _grads(layer, x, y):
     gen = torch.Generator().manual_seed(7)
     dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)  # the same in every dtype
-    (y * dy.to(y.dtype)).sum().backward()
-    out = {"x": x.grad.clone()}
-    out.update({n: p.grad.clone() for n, p in layer.named_parameters()})
+    (y * dy.to(y.device, y.dtype)).sum().backward()
+    out = {"x": x.grad.cpu()}
+    out.update({n: p.grad.cpu() for n, p in layer.named_parameters()})
     layer.zero_grad()
     x.grad = None
     return out
@@ -410,6 +410,8 @@ def test_training_run_with_gated_delta_net(tmp_path):
 # ------------------------------------------------------------------------------------------
 # On the Triton kernels (the interpreter without a GPU)
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 @pytest.mark.parametrize("backend", ["triton"])
 @pytest.mark.parametrize("mode", ["chunk", "recurrent"])
@@ -421,23 +423,26 @@ def test_layer_on_triton_matches_fp64(name, mode, backend):
     ref = make(name, mode="reference")
     layer = make(name, torch.float32, backend=backend, mode=mode, chunk_size=16)
     layer.load_state_dict(ref.state_dict())
+    layer.to(DEVICE)
     x = torch.randn(2, 21, D, dtype=torch.float64)
     lengths = [21, 12]
     mask = torch.zeros(2, 21, dtype=torch.long)
     for b, n in enumerate(lengths):
         mask[b, 21 - n :] = 1
     for m in (None, mask):
-        xr, xl = x.clone().requires_grad_(), x.float().requires_grad_()
-        y_ref, y = ref(xr, attention_mask=m), layer(xl, attention_mask=m)
+        xr, xl = x.clone().requires_grad_(), x.float().to(DEVICE).requires_grad_()
+        y_ref = ref(xr, attention_mask=m)
+        y = layer(xl, attention_mask=None if m is None else m.to(DEVICE))
         g_ref, g = _grads(ref, xr, y_ref), _grads(layer, xl, y)
-        assert_close(f"{name} y mask={m is not None}", y, y_ref, torch.float32)
+        assert_close(f"{name} y mask={m is not None}", y.cpu(), y_ref, torch.float32)
         for key in g_ref:
             assert_close(f"{name} d{key}", g[key], g_ref[key], torch.float32)
     with torch.no_grad():
         full = ref(x)
         cache = Cache()
-        parts = [layer(x[:, :13].float(), cache=cache)]
-        parts += [layer(x[:, t : t + 1].float(), cache=cache) for t in range(13, 21)]
+        parts = [layer(x[:, :13].float().to(DEVICE), cache=cache).cpu()]
+        parts += [layer(x[:, t : t + 1].float().to(DEVICE), cache=cache).cpu()
+                  for t in range(13, 21)]  # fmt: skip
     assert_close(f"{name} decoded", torch.cat(parts, dim=1), full, torch.float32)
 
 
@@ -448,7 +453,8 @@ def test_model_static_decode_on_triton_equals_generate(backend):
     torch.manual_seed(0)
     model = CausalLM(LMConfig(vocab_size=32, d_model=16, num_layers=2, num_heads=2,
                               mixer="gated_delta_net", backend=backend)).eval()  # fmt: skip
-    prompt = torch.randint(0, 32, (2, 5))
+    model.to(DEVICE)
+    prompt = torch.randint(0, 32, (2, 5)).to(DEVICE)
     ref = model.generate(prompt, max_new_tokens=5)
     cache = Cache()
     with torch.no_grad():
