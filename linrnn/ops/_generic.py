@@ -180,8 +180,9 @@ def run(
     if normalizer is None:
         out = o[..., :V]
     else:
-        if _runtime.tracing():  # num and den are saved for backward: slices of a dense o
+        if _runtime.tracing():  # num, den (and m) are saved for backward: dense copies
             o = _dense(o)
+            m_seq = None if m_seq is None else _dense(m_seq)
         num, den = o[..., :V], o[..., V:]
         if normalizer == "sum":
             out = num / (den + eps)
