@@ -33,15 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import (
-    _bounds,
-    _causal_dot,
-    _state_tile,
-    _tile,
-    _tile_t,
-    _vec,
-    _walk,
-)
+from linrnn.engine.triton_common import _bounds, _state_tile, _tile, _tile_t, _vec, _walk
 
 
 @triton.jit
@@ -54,8 +46,7 @@ def _inv_unit_lower(b_n, NB: tl.constexpr):
     for t in range(1, 16):
         at_t = (o_i == t)[None, :, None]
         row = tl.sum(tl.where(at_t, b_y, 0.0), 1)  # [NB, 16]: −n_t (columns < t)
-        # rows s < t of b_y are final; where, not row[s ≥ t] = 0 times a later row (0·NaN)
-        row += tl.sum(tl.where((o_i < t)[None, :, None], row[:, :, None] * b_y, 0.0), 1)
+        row += tl.sum(row[:, :, None] * b_y, 1)  # rows s < t of b_y are final, row[s ≥ t] = 0
         b_y = tl.where(at_t, row[:, None, :], b_y)
     return b_y + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)[None, :, :]
 
@@ -107,7 +98,7 @@ def solve_fwd_kernel(
         b_s = tl.dot(n_row, tl.reshape(b_a3, [BL, BL]), input_precision="ieee")  # [16, BL]
         in_i = (o_b == i)[None, :, None]  # block column i of a [16, NB, 16] view
         a_row = tl.reshape(tl.where(in_i, x_ii[:, None, :], 0.0), [16, BL])  # X_ii E_i
-        a_row -= _causal_dot(x_ii, b_s, "ieee")  # (a later row's NaN stays there)
+        a_row -= tl.dot(x_ii, b_s, input_precision="ieee")
         b_a3 = tl.where(in_row, a_row[None, :, :], b_a3)
     b_a = tl.reshape(b_a3, [BL, BL])
 
@@ -124,7 +115,7 @@ def _wu_part(p_x, p_y, b_a, b_f, o_r, m_r, D, s_x, s_y, BL: tl.constexpr, BD: tl
         o_d = d0 + tl.arange(0, BD)
         m_d = o_d < D
         b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d).to(tl.float32) * b_f[:, None]  # [BL, BD]
-        b_y = _causal_dot(b_a, b_x, DOT_PREC)  # (a later row's NaN reaches no earlier one)
+        b_y = tl.dot(b_a, b_x, input_precision=DOT_PREC)
         p_o = p_y + o_r.to(tl.int64)[:, None] * s_y + o_d[None, :]
         tl.store(p_o, b_y.to(p_y.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
 

@@ -40,9 +40,8 @@ import triton.language as tl
 
 from linrnn.engine.triton_common import (
     _bounds,
-    _causal_dot,
+    _denominator,
     _dot_n,
-    _inv_denominator,
     _log_weights,
     _start_state,
     _tile,
@@ -252,15 +251,13 @@ def fused_fwd_kernel(
                 e_r = tl.exp(b_b)
             b_o = tl.dot(b_q, b_C.to(b_q.dtype), input_precision=DOT_PREC) * e_r[:, None]
             b_p = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
-            # masked with where, and a causal product: a later step's NaN reaches no earlier row
-            w = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
-            b_p = tl.where(causal, b_p * w, 0.0)
-            b_o += _causal_dot(b_p, b_v, DOT_PREC)
+            b_p *= _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+            b_o += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
             b_o *= scale
             if NORM != 0:
                 b_den = _dot_n(b_q, b_n, DOT_PREC) * e_r + tl.sum(b_p, 1)
                 b_den *= scale
-                b_o = b_o * _inv_denominator(b_den, b_mr, eps, NORM)[:, None]
+                b_o = b_o / _denominator(b_den, b_mr, eps, NORM)[:, None]
                 tl.store(den + i_bh * T + o_t, b_den, mask=m_t & ((o_t * 0 + i_v) == 0))
             if HAS_MAX:
                 tl.store(m_row + i_bh * T + o_t, b_mr, mask=m_t & ((o_t * 0 + i_v) == 0))

@@ -79,60 +79,15 @@ def _dot_n(b_x, b_n, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _max_floor(b_den, b_mr, eps):
-    """The mLSTM max state's branch of the denominator P = max(|den|, exp(−m_r)) + eps without
-    forming exp(−m_r), which overflows for m_r < −88 (a strongly negative input gate): returns
-    (|den| above the floor, 1/(exp(−m_r) + eps)), from e = exp(−|m_r|) ≤ 1 alone."""
-    e = tl.exp(-tl.abs(b_mr))
-    pos = b_mr >= 0
-    above = tl.where(pos, tl.abs(b_den) > e, tl.abs(b_den) * e > 1.0)
-    return above, tl.where(pos, 1.0 / (e + eps), e / (1.0 + eps * e))
-
-
-@triton.jit
-def _inv_denominator(b_den, b_mr, eps, NORM: tl.constexpr):
-    """1 / the normalizer's denominator, from den = scale·q·n: den + eps (sum), max(|den|, 1) +
-    eps (mLSTM, sigmoid gate) or max(|den|, exp(−m_r)) + eps (mLSTM, max state; see
-    :func:`_max_floor`: no positive exponent, so a floor beyond fp32's range gives 0, not
-    1/inf)."""
+def _denominator(b_den, b_mr, eps, NORM: tl.constexpr):
+    """The normalizer's denominator from den = scale·q·n: den + eps (sum), max(|den|, 1) + eps
+    (mLSTM, sigmoid gate) or max(|den|, exp(−m_r)) + eps (mLSTM, max state)."""
     if NORM == NORM_SUM:
-        return 1.0 / (b_den + eps)
+        return b_den + eps
     elif NORM == NORM_MAX1:
-        return 1.0 / (tl.maximum(tl.abs(b_den), 1.0) + eps)
+        return tl.maximum(tl.abs(b_den), 1.0) + eps
     else:
-        above, inv_floor = _max_floor(b_den, b_mr, eps)
-        return tl.where(above, 1.0 / (tl.abs(b_den) + eps), inv_floor)
-
-
-@triton.jit
-def _causal_dot(b_p, b_z, DOT_PREC: tl.constexpr):
-    """tl.dot(b_p, b_z) for causal scores b_p [R, R] (zero above the diagonal) over the same
-    R steps, in order, as the rows of b_z [R, O]: a dense product would multiply the masked
-    zeros with every row of b_z, and 0·NaN = NaN carries a non-finite value at a late step
-    (garbage in right padding) to every earlier row. So b_z's non-finite entries are zeroed
-    for the product and NaN is added back per column from their row on (an inclusive scan of
-    exact zeros and NaN: the earlier rows are bitwise those of a clean tile). [R, O] fp32."""
-    fin = tl.abs(b_z.to(tl.float32)) < float("inf")
-    b_zc = tl.where(fin, b_z, 0.0).to(b_z.dtype)
-    b_out = tl.dot(b_p.to(b_z.dtype), b_zc, input_precision=DOT_PREC)
-    return b_out + tl.cumsum(tl.where(fin, 0.0, float("nan")), 0)
-
-
-@triton.jit
-def _causal_dot_tiles(b_a, b_z, o_r, o_s, DOT_PREC: tl.constexpr):
-    """tl.dot(b_a, b_z) for causal scores b_a [R, S] (zero where s > r) of the rows o_r
-    against a key tile o_s whose rows b_z [S, O] may lie after some of the rows: as
-    :func:`_causal_dot` for tiles that need not line up, NaN added back where a non-finite
-    entry of b_z sits at a step s ≤ r (counted by a product with the causal mask, formed
-    only when the tile holds one). [R, O] fp32."""
-    fin = tl.abs(b_z.to(tl.float32)) < float("inf")
-    b_out = tl.dot(b_a, tl.where(fin, b_z, 0.0).to(b_z.dtype), input_precision=DOT_PREC)
-    bad = tl.where(fin, 0.0, 1.0)
-    if tl.sum(tl.sum(bad, 1), 0) > 0:
-        mask = tl.where(o_s[None, :] <= o_r[:, None], 1.0, 0.0)
-        hits = tl.dot(mask, bad, input_precision="ieee")
-        b_out += tl.where(hits > 0, float("nan"), 0.0)
-    return b_out
+        return tl.maximum(tl.abs(b_den), tl.exp(-b_mr)) + eps
 
 
 @triton.jit

@@ -45,7 +45,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _causal_dot, _state_tile, _tile, _tile_t
+from linrnn.engine.triton_common import _state_tile, _tile, _tile_t
 
 
 @triton.jit
@@ -178,9 +178,7 @@ def _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, ar,
         p_j = _p_col(p_y, o_t, m_t, t0, j, n_t, sD, REV)
     else:
         p_j = _col(b_p, ar, j)
-    # masked with where: a non-finite row j must not reach the rows off its pairs (0·NaN)
-    pairs = _pair_col(o_t, m_t, t0, j, n_t, REV, True)
-    return b_out + tl.where(pairs[:, None], p_j[:, None] * z_j[None, :] * e, 0.0)
+    return b_out + p_j[:, None] * z_j[None, :] * e
 
 
 @triton.jit
@@ -318,8 +316,8 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
             else:
                 b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
                 b_p += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PREC)
-    # (also the gated products: a non-finite key at a later step must not reach earlier rows)
-    b_p = tl.where(pair | same, b_p, 0.0)
+    if not VEC_D:
+        b_p = tl.where(pair | same, b_p, 0.0)
     return b_p, pair, same
 
 
@@ -347,8 +345,7 @@ def _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair,
     else:
         b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
         e = _pair_gate(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, pair, same, REV, EXCL)
-        b_out = b_p[:, :, None] * b_z.to(tl.float32)[None, :, :] * e
-        b_out = tl.sum(tl.where((pair | same)[:, :, None], b_out, 0.0), 1)  # (where, not 0·NaN)
+        b_out = tl.sum(b_p[:, :, None] * b_z.to(tl.float32)[None, :, :] * e, 1)
     return b_out
 
 
@@ -362,10 +359,7 @@ def _out_fast(b_p, p_z, p_u, gx, gk, z, o_t, m_t, o_o, m_o, sO, pair, same, REV:
     f_r, f_c = _span_factors(gx, gk, z, m, REV)
     b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
     b_pp = tl.where(pair, b_p, 0.0)
-    if REV:
-        b_out = f_r * _dot32(b_pp, b_z.to(tl.float32) * f_c, DOT_PREC)
-    else:  # a later step's NaN in z reaches no earlier row
-        b_out = f_r * _causal_dot(b_pp, b_z.to(tl.float32) * f_c, DOT_PREC)
+    b_out = f_r * _dot32(b_pp, b_z.to(tl.float32) * f_c, DOT_PREC)
     if EXCL:
         b_u = tl.load(p_u + o_o, mask=m_o, other=0.0).to(tl.float32)
         p_ii = tl.sum(tl.where(same, b_p, 0.0), 1)  # [BT]
@@ -400,10 +394,7 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
                              same, BT, REV, EXCL, BLOCK, UNROLL, P_MEM)  # fmt: skip
     else:
         b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
-        if REV:
-            b_out = tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
-        else:  # a later step's NaN in z reaches no earlier row
-            b_out = _causal_dot(b_p, b_z, DOT_PREC)
+        b_out = tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     return b_out
 
 

@@ -187,10 +187,12 @@ def run(
         if normalizer == "sum":
             out = num / (den + eps)
         else:  # mlstm: max(|q·n|, exp(−m)), the floor is exp(−0) = 1 without the stabilizer
-            if stabilize:  # (exp(−m) overflows for m < −88: no positive exponent formed)
-                out = torch_chunk.max_state_normalize(num, den, m_seq[..., None], eps)
+            mag = den.abs()
+            if stabilize:
+                mag = torch.maximum(mag, torch.exp(-m_seq)[..., None])
             else:
-                out = num / (den.abs().clamp_min(1) + eps)
+                mag = mag.clamp_min(1)
+            out = num / (mag + eps)
     n_T = S[..., V].contiguous() if track_n else None
     return _out(out, q.dtype), (S[..., :V].contiguous() if track_n else S, n_T, m_T)
 
