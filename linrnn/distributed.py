@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linrnn import _validation as check
+from linrnn._cp_agreement import DETAILS, fingerprint, state_parts
 from linrnn.ops._generic import compute_dtype
 from linrnn.ops.delta_rule import BETA_RANGE
 from linrnn.ops.families import OPS, resolve
@@ -160,89 +161,12 @@ def context_parallel(op, *args, group=None, **kwargs):
         )
     for i, what in enumerate(_Call.META_NAMES):
         if i >= 2 and len({m[i] for m in metas}) > 1:
-            if what in _DETAILS:  # hashed in the exchange: fetch the values themselves
-                values = _DETAILS[what](call, group)
+            if what in DETAILS:  # hashed in the exchange: fetch the values themselves
+                values = DETAILS[what](call, group)
             else:
                 values = ", ".join(f"rank {r}: {m[i]}" for r, m in enumerate(metas))
             raise ValueError(f"context_parallel: the ranks disagree on {what} ({values})")
     return call.run([m[1] for m in metas], rank, group)
-
-
-def _parts(state) -> list[Tensor]:
-    """The tensors of an initial state (a tensor, a tuple of them, or None)."""
-    if state is None:
-        return []
-    return [x for x in (state if isinstance(state, (tuple, list)) else [state]) if x is not None]
-
-
-_INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16}
-
-
-def _fingerprint(tensors: list[Tensor]) -> int:
-    """A hash of the tensors' exact bits, position-weighted (wrapping int64 arithmetic, so it
-    is the same on every device and summation order), for the meta exchange: the ranks must
-    pass bitwise the same initial state. Reads one number back (a sync on a GPU) per call
-    with an initial state."""
-    if not tensors:
-        return 0
-    total = None
-    for j, x in enumerate(tensors):
-        bits = x.detach().contiguous().view(-1).view(_INT_OF[x.element_size()]).to(torch.int64)
-        weight = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64)
-        weight = weight * 0x9E3779B97F4A7C1 + (2 * j + 1)
-        part = (bits * weight).sum()
-        total = part if total is None else total * 1000003 + part
-    return int(total) % (2**62)
-
-
-def _gather(obj, group) -> list:
-    out = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
-
-
-def _options_detail(call, group) -> str:
-    """Which options differ, with every rank's value (all ranks call this together)."""
-    per_rank = [dict(o) for o in _gather(call.opts, group)]
-    keys = sorted({k for o in per_rank for k in o})
-    differ = [k for k in keys if len({o.get(k) for o in per_rank}) > 1]
-    return "; ".join(
-        f"{k}: " + ", ".join(f"rank {r}: {o.get(k, '(not given)')}" for r, o in enumerate(per_rank))
-        for k in differ
-    )
-
-
-def _cu_detail(call, group) -> str:
-    per_rank = _gather(call.offsets, group)
-    return ", ".join(f"rank {r}: {c}" for r, c in enumerate(per_rank))
-
-
-def _state_detail(call, group) -> str:
-    """The first value where a rank's initial state differs from rank 0's."""
-    per_rank = _gather([x.detach().cpu() for x in call.given_state], group)
-    ref = per_rank[0]
-    for r, parts in enumerate(per_rank[1:], start=1):
-        for j, (a, b) in enumerate(zip(ref, parts)):
-            diff = a.view(-1).view(_INT_OF[a.element_size()]) != b.view(-1).view(
-                _INT_OF[b.element_size()]
-            )
-            if bool(diff.any()):
-                flat = int(diff.nonzero()[0])
-                idx = list(torch.unravel_index(torch.tensor(flat), a.shape))
-                idx = tuple(int(i) for i in idx)
-                return (
-                    f"part {j} of initial_state differs at index {list(idx)}: rank 0: "
-                    f"{a[idx].item()!r}, rank {r}: {b[idx].item()!r} ({int(diff.sum())} of "
-                    f"{a.numel()} values differ); every rank must pass the same initial state"
-                )
-    return "the initial states differ"
-
-
-_DETAILS = {
-    "options": _options_detail,
-    "cu_seqlens": _cu_detail,
-    "initial_state values": _state_detail,
-}
 
 
 def _default_device(group) -> torch.device:
@@ -307,7 +231,7 @@ class _Call:
         self.opts = opts
         self.options = zlib.crc32(repr(opts).encode())
         self.init = None if a["initial_state"] is None else self._initial_state()
-        self.given_state = _parts(a["initial_state"])
+        self.given_state = state_parts(a["initial_state"])
 
     def _operands(self, a):
         """The query (the reference tensor of the checks) and ``(B, T, H, K, V)``."""
@@ -319,7 +243,7 @@ class _Call:
         return [
             1, self.T, _FAMILY_ID[self.name], self.options, _DTYPE_ID[self.q.dtype], self.B,
             self.H, self.K, self.V, self.N, cu, int(self.init is not None), self.H,
-            _fingerprint(self.given_state),
+            fingerprint(self.given_state),
         ]  # fmt: skip
 
     def _gate(self, name, shape, layout, nonpositive=True):
@@ -564,7 +488,7 @@ class _DeltaCall:
         )  # fmt: skip
         self.opts = opts
         self.options = zlib.crc32(repr(opts).encode())
-        self.given_state = _parts(a["initial_state"])
+        self.given_state = state_parts(a["initial_state"])
         self.init = None
         if a["initial_state"] is not None:
             shape = (self.N, self.HV, self.K, self.V)
@@ -576,7 +500,7 @@ class _DeltaCall:
         return [
             1, self.T, _FAMILY_ID[self.name], self.options, _DTYPE_ID[self.q.dtype], self.B,
             self.H, self.K, self.V, self.N, cu, int(self.init is not None), self.HV,
-            _fingerprint(self.given_state),
+            fingerprint(self.given_state),
         ]  # fmt: skip
 
     def _local(self, pieces):
