@@ -274,3 +274,16 @@ def sensitivity(fam, inputs, h0, dtype, ref, **kw):
         errs.update({f"d{n}": rel_err(g, ref[2][n]) for n, g in grads.items()})
         worst = {n: max(e, worst.get(n, 0.0)) for n, e in errs.items()}
     return worst
+
+
+def layer_grads(layer, x, y) -> dict:
+    """The gradients of x and of every parameter of ``layer`` (on the CPU) for the loss
+    ``(y·dy).sum()`` with a fixed fp64 dy (the same in every dtype); clears them after."""
+    gen = torch.Generator().manual_seed(7)
+    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    (y * dy.to(y.device, y.dtype)).sum().backward()
+    out = {"x": x.grad.cpu()}
+    out.update({n: p.grad.cpu() for n, p in layer.named_parameters()})
+    layer.zero_grad()
+    x.grad = None
+    return out

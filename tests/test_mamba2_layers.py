@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_close
+from helpers import assert_close, layer_grads
 
 import linrnn
 from linrnn.layers import Cache, Mamba2
@@ -110,17 +110,6 @@ def test_forward_backward_reach_every_parameter(name):
         assert p.grad.abs().sum() > 0, f"{name}.{pname}: zero gradient"
 
 
-def _grads(layer, x, y):
-    gen = torch.Generator().manual_seed(7)
-    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)  # the same in every dtype
-    (y * dy.to(y.device, y.dtype)).sum().backward()
-    out = {"x": x.grad.cpu()}
-    out.update({n: p.grad.cpu() for n, p in layer.named_parameters()})
-    layer.zero_grad()
-    x.grad = None
-    return out
-
-
 @pytest.mark.parametrize("name", LAYERS)
 def test_chunk_mode_matches_reference_mode(name):
     """mode="chunk" (several chunks, a partial last one) against the step-by-step fp64
@@ -128,10 +117,10 @@ def test_chunk_mode_matches_reference_mode(name):
     layer = make(name, chunk_size=8)
     x = torch.randn(2, 21, D, dtype=torch.float64, requires_grad=True)
     y_chunk = layer(x)
-    g_chunk = _grads(layer, x, y_chunk)
+    g_chunk = layer_grads(layer, x, y_chunk)
     layer.mode = "reference"
     y_ref = layer(x)
-    g_ref = _grads(layer, x, y_ref)
+    g_ref = layer_grads(layer, x, y_ref)
     assert_close(f"{name} y", y_chunk, y_ref, torch.float64)
     for key in g_ref:
         assert_close(f"{name} d{key}", g_chunk[key], g_ref[key], torch.float64)
@@ -312,7 +301,7 @@ def test_layer_on_triton_matches_fp64(mode, backend):
         xr, xl = x.clone().requires_grad_(), x.float().to(DEVICE).requires_grad_()
         y_ref = ref(xr, attention_mask=m)
         y = layer(xl, attention_mask=None if m is None else m.to(DEVICE))
-        g_ref, g = _grads(ref, xr, y_ref), _grads(layer, xl, y)
+        g_ref, g = layer_grads(ref, xr, y_ref), layer_grads(layer, xl, y)
         assert_close(f"{name} y mask={m is not None}", y.cpu(), y_ref, torch.float32)
         for key in g_ref:
             if key in HEAD_SUMS:
