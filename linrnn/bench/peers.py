@@ -187,8 +187,9 @@ def mamba_ssm_source() -> Path | None:
 
 
 def mamba_ssm_version() -> str | None:
-    """mamba_ssm's version: the installed distribution's, else ``__version__`` of the source
-    in ``$LINRNN_MAMBA_SSM_SRC`` (read, not imported)."""
+    """mamba_ssm's version: ``__version__`` of the source in ``$LINRNN_MAMBA_SSM_SRC`` (read,
+    not imported; the source :func:`mamba_ssm_ssd` takes first), else the installed
+    distribution's."""
     package = mamba_ssm_source()
     if package is not None:
         for line in (package / "__init__.py").read_text().splitlines():
