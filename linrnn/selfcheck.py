@@ -11,6 +11,7 @@ when it exceeds the tolerance (1e-4 by default, ample for fp32 against fp64) or 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import time
@@ -98,6 +99,39 @@ def _gated_delta_rule(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
     return (g, torch.sigmoid(torch.randn(B, T, H, generator=gen))), {}
 
 
+# Mamba2 (docs/DESIGN.md §11), with mamba_ssm's Mamba2 initialization: A = −exp(A_log), A_log =
+# log U[1, 16]; dt_bias = softplus⁻¹(dt₀), dt₀ log-uniform in [1e-3, 1e-1] per head; the
+# pre-activation dt per token and head such that Δ = softplus(dt + dt_bias) is log-uniform in
+# [1e-3, 1e-1] (log decays Δ·A in [−1.6, −1e-3]); D standard normal. K = N (B and C: k and q),
+# V = P (x: v); the gates are [B, T, H] and [H] per value head.
+MAMBA2_DT_RANGE = (1e-3, 1e-1)
+MAMBA2_A_RANGE = (1.0, 16.0)
+
+
+def _log_uniform(gen, *shape, lo: float, hi: float) -> Tensor:
+    u = torch.rand(*shape, generator=gen, dtype=torch.float64)
+    return torch.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * u)
+
+
+def _inverse_softplus(y: Tensor) -> Tensor:
+    return y + torch.log(-torch.expm1(-y))  # softplus(y + log(1 − e^−y)) = y
+
+
+def _mamba2(gen, B, T, H, K, V, normalizer=DECAY_NORMALIZER):
+    A = -torch.empty(H, dtype=torch.float64).uniform_(*MAMBA2_A_RANGE, generator=gen)
+    dt_bias = _inverse_softplus(_log_uniform(gen, H, lo=MAMBA2_DT_RANGE[0], hi=MAMBA2_DT_RANGE[1]))
+    delta = _log_uniform(gen, B, T, H, lo=MAMBA2_DT_RANGE[0], hi=MAMBA2_DT_RANGE[1])
+    dt = _inverse_softplus(delta) - dt_bias
+    D = torch.randn(H, generator=gen, dtype=torch.float64)
+    return tuple(x.float() for x in (dt, A, D, dt_bias)), {}
+
+
+def mamba2_qkv(q, k, v, dt, A, D, dt_bias, **kwargs):
+    """:func:`linrnn.mamba2` with the argument order of the other families: C = q, B = k (q
+    and k may have fewer heads than v: the groups), x = v, then the gates dt, A, D, dt_bias."""
+    return linrnn.mamba2(v, dt, A, k, q, D=D, dt_bias=dt_bias, **kwargs)
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant("linear_attn", "linear_attn", linrnn.linear_attn, _no_gates),
     Variant("linear_attn[normalize]", "linear_attn", linrnn.linear_attn, _no_gates,
@@ -113,6 +147,7 @@ VARIANTS: tuple[Variant, ...] = (
             options={"use_qk_l2norm": True}),
     Variant("gated_delta_rule", "gated_delta_rule", linrnn.gated_delta_rule, _gated_delta_rule,
             options={"use_qk_l2norm": True}),
+    Variant("mamba2", "mamba2", mamba2_qkv, _mamba2, options={"dt_softplus": True}),
 )  # fmt: skip
 
 

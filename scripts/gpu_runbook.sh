@@ -24,6 +24,12 @@
 #                when ≥ 150 s are left) into $OUT/delta.json, with the ratios and targets
 #   delta-decode linrnn bench --suite decode for the delta-rule ops and fla's fused recurrent
 #                delta-rule steps ($OUT/delta-decode.json)
+#   mamba2 [JSON]
+#                linrnn bench --suite mamba2 the same way (linrnn.mamba2, then mamba_ssm's
+#                mamba_chunk_scan_combined and fla's chunk_simple_gla on the mapped inputs when
+#                ≥ 150 s are left) into $OUT/mamba2.json, with the ratios and targets; mamba_ssm
+#                from its unpacked sdist .whl/mamba_ssm-*/ (LINRNN_MAMBA_SSM_SRC; its CUDA
+#                extension is not needed), einops and packaging from .whl/*/ when missing
 #   tune ARGS    benchmarks/tune.py ARGS (tile candidates against the shipped tables)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -35,6 +41,20 @@ C=${LINRNN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 # Installed once per machine: stages may run side by side and must not race on /tmp/site.
 if [ ! -d /tmp/site/fla ] && compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
+fi
+# mamba_ssm's Python dependencies for its Triton kernels, from the wheels folder when missing.
+for mod in einops packaging; do
+    if [ ! -d "/tmp/site/$mod" ] && ! python3 -c "import $mod" >/dev/null 2>&1; then
+        wheel=$(compgen -G ".whl/*/$mod-*.whl" | head -n 1)
+        [ -n "$wheel" ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+            "$wheel" >/dev/null 2>&1
+    fi
+done
+# mamba_ssm's Triton SSD kernels from its unpacked sdist (linrnn.bench.peers.mamba_ssm_ssd).
+if [ -z "${LINRNN_MAMBA_SSM_SRC:-}" ]; then
+    for d in .whl/mamba_ssm-*/; do
+        [ -f "$d/mamba_ssm/__init__.py" ] && export LINRNN_MAMBA_SSM_SRC="$PWD/${d%/}"
+    done
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 
@@ -78,7 +98,7 @@ suite_parts() {
     python3 -m linrnn.bench --suite "$suite" --plan --resume --out "$J"  # what is left
 }
 
-stage=${1:?stage: check, paper-rows, decode, varlen, delta, delta-decode, tune}
+stage=${1:?stage: check, paper-rows, decode, varlen, delta, delta-decode, mamba2, tune}
 case "$stage" in
 check)
     # tests/gpu first and alone (its matrix compiles ~120 cases in LINRNN_GPU_JOBS worker
@@ -133,6 +153,10 @@ delta-decode)
     timeout 570 python3 -m linrnn.bench --suite decode --ops delta_rule gated_delta_rule \
         fla:fused_recurrent_delta_rule fla:fused_recurrent_gated_delta_rule --commit "$C" \
         --out "$OUT/delta-decode.json"
+    ;;
+mamba2)
+    # mamba_ssm autotunes each kernel's configurations on its first call: up to minutes
+    suite_parts mamba2 "${2:-}" 150 400 150
     ;;
 tune)
     shift

@@ -22,10 +22,10 @@ from linrnn.bench import autotune, cli, flops, peers, registry, report, worker
 def test_registry_covers_every_family_and_suite():
     families = {op.family for op in registry.OPS.values()}
     engine = {"linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm"}
-    assert families == engine | {"delta_rule", "gated_delta_rule"}
+    assert families == engine | {"delta_rule", "gated_delta_rule", "mamba2"}
     assert set(registry.ENGINE_FAMILIES) == engine
     assert set(registry.SUITES) == {"quick", "paper", "headdim", "chunksize", "delta", "decode",
-                                    "varlen"}  # fmt: skip
+                                    "varlen", "mamba2"}  # fmt: skip
     assert set(registry.SUITES["quick"].modes) == set(registry.ALL_MODES)
     assert registry.SUITES["quick"].families is None  # every family
     for name in ("paper", "headdim", "chunksize"):  # the engine's sweeps

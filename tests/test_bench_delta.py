@@ -59,7 +59,8 @@ def test_delta_ops_and_peers_registered():
     assert like["fla:fused_recurrent_delta_rule"] == ("delta_rule", "decode", "repeat", True)
     assert like["fla:fused_recurrent_gated_delta_rule"][:3] == (
         "gated_delta_rule", "decode", "native")  # fmt: skip
-    assert all(p.grouped == "no" for n, p in peers.PEERS.items() if "delta" not in n)
+    assert all(p.grouped == "no" for n, p in peers.PEERS.items()
+               if "delta" not in n and p.like != "mamba2")  # fmt: skip
 
 
 def test_shape_ids_old_and_new_form():
@@ -197,7 +198,8 @@ def test_plans_of_the_other_suites_with_the_delta_rule(capsys):
     text = capsys.readouterr().out
     ran = [line.split()[0] for line in text.splitlines()[1:] if not line.strip().startswith(
         "note")]  # fmt: skip
-    assert ran == ["delta_rule", "gated_delta_rule", *DELTA_PEERS]
+    mamba2 = ["mamba_ssm:mamba_chunk_scan_combined", "fla:chunk_simple_gla[mamba2]"]
+    assert ran == ["delta_rule", "gated_delta_rule", "mamba2", *DELTA_PEERS, *mamba2]
     assert "simple_gla: no grouped value heads, skipped B1-T64-H2-HV4-K16-V16" in text
     # the engine's sweeps run as before, without the delta rule
     assert linrnn_main(["bench", "--suite", "paper", "--plan", "--ops", "delta_rule"]) == 0

@@ -10,7 +10,7 @@ from linrnn.__main__ import main
 def test_selfcheck_passes(capsys):
     assert main(["selfcheck", "-T", "17", "-B", "1", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert "33/33 passed" in out, out  # 11 variants (every family) × 3 modes
+    assert "36/36 passed" in out, out  # 12 variants (every family) × 3 modes
 
 
 def test_selfcheck_fails_loudly_with_an_impossible_tolerance(capsys):

@@ -7,6 +7,7 @@
     linrnn bench --suite decode                   # tokens/s of one-token steps, with peers
     linrnn bench --suite varlen                   # 8 packed documents vs padded, fwd+bwd
     linrnn bench --suite delta                    # the delta rule beside fla's delta-rule ops
+    linrnn bench --suite mamba2                   # Mamba2 beside mamba_ssm and fla's simple GLA
     linrnn bench --list                       # suites, ops, peers
 
     # a long suite in parts that add to one JSON (rerun a part that stopped at its budget)
@@ -211,7 +212,9 @@ def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, lis
                 case["fwdbwd"] = False
             cases.append((case, [{"shape": s} for s in shapes]))
         if device != "cuda":
-            notes.append("peers fla and mlstm_kernels need CUDA; torch SDPA runs on CPU too")
+            notes.append(
+                "peers fla, mlstm_kernels and mamba_ssm need CUDA; torch SDPA runs on CPU too"
+            )
     return cases, notes
 
 

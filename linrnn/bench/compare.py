@@ -1,5 +1,5 @@
 """Ratios read off one report's rows: each linrnn op against the peers that share its inputs,
-and the delta rule's targets.
+and the delta rule's and Mamba2's targets.
 
 * :func:`peer_ratios`: per peer row, the linrnn row of the op it matches (``Peer.like``) at the
   same shape and dtype (mode chunk at the op's default chunk size, else the only linrnn row):
@@ -7,7 +7,7 @@ and the delta rule's targets.
   linrnn's peak memory / the peer's (< 1: linrnn needs less), and both first calls.
 * :func:`delta_targets`: the delta-rule families' targets (:data:`DELTA_TARGETS`) per shape,
   each with its measured value and whether it is met; a row that did not finish is named by
-  its status instead.
+  its status instead. :func:`mamba2_targets` likewise for Mamba2 (:data:`MAMBA2_TARGETS`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,16 @@ DELTA_TARGETS = (
     ("gate cost", "linrnn gated_delta_rule / linrnn delta_rule, fwd+bwd ms", "<= 1.15"),
     ("first call", "linrnn first forward+backward (fresh Triton cache), s", "< 30"),
     ("decode", "linrnn step in a CUDA graph / memory floor", "<= 1.2"),
+)  # fmt: skip
+MAMBA_SSM = "mamba_ssm:mamba_chunk_scan_combined"
+FLA_MAMBA2 = "fla:chunk_simple_gla[mamba2]"
+# (name, what, bound): Mamba2's (the TFLA paper's margin over Mamba2's kernel; bf16, one run)
+MAMBA2_TARGETS = (
+    ("mamba2 fwd+bwd speed-up vs mamba_ssm", f"{MAMBA_SSM} / linrnn mamba2, fwd+bwd ms",
+     ">= 2"),
+    ("mamba2 fwd+bwd speed-up vs fla mapped", f"{FLA_MAMBA2} / linrnn mamba2, fwd+bwd ms",
+     ">= 1.3"),
+    ("first call", "linrnn first forward+backward (fresh Triton cache), s", "< 30"),
 )  # fmt: skip
 
 
@@ -112,17 +122,21 @@ def _verdict(value, bound: str) -> str:
     return "met" if met else "missed"
 
 
-def delta_targets(rows: list[dict]) -> list[dict]:
-    """The delta-rule targets met or missed per shape (rows of the delta and decode suites):
-    ``{"target", "shape", "value", "bound", "verdict", "why"}``; ``why`` names the status of
-    a row that gave no value."""
+def _target_rows(rows: list[dict]) -> tuple[dict, dict]:
+    """``(ours, by_op)``: the linrnn rows a target reads (:func:`linrnn_rows`, not varlen)
+    and every row, by ``(op, shape, dtype)``."""
     ours = {k[:3]: r for k, r in linrnn_rows(rows).items() if k[3] is None}  # not varlen
     by_op: dict = {}
     for r in rows:
         if r.get("layout") is None:
             by_op.setdefault((r["op"], r["shape"], r.get("dtype")), r)
-    bounds = {name: bound for name, _, bound in DELTA_TARGETS}
-    out = []
+    return ours, by_op
+
+
+def _adder(out: list, table: tuple, ours: dict, by_op: dict):
+    """``add(name, shape, value, mine, other_op=None)``: appends one target of ``table`` to
+    ``out``, with why it has no value (a row not ok, or ``other_op``'s row missing)."""
+    bounds = {name: bound for name, _, bound in table}
 
     def add(name, shape, value, mine, other_op=None):
         key = (other_op, shape, mine.get("dtype"))
@@ -141,6 +155,17 @@ def delta_targets(rows: list[dict]) -> list[dict]:
                 "why": why,
             }
         )
+
+    return add
+
+
+def delta_targets(rows: list[dict]) -> list[dict]:
+    """The delta-rule targets met or missed per shape (rows of the delta and decode suites):
+    ``{"target", "shape", "value", "bound", "verdict", "why"}``; ``why`` names the status of
+    a row that gave no value."""
+    ours, by_op = _target_rows(rows)
+    out: list = []
+    add = _adder(out, DELTA_TARGETS, ours, by_op)
 
     keys = [k for k in ours if k[0] in ("delta_rule", "gated_delta_rule")]  # in the rows' order
     for op, shape, dtype in keys:
@@ -166,6 +191,22 @@ def delta_targets(rows: list[dict]) -> list[dict]:
     return out
 
 
+def mamba2_targets(rows: list[dict]) -> list[dict]:
+    """Mamba2's targets per shape (:data:`MAMBA2_TARGETS`: fwd+bwd speed-ups over mamba_ssm's
+    kernel and fla's mapped simple GLA, the first call), as :func:`delta_targets`."""
+    ours, by_op = _target_rows(rows)
+    out: list = []
+    add = _adder(out, MAMBA2_TARGETS, ours, by_op)
+    for op, shape, dtype in [k for k in ours if k[0] == "mamba2"]:  # in the rows' order
+        r = ours[(op, shape, dtype)]
+        for name, peer in ((MAMBA2_TARGETS[0][0], MAMBA_SSM), (MAMBA2_TARGETS[1][0], FLA_MAMBA2)):
+            other = by_op.get((peer, shape, dtype))
+            add(name, shape, _ratio(_get(other, "fwdbwd_ms"), r.get("fwdbwd_ms")), r, peer)
+        if r.get("first_in_process", True):  # later items reuse the compiled kernels
+            add("first call", f"{shape} ({op})", r.get("first_call_s"), r)
+    return out
+
+
 def _num(x, fmt=".2f") -> str:
     return "—" if x is None else format(x, fmt)
 
@@ -185,11 +226,14 @@ def ratio_cells(rows: list[dict]) -> list[tuple]:
     ]  # fmt: skip
 
 
-def target_cells(rows: list[dict]) -> list[tuple]:
+def target_cells(rows: list[dict], targets=delta_targets) -> list[tuple]:
     return [
         (t["target"], t["shape"], _num(t["value"]), t["bound"], t["verdict"], t["why"][:100])
-        for t in delta_targets(rows)
+        for t in targets(rows)
     ]
+
+
+TARGET_TABLES = (("delta-rule targets", delta_targets), ("Mamba2 targets", mamba2_targets))
 
 
 RATIO_NOTE = (
@@ -200,28 +244,30 @@ RATIO_NOTE = (
 
 
 def text(rows: list[dict]) -> str:
-    """The two tables as plain text ("" when neither has a line)."""
+    """The tables as plain text ("" when none has a line)."""
     parts = []
     ratios = ratio_cells(rows)
     if ratios:
         parts.append(f"linrnn against its peers: {RATIO_NOTE}")
         parts.append(report.format_table(RATIO_HEADER, ratios, (0, 0, 0, 1, 1, 1, 1, 1, 0)))
-    targets = target_cells(rows)
-    if targets:
-        parts.append("delta-rule targets:")
-        parts.append(report.format_table(TARGET_HEADER, targets, (0, 0, 1, 0, 0, 0)))
+    for title, fn in TARGET_TABLES:
+        targets = target_cells(rows, fn)
+        if targets:
+            parts.append(f"{title}:")
+            parts.append(report.format_table(TARGET_HEADER, targets, (0, 0, 1, 0, 0, 0)))
     return "\n".join(parts)
 
 
 def markdown_lines(rows: list[dict]) -> list[str]:
-    """The two tables in Markdown (no lines when neither has one)."""
+    """The tables in Markdown (no lines when none has one)."""
     lines: list[str] = []
     ratios = ratio_cells(rows)
     if ratios:
         lines += ["", "### linrnn against its peers", "", RATIO_NOTE + ".", ""]
         lines += report.md_table(RATIO_HEADER, ratios)
-    targets = target_cells(rows)
-    if targets:
-        lines += ["", "### delta-rule targets", ""]
-        lines += report.md_table(TARGET_HEADER, targets)
+    for title, fn in TARGET_TABLES:
+        targets = target_cells(rows, fn)
+        if targets:
+            lines += ["", f"### {title}", ""]
+            lines += report.md_table(TARGET_HEADER, targets)
     return lines

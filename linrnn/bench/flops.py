@@ -71,15 +71,25 @@ def chunk_flops_per_chunk(L: int, K: int, V: int, f_causal: float = F_CAUSAL) ->
     )
 
 
-def chunkwise_flops(B: int, T: int, H: int, K: int, V: int, L: int) -> float:
+def chunkwise_flops(B: int, T: int, H: int, K: int, V: int, L: int, HV: int | None = None) -> float:
     """Forward FLOPs of the chunkwise form: ``B·H·Σ_chunks chunk_flops_per_chunk``.
 
     With ``n = T // L`` full chunks and a last chunk of ``r = T mod L`` steps this is
-    ``B·H·(n·F(L) + F(r))``, which equals App. G's ``B·H·(T/L)·F(L)`` when L divides T."""
+    ``B·H·(n·F(L) + F(r))``, which equals App. G's ``B·H·(T/L)·F(L)`` when L divides T.
+    With ``HV`` value heads sharing H q/k heads (grouped; Mamba2's groups) the score matrix
+    ``Q Kᵀ`` (``L²·F_c·2K``, q and k only) counts once per q/k head and the rest of F per value
+    head: ``B·Σ_chunks [H·L²·F_c·2K + HV·(F(L) − L²·F_c·2K)]``."""
+    HV = H if HV is None else HV
     L = max(1, min(L, T))
     n, r = divmod(T, L)
-    per_head = n * chunk_flops_per_chunk(L, K, V) + (chunk_flops_per_chunk(r, K, V) if r else 0)
-    return B * H * per_head
+
+    def per(steps: int) -> float:
+        if not steps:
+            return 0.0
+        gram = steps * steps * F_CAUSAL * 2 * K
+        return H * gram + HV * (chunk_flops_per_chunk(steps, K, V) - gram)
+
+    return B * (n * per(L) + per(r))
 
 
 def chunkwise_flops_leading(B: int, T: int, H: int, K: int, V: int, L: int) -> float:
@@ -89,17 +99,21 @@ def chunkwise_flops_leading(B: int, T: int, H: int, K: int, V: int, L: int) -> f
     return B * T * H * (2 * L * (K + V) * F_CAUSAL + 4 * K * V)
 
 
-def parallel_flops(B: int, T: int, H: int, K: int, V: int) -> float:
+def parallel_flops(B: int, T: int, H: int, K: int, V: int, HV: int | None = None) -> float:
     """Forward FLOPs of the quadratic (parallel) form: App. G's count with one chunk of length T
-    and no state: ``B·H·[T²·F_c·(2K + 2V + 6) + T²]``."""
-    return B * H * (T * T * F_CAUSAL * (2 * K + 2 * V + 6) + T * T)
+    and no state: ``B·H·[T²·F_c·(2K + 2V + 6) + T²]`` (grouped: ``Q Kᵀ`` per q/k head, the rest
+    per value head, as :func:`chunkwise_flops`)."""
+    HV = H if HV is None else HV
+    gram = T * T * F_CAUSAL * 2 * K
+    return B * (H * gram + HV * (T * T * F_CAUSAL * (2 * V + 6) + T * T))
 
 
-def recurrent_flops(B: int, T: int, H: int, K: int, V: int) -> float:
+def recurrent_flops(B: int, T: int, H: int, K: int, V: int, HV: int | None = None) -> float:
     """Forward FLOPs of the step-by-step form, ``B·T·H·(5KV + 2K + V)`` (derived here): per step
     the decay ``diag(α) S`` (KV), the update ``+ ι k vᵀ`` (2KV: a multiply and an add per state
-    element) and the readout ``qᵀ S`` (2KV), plus scaling q (K), ι·k (K) and the output (V)."""
-    return B * T * H * (5 * K * V + 2 * K + V)
+    element) and the readout ``qᵀ S`` (2KV), plus scaling q (K), ι·k (K) and the output (V).
+    Grouped: per value head (HV for H)."""
+    return B * T * (H if HV is None else HV) * (5 * K * V + 2 * K + V)
 
 
 def attention_flops(B: int, T: int, H: int, K: int, V: int) -> float:
@@ -121,7 +135,9 @@ def forward_flops(
 ) -> float:
     """Forward FLOPs of ``kind``: "chunk" and "fused_chunk" (chunkwise at L), "parallel",
     "recurrent" and "reference" (the step loop), "attention" (softmax, SDPA). ``form="delta"``:
-    the delta rule's counts (parallel = one chunk of T steps)."""
+    the delta rule's counts (parallel = one chunk of T steps). ``HV`` value heads (grouped:
+    the delta rule's, Mamba2's heads over its groups): per value head but for the terms of q
+    and k alone."""
     if form == "delta":
         if kind == "chunk":
             return delta_chunkwise_flops(B, T, H, K, V, L or 64, HV)
@@ -133,11 +149,11 @@ def forward_flops(
     if form != "scalar":
         raise ValueError(f"unknown form {form!r}")
     if kind in ("chunk", "fused_chunk"):
-        return chunkwise_flops(B, T, H, K, V, L or 64)
+        return chunkwise_flops(B, T, H, K, V, L or 64, HV)
     if kind == "parallel":
-        return parallel_flops(B, T, H, K, V)
+        return parallel_flops(B, T, H, K, V, HV)
     if kind in ("recurrent", "reference"):
-        return recurrent_flops(B, T, H, K, V)
+        return recurrent_flops(B, T, H, K, V, HV)
     if kind == "attention":
         return attention_flops(B, T, H, K, V)
     raise ValueError(f"unknown kind {kind!r}")
@@ -326,8 +342,9 @@ def algorithm_bytes(
     """HBM bytes the algorithm moves in one forward (the x-axis of the roofline and the
     "achieved GB/s"):
 
-    * "chunk": ``B·H·Σ_chunks chunk_bytes_per_chunk`` (states materialized in HBM); the delta
-      rule: ``B·HV·Σ_chunks delta_chunk_bytes_per_chunk``;
+    * "chunk": ``B·HV·Σ_chunks chunk_bytes_per_chunk`` (states materialized in HBM; each
+      value head's kernels read its q/k head's chunk); the delta rule: ``B·HV·Σ_chunks
+      delta_chunk_bytes_per_chunk``;
     * "fused_chunk", "attention": :func:`min_bytes` (the state or scores stay on chip);
     * "recurrent"/"reference": the state read and written every step (App. F, Table 13, the
       decoding setting): ``min_bytes + B·T·H·2·bytes_C·K·V``;
@@ -343,12 +360,10 @@ def algorithm_bytes(
         if form == "delta":
             per = lambda n_steps: delta_chunk_bytes_per_chunk(  # noqa: E731
                 n_steps, K, V, elt, gate_elems)  # fmt: skip
-            heads = HV
         else:
             per = lambda n_steps: chunk_bytes_per_chunk(n_steps, K, V, elt, gate_elems)  # noqa: E731
-            heads = H
         state_io = base - min_bytes(B, T, H, K, V, elt, gate_elems, HV=HV)
-        return B * heads * (n * per(L) + (per(r) if r else 0)) + state_io
+        return B * HV * (n * per(L) + (per(r) if r else 0)) + state_io
     if kind in ("fused_chunk", "attention"):
         return base
     if kind in ("recurrent", "reference"):

@@ -1,14 +1,28 @@
-"""Peer ops timed beside linrnn: fla (fla-core), mlstm_kernels and torch SDPA.
+"""Peer ops timed beside linrnn: fla (fla-core), mlstm_kernels, mamba_ssm and torch SDPA.
 
 Each peer names the linrnn op whose inputs, shapes and FLOP/byte counts it shares (``like``).
-A peer runs only when its library imports (:func:`available`); fla and mlstm_kernels need
-CUDA. Builders return ``(leaves, fwd)`` like :func:`linrnn.bench.registry.build_linrnn`.
+A peer runs only when its library imports (:func:`available`); fla, mlstm_kernels and
+mamba_ssm need CUDA. Builders return ``(leaves, fwd)`` like
+:func:`linrnn.bench.registry.build_linrnn`.
+
+mamba_ssm's package ``__init__`` imports its CUDA extension (selective scan), which a wheel
+built without it lacks; its Triton SSD kernels do not need it. :func:`mamba_ssm_ssd` imports
+``mamba_ssm.ops.triton.ssd_combined`` under a bare ``mamba_ssm`` package (its ``__init__`` not
+run) from the folder ``$LINRNN_MAMBA_SSM_SRC`` (an unpacked sdist: the folder holding
+``mamba_ssm/``), or from an installed mamba_ssm whose own import fails. It needs einops and
+packaging.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.metadata
 import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
 
 from linrnn.bench import registry
 
@@ -69,6 +83,27 @@ PEERS = {
         grouped="native",
         backward=False,
     ),
+    # Mamba2 (docs/DESIGN.md §11): mamba_ssm's Triton SSD kernels on the same tensors, and
+    # fla's simple GLA on inputs mapped to it
+    "mamba_ssm:mamba_chunk_scan_combined": Peer(
+        "mamba_ssm",
+        "mamba2",
+        256,
+        "mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=D, dt_bias=dt_bias, "
+        "dt_softplus=True) as mamba_ssm's Mamba2 module calls it (its chunk size); groups "
+        "native; mamba_ssm.ops.triton.ssd_combined imported without mamba_ssm/__init__.py (its "
+        "CUDA extension) from $LINRNN_MAMBA_SSM_SRC",
+        grouped="native",
+    ),
+    "fla:chunk_simple_gla[mamba2]": Peer(
+        "fla",
+        "mamba2",
+        64,
+        "q = C and k = B repeated to the H heads, v = x·Δ, g = Δ·A with Δ = softplus(dt + "
+        "dt_bias), scale=1.0: the mapping made before the call (not timed; its gradients "
+        "end at the mapped tensors); no D·x term",
+        grouped="repeat",
+    ),
     "torch:sdpa_causal": Peer(
         "torch", "linear_attn", None, "softmax baseline; [B,H,T,D]", cuda_only=False
     ),
@@ -117,7 +152,10 @@ PEERS = {
         "fla", "simple_gla", 64, "cu_seqlens (int64 on the GPU) + cu_seqlens_cpu", kind="varlen"
     ),
 }
-DISTRIBUTIONS = {"fla": "fla-core", "mlstm_kernels": "mlstm-kernels", "torch": "torch"}
+DISTRIBUTIONS = {"fla": "fla-core", "mlstm_kernels": "mlstm-kernels", "mamba_ssm": "mamba-ssm",
+                 "torch": "torch"}  # fmt: skip
+MAMBA_SSM_SRC = "LINRNN_MAMBA_SSM_SRC"  # env: a folder holding mamba_ssm/ (an unpacked sdist)
+MAMBA_SSM_SSD = "mamba_ssm.ops.triton.ssd_combined"
 
 
 def library_of(op: str) -> str:
@@ -131,8 +169,60 @@ def like_of(op: str) -> str:
 
 
 def available(library: str) -> bool:
-    """Whether the peer library can be imported here (without importing it)."""
+    """Whether the peer library can be imported here (without importing it); mamba_ssm also
+    from ``$LINRNN_MAMBA_SSM_SRC``."""
+    if library == "mamba_ssm" and mamba_ssm_source() is not None:
+        return True
     return importlib.util.find_spec(library) is not None
+
+
+def mamba_ssm_source() -> Path | None:
+    """The ``mamba_ssm`` package folder in ``$LINRNN_MAMBA_SSM_SRC`` (None when the variable
+    is unset or the folder has no ``mamba_ssm/__init__.py``)."""
+    root = os.environ.get(MAMBA_SSM_SRC)
+    if not root:
+        return None
+    package = Path(root).resolve() / "mamba_ssm"
+    return package if (package / "__init__.py").is_file() else None
+
+
+def mamba_ssm_version() -> str | None:
+    """mamba_ssm's version: ``__version__`` of the source in ``$LINRNN_MAMBA_SSM_SRC`` (read,
+    not imported; the source :func:`mamba_ssm_ssd` takes first), else the installed
+    distribution's."""
+    package = mamba_ssm_source()
+    if package is not None:
+        for line in (package / "__init__.py").read_text().splitlines():
+            if line.startswith("__version__"):
+                return line.split("=", 1)[1].strip().strip("\"'")
+    try:
+        return importlib.metadata.version(DISTRIBUTIONS["mamba_ssm"])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def mamba_ssm_ssd():
+    """``mamba_ssm.ops.triton.ssd_combined`` (the Triton SSD kernels): from the folder in
+    ``$LINRNN_MAMBA_SSM_SRC`` under a bare ``mamba_ssm`` package whose ``__init__`` (it imports
+    the CUDA extension) is not run; without the variable the installed mamba_ssm, the same way
+    when its own import fails (``ImportError``: e.g. no CUDA extension)."""
+    if MAMBA_SSM_SSD in sys.modules:
+        return sys.modules[MAMBA_SSM_SSD]
+    package = mamba_ssm_source()
+    if package is None:
+        try:
+            return importlib.import_module(MAMBA_SSM_SSD)
+        except ImportError:
+            spec = importlib.util.find_spec("mamba_ssm")
+            if spec is None or not spec.submodule_search_locations:
+                raise
+            package = Path(next(iter(spec.submodule_search_locations)))
+    for name in [n for n in sys.modules if n == "mamba_ssm" or n.startswith("mamba_ssm.")]:
+        del sys.modules[name]  # what a failed import of the package left
+    bare = types.ModuleType("mamba_ssm", "mamba_ssm without its __init__ (no CUDA extension)")
+    bare.__path__ = [str(package)]
+    sys.modules["mamba_ssm"] = bare
+    return importlib.import_module(MAMBA_SSM_SSD)
 
 
 def head_first(x):
@@ -188,6 +278,11 @@ def build_fla(case: dict, shape: dict):
     args, _, needs_grad = _inputs(case, shape)
     leaves = [x for x, n in zip(args, needs_grad) if n]
     op = case["op"].split(":")[1]
+    if op == "chunk_simple_gla[mamba2]":
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        q, k, v, g = mamba2_as_simple_gla(args, shape)
+        return [q, k, v, g], lambda: chunk_simple_gla(q, k, v, g=g, scale=1.0)[0]
     if "delta_rule" in op:
         return build_fla_delta(op, args, shape)
     if op == "chunk_simple_gla":
@@ -248,6 +343,36 @@ def build_fla_delta(op: str, args: tuple, shape: dict):
     return [q, k, v, g, beta], lambda: call()[0]
 
 
+def mamba2_as_simple_gla(args: tuple, shape: dict) -> tuple:
+    """Simple-GLA inputs that compute Mamba2 without its D·x term (docs/DESIGN.md §11), as
+    new leaves (made before timing): ``q = C``, ``k = B`` repeated to the value heads, ``v =
+    x·Δ`` in x's dtype and the log decay ``g = Δ·A`` (fp32) with ``Δ = softplus(dt +
+    dt_bias)``; with scale 1, ``o_t = Σ_{s≤t} e^{g_{s+1}+…+g_t} (q_t·k_s) v_s`` is Mamba2's
+    ``C_tᵀ h_t``. ``args`` are :func:`linrnn.bench.registry.bench_inputs`' Mamba2 inputs (C, B,
+    x, dt, A, D, dt_bias)."""
+    import torch
+    import torch.nn.functional as F
+
+    C, B, x, dt, A, _, dt_bias = args
+    groups = shape["HV"] // shape["H"]
+    with torch.no_grad():
+        delta = F.softplus(dt.float() + dt_bias.float())
+        v = (x.float() * delta[..., None]).to(x.dtype)
+        g = delta * A.float()
+    q, k = (repeat_heads(t, groups) for t in (C, B))
+    return q, k, v.requires_grad_(), g.requires_grad_()
+
+
+def build_mamba_ssm(case: dict, shape: dict):
+    """mamba_ssm's ``mamba_chunk_scan_combined`` on the linrnn op's tensors (the Mamba2
+    module's call: dt_softplus with dt_bias, D per head; groups native)."""
+    (C, B, x, dt, A, D, dt_bias), _, _ = _inputs(case, shape)
+    fn = mamba_ssm_ssd().mamba_chunk_scan_combined
+    chunk = PEERS[case["op"]].chunk
+    call = lambda: fn(x, dt, A, B, C, chunk, D=D, dt_bias=dt_bias, dt_softplus=True)  # noqa: E731
+    return [x, dt, A, B, C, D, dt_bias], call
+
+
 def build_sdpa(case: dict, shape: dict):
     import torch.nn.functional as F
 
@@ -260,5 +385,6 @@ BUILDERS = {
     "linrnn": registry.build_linrnn,
     "mlstm_kernels": build_mlstm_kernels,
     "fla": build_fla,
+    "mamba_ssm": build_mamba_ssm,
     "torch": build_sdpa,
 }

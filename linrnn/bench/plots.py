@@ -50,6 +50,7 @@ FAMILY_COLORS = {  # one colour per family, the same in every plot
     "mlstm": "tab:brown",
     "delta_rule": "tab:pink",
     "gated_delta_rule": "tab:cyan",
+    "mamba2": "tab:olive",
 }
 PEER_MARKERS = "s^vD<>xP*"
 FIXED_T_SUITES = ("chunksize", "headdim")  # one T per op and head dim: points, not lines

@@ -8,6 +8,12 @@ benchmark dtype), gates fp32 (log decays ``logsigmoid(randn)/16``; mLSTM pre-act
 except the gates an op lists in ``dtype_gates`` (the delta rule's β = sigmoid(randn), in the
 benchmark dtype as fla's layers and tests make it). The delta-rule ops normalize q and k inside
 the op (``use_qk_l2norm=True``, as fla's ``use_qk_l2norm_in_kernel=True``).
+
+Mamba2 (docs/DESIGN.md §11) maps onto the same ids: q = C and k = B with H = G groups, v = x
+with HV heads, K = N, V = P (``"B8-T8192-H1-HV64-K128-V64"``: 64 heads sharing one group). Its
+gates follow mamba_ssm's Mamba2 module: dt per token and head in the benchmark dtype (a slice
+of the bf16 in-projection there), Δ = softplus(dt + dt_bias) log-uniform in [1e-3, 1e-1],
+A = −U[1, 16], D and dt_bias fp32 per head (:func:`linrnn.selfcheck.mamba2_qkv`).
 """
 
 from __future__ import annotations
@@ -100,6 +106,10 @@ OPS = {
         Op("delta_rule", "delta_rule", "delta_rule", grad_names=("beta",), **DELTA),
         Op("gated_delta_rule", "gated_delta_rule", "gated_delta_rule", grad_names=("g", "beta"),
            gate_elems=lambda K, V: 1, **DELTA),
+        # Mamba2: q = C, k = B (G groups: the shape's H), v = x (the shape's HV heads), gates
+        # dt (per token and head, in the benchmark dtype), A, D, dt_bias (per head, fp32)
+        Op("mamba2", "mamba2", "mamba2", grad_names=("dt", "A", "D", "dt_bias"), triton=True,
+           dtype_gates=("dt",), grouped=True),
     )
 }  # fmt: skip
 FAMILY_DEFAULT_OP = {  # a family name given where an op name is expected
@@ -111,6 +121,7 @@ FAMILY_DEFAULT_OP = {  # a family name given where an op name is expected
     "mlstm": "mlstm[exp]",  # linrnn.mlstm's default input gate
     "delta_rule": "delta_rule",
     "gated_delta_rule": "gated_delta_rule",
+    "mamba2": "mamba2",
 }
 DELTA_FAMILIES = ("delta_rule", "gated_delta_rule")
 ENGINE_FAMILIES = ("linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm")
@@ -332,6 +343,18 @@ DELTA_SHAPES = (  # H = 16, K = V = 128: B=8, T=8192 plain and with 32 value hea
     shape_id(4, 16384, 16, 128, 128),
 )
 
+# Mamba2 at the TFLA paper's 65,536 tokens and width 4096 (H=64 heads of P=64, N=128, G=1 group)
+# and B=8, T=8192 with H=32, G=8: in shape ids K = N, V = P, H = G (the heads of B and C) and
+# HV = H (the heads of x, dt and the state).
+MAMBA2_SHAPES = (
+    *(shape_id(B, T, 1, 128, 64, HV=64) for B, T in PAPER_BT),
+    shape_id(8, 8192, 8, 128, 64, HV=32),
+)
+# The decode and varlen suites' families. Mamba2 runs in its own suite (and the quick one): the
+# decode suite steps the family functions through linrnn.step, and Mamba2's variant is an
+# argument-order wrapper of linrnn.mamba2.
+QKV_FAMILIES = (*ENGINE_FAMILIES, *DELTA_FAMILIES)
+
 
 SUITES = {
     s.name: s
@@ -387,6 +410,22 @@ SUITES = {
             "each with --resume --time-budget; scripts/gpu_runbook.sh delta)",
         ),
         Suite(
+            "mamba2",
+            "Mamba2 (dt_softplus, D, dt_bias) beside mamba_ssm's mamba_chunk_scan_combined "
+            "(chunk 256, as its Mamba2 module) and fla's chunk_simple_gla on the mapped inputs: "
+            "the TFLA paper's 65,536 tokens at width 4096, (B, T) in (32, 2048), (8, 8192), "
+            "(4, 16384) with H=64 heads, P=64, N=128, G=1; and B=8, T=8192, H=32, G=8 (shape "
+            "ids: K = N, V = P, H = G, HV = the heads)",
+            shapes=MAMBA2_SHAPES,
+            cpu_shapes=(shape_id(1, 64, 1, 16, 8, HV=4), shape_id(1, 64, 2, 16, 8, HV=4)),
+            families=("mamba2",),
+            modes=("chunk",),
+            note="the peers' Triton kernels compile (and mamba_ssm's autotune) for ~40-60 s per "
+            "op and shape: the suite may not fit one time-limited call; run it in parts (--ops "
+            "linrnn, then --ops peers, each with --resume --time-budget; scripts/gpu_runbook.sh "
+            "mamba2)",
+        ),
+        Suite(
             "decode",
             "tokens/s of one-token steps: B=64 sequences, T=1 per call, linrnn.step(inplace=True) "
             "on an fp32 state, a loop of --steps calls timed; H=16, K=V=256 and H=64, K=V=64 for "
@@ -402,6 +441,7 @@ SUITES = {
                 for f in DELTA_FAMILIES
             },
             cpu_shapes=(shape_id(2, 1, 2, 8, 8),),
+            families=QKV_FAMILIES,
             modes=("recurrent",),
             fwdbwd=False,
             initial_state=True,
@@ -415,6 +455,7 @@ SUITES = {
             "Triton chunk kernels)",
             shapes=(shape_id(1, 65_536, 16, 256, 256),),
             cpu_shapes=(shape_id(1, 96, 2, 8, 8),),
+            families=QKV_FAMILIES,
             modes=("chunk",),
             kind="varlen",
             note="fla's peer compiles its chunk kernels per layout for minutes; in parts with "

@@ -53,6 +53,9 @@ def info_case(case: dict, item: dict) -> dict:
             info[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             info[dist] = None
+    from linrnn.bench import peers
+
+    info["mamba-ssm"] = peers.mamba_ssm_version()  # also an sdist's source, not installed
     if torch.cuda.is_available() and case["device"] == "cuda":
         props = torch.cuda.get_device_properties(0)
         info.update(
@@ -347,7 +350,7 @@ def _run_line(i: int, run: dict) -> str:
     versions = ", ".join(
         f"{name} {m[key]}"
         for name, key in (("torch", "torch"), ("Triton", "triton"), ("fla-core", "fla-core"),
-                          ("mlstm-kernels", "mlstm-kernels"))
+                          ("mlstm-kernels", "mlstm-kernels"), ("mamba-ssm", "mamba-ssm"))
         if m.get(key)
     )  # fmt: skip
     commit = (m.get("git_commit") or "?")[:12]
