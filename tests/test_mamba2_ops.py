@@ -333,8 +333,10 @@ TRITON_CASES = [
     # mode, B, T, H, G, N, P, chunk size, packed, strong
     ("chunk", 1, 37, 4, 2, 16, 8, 16, False, True),
     ("chunk", 1, 33, 2, 1, 16, 16, 16, True, False),
-    ("fused_chunk", 2, 21, 2, 2, 8, 16, 16, False, True),
+    ("fused_chunk", 2, 21, 4, 2, 8, 16, 16, False, True),
+    ("fused_chunk", 1, 33, 4, 1, 16, 8, 16, True, False),
     ("recurrent", 1, 19, 4, 1, 16, 8, None, True, True),
+    ("recurrent", 2, 13, 4, 2, 8, 8, None, False, False),
 ]
 
 
@@ -421,30 +423,48 @@ def _packed_loop(inputs, h0, cu, dtype):
 
 
 @pytest.mark.parametrize("backend", ["triton"])
-def test_triton_chunk_reads_groups(backend, monkeypatch):
-    """The Triton chunk path gets B and C with their G groups (no per-head copy); the other
-    Triton modes get them per head."""
+def test_triton_reads_groups(backend, monkeypatch):
+    """Every Triton mode gets B and C with their G groups (no per-head copy): chunk,
+    fused_chunk, recurrent with and without gradients, and the in-place step, whose kernel
+    writes the new state over the caller's."""
     from linrnn.ops import _generic
 
     seen = []
-    real = _generic.scalar.chunk
 
-    def spy(q, k, v, **kw):
-        seen.append((q.shape[2], k.shape[2], v.shape[2], kw["fused"]))
-        return real(q, k, v, **kw)
+    def spy(name, real):
+        def fn(q, k, v, **kw):
+            out = kw.get("out_state")
+            target = out[0].data_ptr() if out else None
+            seen.append((name, q.shape[2], k.shape[2], v.shape[2], target))
+            return real(q, k, v, **kw)
 
-    monkeypatch.setattr(_generic.scalar, "chunk", spy)
+        return fn
+
+    monkeypatch.setattr(_generic.scalar, "chunk", spy("chunk", _generic.scalar.chunk))
+    monkeypatch.setattr(_generic.triton_rec, "forward", spy("rec", _generic.triton_rec.forward))
+    monkeypatch.setattr(_generic.triton_rec, "recurrent",
+                        spy("rec_grad", _generic.triton_rec.recurrent))  # fmt: skip
     i = {n: x.float().to(DEVICE) for n, x in build(1, 9, 4, 2, 4, 4).items()}
-    for mode in ("chunk", "fused_chunk"):
-        linrnn.mamba2(i["x"], i["dt"], i["A"], i["B"], i["C"], dt_softplus=True, mode=mode,
-                      backend=backend)  # fmt: skip
-    assert seen == [(2, 2, 4, False), (4, 4, 4, True)]
+    args = [i[n] for n in ("x", "dt", "A", "B", "C")]
+    for mode in ("chunk", "fused_chunk", "recurrent"):
+        linrnn.mamba2(*args, dt_softplus=True, mode=mode, backend=backend)
+    x = i["x"].clone().requires_grad_()
+    linrnn.mamba2(x, *args[1:], dt_softplus=True, mode="recurrent", backend=backend)
+    state = torch.zeros(1, 4, 4, 4, device=DEVICE)
+    one = [a[:, :1] if a.dim() > 1 else a for a in args]
+    linrnn.mamba2_step(*one, dt_softplus=True, state=state, inplace=True, backend=backend)
+    assert seen == [
+        ("chunk", 2, 2, 4, None), ("chunk", 2, 2, 4, None), ("rec", 2, 2, 4, None),
+        ("rec_grad", 2, 2, 4, None), ("rec", 2, 2, 4, None),  # (the Function's forward)
+        ("rec", 2, 2, 4, state.data_ptr()),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("backend", ["triton"])
 def test_triton_steps_and_compile(backend):
     """The Triton recurrent step after a Triton chunk prefill equals the fp64 loop, and the
-    chunk op under torch.compile(fullgraph=True) equals eager."""
+    chunk op and the step (B, C grouped: H = 2, G = 1) under torch.compile(fullgraph=True)
+    equal eager."""
     Bsz, T, T0, H, G, N, P = 1, 10, 7, 2, 1, 8, 8
     inputs = {n: x.float().to(DEVICE) for n, x in build(Bsz, T, H, G, N, P).items()}
     y_all, h_all = loop({n: x.double() for n, x in inputs.items()})
@@ -468,6 +488,16 @@ def test_triton_steps_and_compile(backend):
     eager = fn(*args)
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(*args)
     assert torch.equal(compiled, eager)
+
+    def step(x, dt, A, B, C, state):  # (the view checks the traced state's shape)
+        y, new = linrnn.mamba2_step(x, dt, A, B, C, dt_softplus=True, state=state,
+                                    backend=backend)  # fmt: skip
+        return y, new.view(Bsz, H, N * P)
+
+    one = [inputs[n][:, :1] if inputs[n].dim() > 1 else inputs[n] for n in NAMES[:5]]
+    eager = step(*one, h_all.float())
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)(*one, h_all.float())
+    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
 
 
 # --------------------------------------------------------------------------------------------

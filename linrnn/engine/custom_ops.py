@@ -329,8 +329,8 @@ def _recurrent_fwd(
 @_recurrent_fwd.register_fake
 def _recurrent_fwd_fake(q, k, v, g, gv, gi, u, S0, n0, m0, scale, eps, stabilize, track_n,
                         normalizer, offsets, save):  # fmt: skip
-    B, T, H, K = q.shape
-    V = v.shape[3]
+    B, T, _, K = q.shape
+    H, V = v.shape[2], v.shape[3]  # value heads (q, k may be grouped)
     N = B if offsets is None else len(offsets) - 1
     f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
     e = lambda used, *shape: f(*shape) if used else f(0)  # noqa: E731

@@ -23,7 +23,9 @@ their defaults (None, False). Optional tensors are None with a ``HAS_*`` flag th
 from them, as in scalar_kernels: ``HAS_DECAY`` (g), ``HAS_IGATE`` (gi), ``HAS_MAX`` (mc, m_row,
 cmax), ``HAS_N`` (the normalizer state), ``HAS_NORM`` (the row factors ra, rd),
 ``HAS_H0`` / ``HAS_DHT`` (initial state, final state's gradient); ``NORM`` is the normalizer's
-kind.
+kind. Scalar gates may group the q/k heads (Mamba2's B, C): G value heads per q/k head, q and k
+``[B, T, H/G, K]``, value head h reads q/k head h // G; dq and dk are written per value head
+(the host sums each group). Per-channel gates keep G = 1.
 
 With ``VEC`` each walk steps through its chunk in sub-chunks of BC rows with the secondary
 chunking of vector_common (the state stays whole in registers). The diagonal sub-chunk is walked
@@ -71,6 +73,14 @@ def _program(co, T, H, NT, VARLEN: tl.constexpr):
     i_bh, i_st, c_lo, c_hi, i_n = _walk(co, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
     return i_bh, i_b, i_h, i_b * T * H + i_h, i_st, c_lo, c_hi, i_n
+
+
+@triton.jit
+def _qk_rows(i_b, i_h, T, H, G):
+    """Grouped q/k heads: the first token's row of q, k ``[B, T, H / G, K]`` for value head
+    i_h (it reads q/k head i_h // G), and their head count H / G (a row holds H / G · K)."""
+    HK = H // G
+    return i_b * T * HK + i_h // G, HK
 
 
 @triton.jit
@@ -166,7 +176,8 @@ def fused_fwd_kernel(
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    # scalar gates
+    # scalar gates (G: value heads per q/k head)
+    G=1,
     g=None, gi=None, cmax=None, n0=None, m0=None, nt=None, mc=None, m_row=None, den=None,
     eps=0.0,
     HAS_DECAY: tl.constexpr = False, HAS_IGATE: tl.constexpr = False,
@@ -187,10 +198,11 @@ def fused_fwd_kernel(
     (a_s − b_s). ``VEC_V``: also o's intra- and inter-chunk parts, fp32 and unscaled by
     exp(G^V_r), into o_in and o_x (for gv's gradient, :func:`fused_dv_kernel`)."""
     i_v = tl.program_id(0)
-    i_bh, _i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
+    i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    p_q, p_k = q + base * K, k + base * K
+    qk, HK = _qk_rows(i_b, i_h, T, H, G)
+    p_q, p_k = q + qk * K, k + qk * K
     p_v, p_o = v + base * V, o + base * V
     b_C, b_n = _start_state(h0, n0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_H0, HAS_N, BK, BV)
     if HAS_MAX and HAS_H0:
@@ -236,8 +248,8 @@ def fused_fwd_kernel(
         else:
             o_t = c0 + tl.arange(0, BT)
             m_t = o_t < c1
-            b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
-            b_kt = _tile_t(p_k, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
+            b_q = _tile(p_q, o_t, o_k, HK * K, m_t, m_k)  # [BT, BK]
+            b_kt = _tile_t(p_k, o_t, o_k, HK * K, m_t, m_k)  # [BK, BT]
             b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             b_b, b_a, b_last = _gates(g, gi, i_bh * T, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
             causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
@@ -292,7 +304,8 @@ def fused_dq_kernel(
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, SPLIT: tl.constexpr,
-    # scalar gates
+    # scalar gates (G: value heads per q/k head)
+    G=1,
     g=None, gi=None, n0=None, mc=None, m_row=None, ra=None, rd=None,
     HAS_DECAY: tl.constexpr = False, HAS_IGATE: tl.constexpr = False,
     HAS_MAX: tl.constexpr = False, HAS_N: tl.constexpr = False, HAS_NORM: tl.constexpr = False,
@@ -313,7 +326,8 @@ def fused_dq_kernel(
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
     o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    p_q, p_k = q + base * K, k + base * K
+    qk, HK = _qk_rows(i_b, i_h, T, H, G)
+    p_q, p_k = q + qk * K, k + qk * K
     p_v, p_do = v + base * V, do + base * V
     b_C, b_n = _start_state(h0, n0, i_st, o_k, o_v, K, V, m_k, m_v, HAS_H0, HAS_N, BK, BV)
     for i_c in range(c_lo, c_hi):
@@ -359,7 +373,7 @@ def fused_dq_kernel(
         else:
             o_t = c0 + tl.arange(0, BT)
             m_t = o_t < c1
-            b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
+            b_k = _tile(p_k, o_t, o_k, HK * K, m_t, m_k)  # [BT, BK]
             b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             b_do = _tile(p_do, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             b_b, b_a, b_mr, lf, decay, w = _chunk_gates_bwd(
@@ -386,7 +400,7 @@ def fused_dq_kernel(
                 # kernel's k·dk takes it), so each cross-chunk pair enters q·dq and k·dk with
                 # the same value and cancels exactly in the whole-sequence sum instead of
                 # leaving its rounding there.
-                b_q = _tile(p_q, o_t, o_k, H * K, m_t, m_k).to(tl.float32)
+                b_q = _tile(p_q, o_t, o_k, HK * K, m_t, m_k).to(tl.float32)
                 b_qf = (b_q * f[:, None]).to(q.dtype.element_ty).to(tl.float32)
                 part = tl.sum(b_qf * b_x, 1) + tl.sum(b_q * b_dq, 1)
                 p_pt = qdq + (i_k * (tl.num_programs(1) // NSEQ) + i_bh) * T
@@ -406,7 +420,8 @@ def fused_dk_kernel(
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, SPLIT: tl.constexpr,
-    # scalar gates
+    # scalar gates (G: value heads per q/k head)
+    G=1,
     g=None, gi=None, dn0=None, dnt=None, mc=None, m_row=None, ra=None, rd=None,
     HAS_DECAY: tl.constexpr = False, HAS_IGATE: tl.constexpr = False,
     HAS_MAX: tl.constexpr = False, HAS_N: tl.constexpr = False, HAS_NORM: tl.constexpr = False,
@@ -427,7 +442,8 @@ def fused_dk_kernel(
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
     o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    p_q, p_k = q + base * K, k + base * K
+    qk, HK = _qk_rows(i_b, i_h, T, H, G)
+    p_q, p_k = q + qk * K, k + qk * K
     p_v, p_do = v + base * V, do + base * V
     b_dC, b_dn = _start_state(dht, dnt, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DHT, HAS_N, BK, BV)
     for j in range(c_hi - c_lo):
@@ -475,7 +491,7 @@ def fused_dk_kernel(
         else:
             o_t = c0 + tl.arange(0, BT)
             m_t = o_t < c1
-            b_qt = _tile_t(p_q, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
+            b_qt = _tile_t(p_q, o_t, o_k, HK * K, m_t, m_k)  # [BK, BT]
             b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             b_do = _tile(p_do, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             b_b, b_a, b_mr, lf, decay, w = _chunk_gates_bwd(
@@ -503,7 +519,7 @@ def fused_dk_kernel(
             if HAS_DECAY or HAS_IGATE:
                 # k·dk with the inter-chunk part's k_s w_s rounded as fused_dq_kernel rounds it into
                 # C (see the q·dq there).
-                b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k).to(tl.float32)
+                b_k = _tile(p_k, o_t, o_k, HK * K, m_t, m_k).to(tl.float32)
                 b_kw = (b_k * w[:, None]).to(k.dtype.element_ty).to(tl.float32)
                 part = tl.sum(b_kw * b_y, 1) + tl.sum(b_k * b_dk, 1)
                 p_pt = kdk + (i_k * (tl.num_programs(1) // NSEQ) + i_bh) * T
@@ -526,7 +542,8 @@ def fused_dv_kernel(
     T, H, K, V, L, NT, NSEQ, scale,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    # scalar gates
+    # scalar gates (G: value heads per q/k head)
+    G=1,
     g=None, gi=None, mc=None, m_row=None, ra=None,
     HAS_DECAY: tl.constexpr = False, HAS_IGATE: tl.constexpr = False,
     HAS_MAX: tl.constexpr = False, HAS_NORM: tl.constexpr = False,
@@ -546,7 +563,8 @@ def fused_dv_kernel(
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    p_q, p_k, p_do = q + base * K, k + base * K, do + base * V
+    qk, HK = _qk_rows(i_b, i_h, T, H, G)
+    p_q, p_k, p_do = q + qk * K, k + qk * K, do + base * V
     b_dC, b_dn = _start_state(dht, None, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DHT, False, BK, BV)
     for j in range(c_hi - c_lo):
         i_c = c_hi - 1 - j
@@ -608,8 +626,8 @@ def fused_dv_kernel(
         else:
             o_t = c0 + tl.arange(0, BT)
             m_t = o_t < c1
-            b_qt = _tile_t(p_q, o_t, o_k, H * K, m_t, m_k)  # [BK, BT]
-            b_k = _tile(p_k, o_t, o_k, H * K, m_t, m_k)  # [BT, BK]
+            b_qt = _tile_t(p_q, o_t, o_k, HK * K, m_t, m_k)  # [BK, BT]
+            b_k = _tile(p_k, o_t, o_k, HK * K, m_t, m_k)  # [BT, BK]
             b_do = _tile(p_do, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             b_b, b_a, b_mr, lf, decay, w = _chunk_gates_bwd(
                 g, gi, mc, m_row, i_bh, i_bh * (NT + NSEQ) + i_n + i_c, T, c0, c1, o_t, m_t, BT,

@@ -66,7 +66,8 @@ def _split_decay(g):
 def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
             track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None, offsets=None,
             out_state=None, save=False):  # fmt: skip
-    """The recurrence forward. q, k ``[B, T, H, K]``, v ``[B, T, H, V]`` (fp16/bf16/fp32); g
+    """The recurrence forward. q, k ``[B, T, H / G, K]``, v ``[B, T, H, V]`` (fp16/bf16/fp32;
+    G > 1 groups the q/k heads: value head h reads q/k head h // G, as Mamba2's B, C); g
     ``[B, T, H]`` or ``[B, T, H, K]``, gv ``[B, T, H, V]``, gi ``[B, T, H]``, u ``[H, K]`` (all
     fp32); S0/n0/m0 the initial state (N = B, or the number of packed sequences with
     ``offsets``, a list or tensor of N + 1 token offsets, B = 1). ``out_state=(S, n, m)``: write
@@ -75,8 +76,9 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
 
     Returns ``((o, S_T, n_T, m_T), saved)``: n_T None without ``track_n``, m_T None without
     ``stabilize``; ``saved`` a dict over :data:`SAVED` (None without ``save``)."""
-    B, T, H, K = q.shape
-    V = v.shape[3]
+    B, T, _, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    G = H // q.shape[2]
     N = B if offsets is None else len(offsets) - 1
     dev = q.device
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -109,7 +111,7 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     kern.recurrent_fwd_kernel[(cdiv(V, BV), N * H)](
         q=q, k=k, v=v, o=o, g=gs, gk=gk, gv=gv, gi=gi, u=u, h0=h0, n0=n0, m0=m0,
         ht=S_T, nt=nt, mt=mt, den=den, m_row=m_row, cu_seqlens=cu_seqlens,
-        scale=float(scale), eps=float(eps), T=T, H=H, K=K, V=V, BK=BK, BV=BV,
+        scale=float(scale), eps=float(eps), T=T, H=H, G=G, K=K, V=V, BK=BK, BV=BV,
         HAS_G=gs is not None, HAS_GK=gk is not None, HAS_GV=gv is not None,
         HAS_GI=gi is not None, HAS_U=u is not None, HAS_H0=h0 is not None,
         STABILIZE=stabilize, TRACK_N=track_n, NORM=norm, STORE_DEN=den is not None,
@@ -147,14 +149,16 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
     """Gradients of a :func:`forward` call (with ``save=True``) from the cotangents of its
     outputs (``do`` may be None when only the state is used; the state's may be None each).
     The switches are the forward's. Returns a dict over :data:`GRADS`: fp32 for the gates and
-    the state, the input dtype for q, k, v; None where the input was None."""
+    the state, the input dtype for q, k, v; None where the input was None. With grouped q/k
+    heads the kernels write dq, dk per value head (fp32), summed here over each group."""
     s = saved
     q, k, v, o = s["q"], s["k"], s["v"], s["o"]
     g, gv, gi, u, S0, n0, m0 = (s[n] for n in ("g", "gv", "gi", "u", "S0", "n0", "m0"))
     if u is not None and gv is not None:
         raise NotImplementedError("the recurrent backward has no exclusive form with gv")
-    B, T, H, K = q.shape
-    V = v.shape[3]
+    B, T, HK, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    G = H // HK
     N = B if offsets is None else len(offsets) - 1
     NH = N * H
     dev = q.device
@@ -167,13 +171,13 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
     r_a = r_d = r_m = None
     if norm:
         r_a, r_d, r_m = _norm_rows(do, o, s["den"], s["m_row"], norm, stabilize, eps)
-    has_dht, dS_T, dn_T = final_grads(dS_T, dn_T if track_n else None, q, K, V, flags)
+    has_dht, dS_T, dn_T = final_grads(dS_T, dn_T if track_n else None, v, K, V, flags)
     gs, gk = _split_decay(g)
     cu_seqlens = None if offsets is None else torch.as_tensor(offsets, dtype=torch.int64,
                                                               device=dev)  # fmt: skip
     args = dict(
         q=q, k=k, v=v, do=do, g=gs, gk=gk, gv=gv, gi=gi, u=u, m0=m0, m_row=s["m_row"], r_a=r_a,
-        r_d=r_d, cu_seqlens=cu_seqlens, scale=float(scale), T=T, H=H, K=K, V=V,
+        r_d=r_d, cu_seqlens=cu_seqlens, scale=float(scale), T=T, H=H, G=G, K=K, V=V,
         HAS_G=gs is not None, HAS_GK=gk is not None, HAS_GV=gv is not None,
         HAS_GI=gi is not None, HAS_U=u is not None, HAS_H0=S0 is not None,
         STABILIZE=stabilize, TRACK_N=track_n, NORM=norm, IS_VARLEN=cu_seqlens is not None,
@@ -208,6 +212,8 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
     if S0 is not None and stabilize:
         dm0 = (dS0 * S0).sum((-2, -1)) + (dn0 * n0).sum(-1)
     dg, dgv, dgi, dm0 = _gate_grads(s, do, qdq, kdk, vdv, r_m, dS_T, dn_T, dm_T, dm0, flags)
+    if G > 1:
+        dq, dk = dq.view(B, T, HK, G, K).sum(3), dk.view(B, T, HK, G, K).sum(3)
     return dict(
         q=dq.to(q.dtype), k=dk.to(k.dtype), v=dv.to(v.dtype), g=dg, gv=dgv, gi=dgi,
         u=du.view(N, H, K).sum(0) if u is not None else None,

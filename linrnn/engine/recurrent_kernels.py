@@ -24,7 +24,10 @@ the per-channel pieces of the gate gradients, q⊙dq, k⊙dk and v⊙dv (state p
 exclusive form, q's shifted one step back since q_{t+1} reads the decay of step t), which the
 host turns into ∂L/∂g by reverse cumulative sums.
 
-Layout: q, k, gk ``[B, T, H, K]``, v, o, gv ``[B, T, H, V]``, g, gi ``[B, T, H]``, u ``[H, K]``;
+Layout: q, k ``[B, T, H/G, K]`` (G value heads per q/k head: value head h reads q/k head
+h // G, Mamba2's B, C groups; G = 1 for the other families), gk, dq, dk and the per-channel
+products ``[B, T, H, K]`` (per value head: the host sums dq, dk over each group), v, o, gv
+``[B, T, H, V]``, g, gi ``[B, T, H]``, u ``[H, K]``;
 states h ``[N, H, K, V]``, n ``[N, H, K]``, m ``[N, H]`` (fp32); per-step rows (den, m_row, r_a,
 r_d) ``[B·H, T]`` fp32. Packed sequences (``cu_seqlens``, B = 1): one program row per sequence.
 Optional pointers are None when their ``HAS_*``/``STORE_*`` switch is off.
@@ -72,12 +75,13 @@ def _tile(i_tile, K, V, BK: tl.constexpr, BV: tl.constexpr, SPLIT_K: tl.constexp
 
 
 @triton.jit
-def _step_index(bos, t, T, H, i_h, K, V):
+def _step_index(bos, t, T, H, G, i_h, K, V):
     """Step t's token row in [B·T], its [B·H, T] row index, and the offsets of its q/k row
-    and its v row."""
+    (q/k head i_h // G of H / G), of its K row of head i_h (gk, dq, dk) and of its v row."""
     row = bos + t
     rid = (row // T * H + i_h) * T + row % T
-    return row, rid, (row * H + i_h) * K, (row * H + i_h) * V
+    p_in = (row * (H // G) + i_h // G) * K
+    return row, rid, p_in, (row * H + i_h) * K, (row * H + i_h) * V
 
 
 @triton.jit
@@ -109,10 +113,10 @@ def _m_start(m0, i_nh, STABILIZE: tl.constexpr, HAS_H0: tl.constexpr):
 
 
 @triton.jit
-def _load_step(q, k, v, p_qk, p_v, o_k, m_k, o_v, m_v):
+def _load_step(q, k, v, p_in, p_v, o_k, m_k, o_v, m_v):
     """q_t, k_t [BK] and v_t [BV] of one step as fp32."""
-    b_q = tl.load(q + p_qk + o_k, mask=m_k, other=0.0).to(tl.float32)
-    b_k = tl.load(k + p_qk + o_k, mask=m_k, other=0.0).to(tl.float32)
+    b_q = tl.load(q + p_in + o_k, mask=m_k, other=0.0).to(tl.float32)
+    b_k = tl.load(k + p_in + o_k, mask=m_k, other=0.0).to(tl.float32)
     b_v = tl.load(v + p_v + o_v, mask=m_v, other=0.0).to(tl.float32)
     return b_q, b_k, b_v
 
@@ -164,27 +168,28 @@ def _m_prev(m_row, rid, t, b_m0):
 
 @triton.jit
 def _bwd_step(q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v,
-              m_v, T, H, K, V, HAS_G: tl.constexpr, HAS_GK: tl.constexpr,
+              m_v, T, H, G, K, V, HAS_G: tl.constexpr, HAS_GK: tl.constexpr,
               HAS_GV: tl.constexpr, HAS_GI: tl.constexpr, STABILIZE: tl.constexpr,
               NORM: tl.constexpr):  # fmt: skip
-    """What every backward kernel reads at step t: the offsets of its q/k and v rows, q_t,
-    k_t, v_t, dO_t and dd_t (:func:`_load_dh`), and the step's decays and input weight
-    (:func:`_step_decay`, m_{t-1} from the forward's rows)."""
-    row, rid, p_qk, p_v = _step_index(bos, t, T, H, i_h, K, V)
-    b_q, b_k, b_v = _load_step(q, k, v, p_qk, p_v, o_k, m_k, o_v, m_v)
+    """What every backward kernel reads at step t: the offsets of head i_h's K row (dq, dk)
+    and of its v row, q_t, k_t (of q/k head i_h // G), v_t, dO_t and dd_t
+    (:func:`_load_dh`), and the step's decays and input weight (:func:`_step_decay`, m_{t-1}
+    from the forward's rows)."""
+    row, rid, p_in, p_hk, p_v = _step_index(bos, t, T, H, G, i_h, K, V)
+    b_q, b_k, b_v = _load_step(q, k, v, p_in, p_v, o_k, m_k, o_v, m_v)
     b_do, b_dd = _load_dh(do, r_a, r_d, p_v, o_v, m_v, rid, NORM)
     b_mp = b_m0
     if STABILIZE:
         b_mp = _m_prev(m_row, rid, t, b_m0)
     a_k, a_v, w, _b_m = _step_decay(g, gk, gv, gi, m_row, row, rid, i_h, b_mp, o_k, m_k, o_v, m_v,
                                  H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE)  # fmt: skip
-    return p_qk, p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w
+    return p_hk, p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w
 
 
 @triton.jit(do_not_specialize=["T"])
 def recurrent_fwd_kernel(
     q, k, v, o, g, gk, gv, gi, u, h0, n0, m0, ht, nt, mt, den, m_row, cu_seqlens,
-    scale, eps, T, H, K, V,
+    scale, eps, T, H, G, K, V,
     BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_GK: tl.constexpr,
     HAS_GV: tl.constexpr, HAS_GI: tl.constexpr, HAS_U: tl.constexpr, HAS_H0: tl.constexpr,
     STABILIZE: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
@@ -200,8 +205,8 @@ def recurrent_fwd_kernel(
     b_m = _m_start(m0, i_nh, STABILIZE, HAS_H0)
     b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
     for t in range(n_steps):
-        row, rid, p_qk, p_v = _step_index(bos, t, T, H, i_h, K, V)
-        b_q, b_k, b_v = _load_step(q, k, v, p_qk, p_v, o_k, m_k, o_v, m_v)
+        row, rid, p_in, p_hk, p_v = _step_index(bos, t, T, H, G, i_h, K, V)
+        b_q, b_k, b_v = _load_step(q, k, v, p_in, p_v, o_k, m_k, o_v, m_v)
         w_in = 1.0
         if STABILIZE:  # m_t = max(g_t + m_{t-1}, gi_t); all exponents ≤ 0
             b_g = tl.load(g + row * H + i_h)
@@ -224,7 +229,7 @@ def recurrent_fwd_kernel(
                 b_h *= b_a
                 b_n *= b_a
             if HAS_GK:
-                b_ak = tl.exp(tl.load(gk + p_qk + o_k, mask=m_k, other=0.0))
+                b_ak = tl.exp(tl.load(gk + p_hk + o_k, mask=m_k, other=0.0))
                 b_h *= b_ak[:, None]
                 b_n *= b_ak
             if HAS_GV:
@@ -253,7 +258,7 @@ def recurrent_fwd_kernel(
 @triton.jit(do_not_specialize=["T"])
 def recurrent_bwd_kernel_dq(
     q, k, v, do, g, gk, gv, gi, u, h0, n0, m0, m_row, r_a, r_d, dq, qdq, cu_seqlens,
-    scale, T, H, K, V,
+    scale, T, H, G, K, V,
     BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_GK: tl.constexpr,
     HAS_GV: tl.constexpr, HAS_GI: tl.constexpr, HAS_U: tl.constexpr, HAS_H0: tl.constexpr,
     STABILIZE: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
@@ -266,29 +271,29 @@ def recurrent_bwd_kernel_dq(
     b_m0 = _m_start(m0, i_nh, STABILIZE, HAS_H0)
     b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
     for t in range(n_steps):
-        p_qk, _p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w = _bwd_step(
+        p_hk, _p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w = _bwd_step(
             q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v, m_v,
-            T, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
+            T, H, G, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
         )  # fmt: skip
         if HAS_U:
             b_dqs = tl.sum(b_h * b_do[None, :], 1) * scale
             b_dq = b_dqs + b_u * b_k * (tl.sum(b_v * b_do) * scale)
             if STORE_QDQ:  # q_t reads the decays up to t−1: stored at the previous token
-                tl.store(qdq + p_qk - H * K + o_k, b_q * b_dqs, mask=m_k & (t > 0))
+                tl.store(qdq + p_hk - H * K + o_k, b_q * b_dqs, mask=m_k & (t > 0))
         b_h = b_h * a_k[:, None] * a_v[None, :] + (b_k * w)[:, None] * b_v[None, :]
         if TRACK_N:
             b_n = b_n * a_k + b_k * w
         if not HAS_U:
             b_dq = (tl.sum(b_h * b_do[None, :], 1) + b_dd * b_n) * scale
             if STORE_QDQ:
-                tl.store(qdq + p_qk + o_k, b_q * b_dq, mask=m_k)
-        tl.store(dq + p_qk + o_k, b_dq, mask=m_k)
+                tl.store(qdq + p_hk + o_k, b_q * b_dq, mask=m_k)
+        tl.store(dq + p_hk + o_k, b_dq, mask=m_k)
 
 
 @triton.jit(do_not_specialize=["T"])
 def recurrent_bwd_kernel_dk(
     q, k, v, do, g, gk, gv, gi, u, m0, m_row, r_a, r_d, dht, dnt, dk, kdk, du, dh0, dn0,
-    cu_seqlens, scale, T, H, K, V,
+    cu_seqlens, scale, T, H, G, K, V,
     BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_GK: tl.constexpr,
     HAS_GV: tl.constexpr, HAS_GI: tl.constexpr, HAS_U: tl.constexpr, HAS_H0: tl.constexpr,
     STABILIZE: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
@@ -306,9 +311,9 @@ def recurrent_bwd_kernel_dk(
     b_du = tl.zeros([BK], dtype=tl.float32)
     for j in range(n_steps):
         t = n_steps - 1 - j
-        p_qk, _p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w = _bwd_step(
+        p_hk, _p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w = _bwd_step(
             q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v, m_v,
-            T, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
+            T, H, G, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
         )  # fmt: skip
         if HAS_U:  # dh holds ∂L/∂S_t; o_t read S_{t-1} and the bonus
             b_vdo = tl.sum(b_v * b_do)
@@ -316,7 +321,7 @@ def recurrent_bwd_kernel_dk(
             b_dk = b_dks + b_u * b_q * (b_vdo * scale)
             b_du += b_q * b_k * b_vdo
             if STORE_KDK:
-                tl.store(kdk + p_qk + o_k, b_k * b_dks, mask=m_k)
+                tl.store(kdk + p_hk + o_k, b_k * b_dks, mask=m_k)
             b_dh = b_dh * a_k[:, None] * a_v[None, :] + (b_q * scale)[:, None] * b_do[None, :]
         else:
             b_dh += (b_q * scale)[:, None] * b_do[None, :]
@@ -324,10 +329,10 @@ def recurrent_bwd_kernel_dk(
                 b_dn += b_q * (scale * b_dd)
             b_dk = (tl.sum(b_dh * b_v[None, :], 1) + b_dn) * w
             if STORE_KDK:
-                tl.store(kdk + p_qk + o_k, b_k * b_dk, mask=m_k)
+                tl.store(kdk + p_hk + o_k, b_k * b_dk, mask=m_k)
             b_dh = b_dh * a_k[:, None] * a_v[None, :]
             b_dn = b_dn * a_k
-        tl.store(dk + p_qk + o_k, b_dk, mask=m_k)
+        tl.store(dk + p_hk + o_k, b_dk, mask=m_k)
     _store_state(dh0, b_dh, i_nh, o_k, o_v, m_k, m_v, K, V)
     if TRACK_N:
         tl.store(dn0 + i_nh * K + o_k, b_dn, mask=m_k)
@@ -338,7 +343,7 @@ def recurrent_bwd_kernel_dk(
 @triton.jit(do_not_specialize=["T"])
 def recurrent_bwd_kernel_dv(
     q, k, v, do, g, gk, gv, gi, u, m0, m_row, r_a, r_d, dht, dnt, dv, vdv, cu_seqlens,
-    scale, T, H, K, V,
+    scale, T, H, G, K, V,
     BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_GK: tl.constexpr,
     HAS_GV: tl.constexpr, HAS_GI: tl.constexpr, HAS_U: tl.constexpr, HAS_H0: tl.constexpr,
     STABILIZE: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
@@ -353,9 +358,9 @@ def recurrent_bwd_kernel_dv(
     b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
     for j in range(n_steps):
         t = n_steps - 1 - j
-        _p_qk, p_v, b_q, b_k, b_v, b_do, _b_dd, a_k, a_v, w = _bwd_step(
+        _p_hk, p_v, b_q, b_k, b_v, b_do, _b_dd, a_k, a_v, w = _bwd_step(
             q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_k, m_k, o_v, m_v,
-            T, H, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
+            T, H, G, K, V, HAS_G, HAS_GK, HAS_GV, HAS_GI, STABILIZE, NORM,
         )  # fmt: skip
         if HAS_U:
             b_dv = tl.sum(b_dh * b_k[:, None], 0) + tl.sum(b_q * b_u * b_k) * scale * b_do

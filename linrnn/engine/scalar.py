@@ -148,8 +148,9 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
 def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     """fused_chunk's forward (fused_fwd_kernel): the outputs and final state in one walk, with
     the O(T) tables the backward reads (mc, den, m_row)."""
-    T, H, K = q.shape[1:]
-    V = v.shape[3]
+    T, K = q.shape[1], q.shape[3]
+    H, V = v.shape[2], v.shape[3]
+    G = H // q.shape[2]
     BH, NT, N = c.rows, c.NT, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
     mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else None
@@ -160,8 +161,8 @@ def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     m_row = torch.empty(BH, T, **f32) if c.stab else None
     cmax = _chunk_max(b, a, c.L, c) if c.stab else None
     fused.fused_fwd_kernel[(cdiv(V, c.BVf), c.walkers)](
-        q=q, k=k, v=v, o=o, h0=S0, ht=S_T, co=c.CO, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=c.L,
-        NT=NT, NSEQ=c.NSEQ, scale=c.scale, BT=c.BT, BK=c.KP, BV=c.BVf, HAS_H0=S0 is not None,
+        q=q, k=k, v=v, o=o, h0=S0, ht=S_T, co=c.CO, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V,
+        L=c.L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BT=c.BT, BK=c.KP, BV=c.BVf, HAS_H0=S0 is not None,
         DOT_PREC=c.prec, VARLEN=c.varlen, g=b, gi=a, cmax=cmax, n0=n0, m0=m0, nt=n_T, mc=mc,
         m_row=m_row, den=den, eps=c.eps, HAS_DECAY=b is not None, HAS_IGATE=a is not None,
         HAS_MAX=mc is not None, HAS_N=n_T is not None, NORM=c.norm, **c.launch,
@@ -171,31 +172,34 @@ def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
 
 
 def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig):
-    """fused_chunk's backward: dq, dk (with dS0, dn0) and dv, one walk each."""
+    """fused_chunk's backward: dq, dk (with dS0, dn0) and dv, one walk each. With grouped
+    heads (G > 1) dq and dk are formed per value head in fp32 and summed per group."""
     q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
     S0, n0, mc, m_row = s["S0"], s["n0"], s["mc"], s["m_row"]
-    T, H, K = q.shape[1:]
-    V = v.shape[3]
+    T, K = q.shape[1], q.shape[3]
+    H, V = v.shape[2], v.shape[3]
+    G = H // q.shape[2]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
     R_A, R_D, R_M = _norm_rows(do, s["o"], s["den"], m_row, c)
-    has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, q, K, V, c)
+    has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, v, K, V, c)
     nK = cdiv(K, c.BKf)
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
     k_part = torch.empty(nK, BH, T, **f32) if c.has_decay or c.has_igate else None
-    sizes = dict(co=c.CO, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ,
+    sizes = dict(co=c.CO, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ,
                  scale=c.scale, BT=c.BT, DOT_PREC=c.prec, VARLEN=c.varlen, **c.launch)  # fmt: skip
     gates = dict(g=b, gi=a, mc=mc, m_row=m_row, ra=R_A, HAS_DECAY=b is not None,
                  HAS_IGATE=a is not None, HAS_MAX=mc is not None,
                  HAS_NORM=R_A is not None)  # fmt: skip
     # The log-decay gradient is a whole-sequence sum here: keep the states' products exact.
     split = c.has_decay and q.dtype != torch.float32
-    dq = torch.empty_like(q)
+    per_head = (*v.shape[:3], K)  # dq, dk per value head (fp32, for the group sums)
+    dq = torch.empty(per_head, **f32) if G > 1 else torch.empty_like(q)
     fused.fused_dq_kernel[(nK, c.walkers)](
         q=q, k=k, v=v, do=do, dq=dq, h0=S0, qdq=q_part, BK=c.BKf, BV=c.VP, HAS_H0=S0 is not None,
         SPLIT=split, n0=n0, rd=R_D, HAS_N=c.track_n, **sizes, **gates,
     )  # fmt: skip
-    dk = torch.empty_like(k)
+    dk = torch.empty(per_head, **f32) if G > 1 else torch.empty_like(k)
     dS0 = torch.empty(N, H, K, V, **f32)
     dn0 = torch.empty(N, H, K, **f32) if c.track_n else None
     fused.fused_dk_kernel[(nK, c.walkers)](
@@ -208,6 +212,9 @@ def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig):
         q=q, k=k, do=do, dv=dv, dht=dS_T if has_dst else None, BK=c.KP, BV=c.BVf,
         HAS_DHT=has_dst, **sizes, **gates,
     )  # fmt: skip
+    if G > 1:
+        dq = dq.view(*q.shape[:3], G, K).sum(3).to(q.dtype)
+        dk = dk.view(*k.shape[:3], G, K).sum(3).to(k.dtype)
     k_dk = k_part.sum(0) if k_part is not None else None
     q_dq = q_part.sum(0) if q_part is not None else None
     return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, None
@@ -317,11 +324,7 @@ class ChunkFunction(torch.autograd.Function):
 def config(q, k, v, *, scale, g, gi, stabilize, track_n, normalizer, eps, chunk_size, fused,
            offsets) -> ChunkConfig:  # fmt: skip
     """The :class:`ChunkConfig` of a scalar-gate call. q and k may have fewer heads than v
-    (value head h reads q/k head h // G) in the chunk kernels, not in fused_chunk's."""
-    if fused and q.shape[2] != v.shape[2]:
-        raise NotImplementedError(
-            f"fused_chunk has no grouped q/k heads: q has {q.shape[2]} heads, v {v.shape[2]}"
-        )
+    (value head h reads q/k head h // G)."""
     return ChunkConfig(
         q, k, v, scale=scale, has_decay=g is not None, has_igate=gi is not None,
         stabilize=stabilize, track_n=track_n, normalizer=normalizer, eps=eps,
@@ -333,11 +336,11 @@ def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, no
           eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False,
           offsets=None):  # fmt: skip
     """Scalar-gate chunkwise forward (autograd-enabled). q, k ``[B, T, H / G, K]``, v
-    ``[B, T, H, V]`` in one of fp16/bf16/fp32 (G > 1: Mamba2's B, C groups, not in
-    ``fused``); g, gi ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial
-    state (n0 with ``track_n``, m0 with ``stabilize``; N = B, or the number of sequences).
-    ``fused``: the non-materializing kernels (fused_kernels). ``offsets``: ``[N + 1]`` ints of
-    packed sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``."""
+    ``[B, T, H, V]`` in one of fp16/bf16/fp32 (G > 1: Mamba2's B, C groups); g, gi
+    ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial state (n0 with
+    ``track_n``, m0 with ``stabilize``; N = B, or the number of sequences). ``fused``: the
+    non-materializing kernels (fused_kernels). ``offsets``: ``[N + 1]`` ints of packed
+    sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``."""
     cfg = config(q, k, v, scale=scale, g=g, gi=gi, stabilize=stabilize, track_n=track_n,
                  normalizer=normalizer, eps=eps, chunk_size=chunk_size, fused=fused,
                  offsets=offsets)  # fmt: skip

@@ -262,7 +262,7 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
         return o, (S, n, m)
     out = OUT_STATE.get()
     if out is not None:  # an in-place step: write where the caller's state lives
-        B, H, K, V = q.shape[0], q.shape[2], q.shape[3], v.shape[3]
+        B, H, K, V = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
         N = B if cu_seqlens is None else len(cu_seqlens) - 1
         shapes = [(N, H, K, V), (N, H, K), (N, H)]
         want = [True, kw["track_n"], kw["stabilize"]]

@@ -9,8 +9,9 @@ scale 1)::
 
 so Δ never scales a [B, T, H, N] or [B, T, H, P] tensor: the engine applies ``exp(gi)`` to the
 keys inside its kernels, as it does for mLSTM's sigmoid input gate. B and C keep their G groups
-on the Triton chunk path (its kernels read group h // (H / G) for head h); the other paths
-(PyTorch, fused_chunk, recurrent) take them per head, one copy each. Without ``dt_softplus`` Δ
+on the Triton paths (chunk, fused_chunk, recurrent and the step API: the kernels read group
+h // (H / G) for head h and sum dB, dC over each group's heads); the PyTorch paths take them
+per head, one copy each. Without ``dt_softplus`` Δ
 may be zero, where log Δ has no finite value: the values are scaled instead, v = Δ·x (one
 tensor of x's size). ``D·x`` is added to the output here. Every op mode serves it (the
 engine's scalar-gate path), and autograd carries the gradients of Δ, A, D and dt_bias through
@@ -107,12 +108,12 @@ def mamba2(
         S0 = check.state("initial_state", initial_state, (nseq, H, B.shape[3], x.shape[3]), x,
                          "[N_seq, H, N, P]")  # fmt: skip
 
-    # The Triton chunk kernels read each group's B and C for its heads; elsewhere they are
-    # given per head.
+    # The Triton kernels read each group's B and C for its heads; the PyTorch paths take them
+    # per head.
     grad = _generic._needs_grad(x, dt, A, B, C, D, dt_bias, S0)
     r = _generic.route("mamba2", C, x, grad=grad, cu_seqlens=offsets, mode=mode,
                        backend=backend, chunk_size=chunk_size)  # fmt: skip
-    if not (r.backend == "triton" and r.mode == "chunk"):
+    if r.backend != "triton":
         B, C = per_head(B, H), per_head(C, H)
     v, g, gi = gates(x, dt, A, dt_bias, dt_softplus)
     o, (S, _, _) = _generic.run(
