@@ -323,11 +323,12 @@ SCORE_TILES = {
 DELTA_CHUNK_SIZE = 64
 DELTA_MAX_CHUNK = 128
 
-# Per kernel: solve (depth tile, num_warps, num_stages); wu (depth/output tile, num_warps,
-# num_stages); walk (K block, fp32 state elements per program: sets the V tile, num_warps,
-# num_stages). The walk holds the whole key dimension in at most four K blocks (K ≤ 256); one
+# Per kernel: wy (the solve and W/U of chunks of up to 64 rows, 16-row blocks: K tile of K Kᵀ,
+# K/V tile of W and U, num_warps, num_stages), wy_long (the same for 128-row chunks, 32-row
+# blocks: ten fp32 [32, 32] blocks of A are held, hence more warps and a narrower W/U tile); walk
+# (K block, fp32 state elements per program: sets the V tile, num_warps, num_stages). The walk holds the whole key dimension in at most four K blocks (K ≤ 256); one
 # pipeline stage, as a second copy of its chunk tiles over all of K overflows shared memory.
-DELTA_TILES = {"solve": (64, 2, 1), "wu": (64, 4, 2), "walk": (128, 8192, 4, 1)}
+DELTA_TILES = {"wy": (64, 64, 4, 2), "wy_long": (64, 32, 8, 2), "walk": (128, 8192, 4, 1)}
 DELTA_MAX_K = 256
 
 
