@@ -11,13 +11,24 @@ Per value head and chunk (rows r, columns s chunk-local; b the chunk-local cumul
 With vn in place of v the output is the scalar engine's (scalar_kernels.out_fwd_kernel). Every
 exponent is ≤ 0 (b is non-increasing within a chunk).
 
-* ``solve_fwd_kernel`` — N of one chunk and A = (I + N)⁻¹ by block forward substitution: the
-  16 × 16 diagonal blocks of I + N are inverted row by row (all blocks in one loop), then each
-  block row of A follows from the ones above it, A_i· = (I + N_ii)⁻¹ (E_i − Σ_{m<i} N_im A_m·),
-  in fp32 ("ieee" dots).
+* ``wy_fwd_kernel`` — the WY preparation of one chunk: A, W and U. The chunk is NB ≤ 4 block
+  rows of BS rows (16-row blocks up to 64-row chunks, 32-row blocks for 128), each block a
+  plain 2-D tile in registers:
+
+  1. the lower blocks of K Kᵀ (NB diagonal, NB(NB − 1)/2 below them), accumulated by tl.dot
+     products over the key dimension in tiles of BK; β, the decays and the masks make them the
+     blocks n_ij of N (exactly 0 above the diagonal and past the chunk);
+  2. each diagonal block's inverse x_ii = (I + n_ii)⁻¹ by forward substitution, one row per
+     step (the NB blocks side by side in one loop of BS steps);
+  3. block forward substitution for the blocks below, x_ij = −x_ii Σ_{j≤m<i} n_im x_mj (block
+     row i from the finished rows above it), in fp32 ("ieee" dots);
+  4. A stored (the backward reads it), and W, U block row by block row,
+     W_i = Σ_{j≤i} x_ij diag(β_j exp(b_j)) K_j, U_i = Σ_{j≤i} x_ij diag(β_j) V_j, over tiles
+     of BD columns.
+
   Forward substitution cancels as it goes; a power series of N (Σ (−N)ⁿ) would sum terms far
-  larger than A itself (e.g. with equal keys) and lose it to rounding.
-* ``wu_fwd_kernel`` — W and U of one chunk from A (the backward recomputes them with it).
+  larger than A itself (e.g. with equal keys) and lose it to rounding. The same kernel, without
+  the solve, gives W and U from a stored A (``SOLVE`` off), or A alone (no w, u).
 * ``walk_fwd_kernel`` — the chunks of one sequence in order: stores each chunk's entering state
   and vn, and the final state. The whole key dimension of the state (≤ 256) is held in up to
   four blocks of BK rows (``NKB``), since vn needs all of S0's rows.
