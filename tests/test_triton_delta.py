@@ -174,6 +174,27 @@ def test_solve(gated, offsets, L):
             assert err < 1e-5, f"chunk [{c0}, {c1}) head {j}: |A (I + N) − I| = {err:.2e}"
 
 
+@pytest.mark.parametrize("L", [64, 128])
+def test_solve_unnormalized_keys(L):
+    """Keys with β|k|² up to ~4.5 (an expanding recurrence; A's entries reach ~10³): the solve
+    stays backward stable, |A (I + N) − I| ≤ 1e-5 · max(|A| |I + N|), which a power series of
+    N would miss by orders of magnitude."""
+    T, K = 128, 16
+    q, _k, v, beta, _g, _ = _inputs(1, T, 1, 1, K, 16, gated=False)
+    k = 1.5 * torch.randn(1, T, 1, K, device=DEVICE) / K**0.5
+    cfg = delta.config(q, k, v, scale=1.0, chunk_size=L)
+    A = delta.solve(k, beta, None, cfg)
+    f64 = dict(dtype=torch.float64, device=k.device)
+    for c0, c1 in _chunk_blocks(T, cfg.L, None):
+        kk = k[0, c0:c1, 0].double()
+        eye = torch.eye(c1 - c0, **f64)
+        m = eye + (beta[0, c0:c1, 0].double()[:, None] * (kk @ kk.T)).tril(-1)
+        a = A[0, c0:c1, : c1 - c0].double()
+        assert a.abs().max() > 10  # the case is not well conditioned
+        err = (a @ m - eye).abs().max() / (a.abs() @ m.abs()).max()
+        assert err < 1e-5, f"chunk [{c0}, {c1}): relative residual {err:.2e}"
+
+
 @pytest.mark.parametrize("L", SOLVE_LENGTHS)
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "delta"])
 def test_wu(gated, L):
