@@ -157,7 +157,7 @@ def wy_fwd_kernel(
     HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
     c0, c1, _seq = _bounds(chunks, i_c, L, T, VARLEN)
     o_i = tl.arange(0, BS)
-    o1, o2, o3, o4 = o_i, o_i + BS, o_i + 2 * BS, o_i + 3 * BS  # chunk-local rows
+    o1, o2, o3, o4 = o_i, o_i + BS, o_i + 2 * BS, o_i + 3 * BS  # chunk-local rows and columns
     r1, r2, r3, r4 = c0 + o1, c0 + o2, c0 + o3, c0 + o4
     m1, m2, m3, m4 = r1 < c1, r2 < c1, r3 < c1, r4 < c1  # false past block row NB (c1 ≤ c0 + L)
     p_beta = beta + i_b * T * H + i_h
