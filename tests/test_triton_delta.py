@@ -135,21 +135,27 @@ def _chunk_blocks(T, L, offsets):
     return [(c0, min(c0 + L, e)) for a, e in bounds for c0 in range(a, e, L)]
 
 
-def _solve_case(offsets, gated):
+def _solve_case(offsets, gated, L=32):
     T = 100 if offsets is None else offsets[-1]
     q, k, v, beta, g, _ = _inputs(1, T, 1, 2, 16, 32, gated=gated)
-    cfg = delta.config(q, k, v, scale=1.0, g=g, chunk_size=32, offsets=offsets)
+    cfg = delta.config(q, k, v, scale=1.0, g=g, chunk_size=L, offsets=offsets)
     b = delta._chunk_cumsum(g, cfg.L, cfg) if gated else None
     A = delta.solve(k, beta, b, cfg)
     return q, k, v, beta, b, A, cfg
 
 
+# Chunk lengths of each block layout of the solve: one, two and four 16-row blocks (37: a
+# 64-row tile with 37 rows used), four 32-row blocks (T = 100 has a full chunk of each)
+SOLVE_LENGTHS = [16, 32, 37, 64, 128]
+
+
+@pytest.mark.parametrize("L", SOLVE_LENGTHS)
 @pytest.mark.parametrize("offsets", [None, [0, 30, 100]], ids=["dense", "packed"])
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "delta"])
-def test_solve(gated, offsets):
+def test_solve(gated, offsets, L):
     """A (I + N) = I per chunk, N_rs = β_r exp(b_r − b_s) (k_r·k_s) (s < r) in fp64; A unit lower
     triangular with zeros in the columns past the chunk."""
-    _q, k, _v, beta, b, A, cfg = _solve_case(offsets, gated)
+    _q, k, _v, beta, b, A, cfg = _solve_case(offsets, gated, L)
     HV, L = beta.shape[2], cfg.L
     for c0, c1 in _chunk_blocks(k.shape[1], L, offsets):
         n = c1 - c0
@@ -168,11 +174,37 @@ def test_solve(gated, offsets):
             assert err < 1e-5, f"chunk [{c0}, {c1}) head {j}: |A (I + N) − I| = {err:.2e}"
 
 
+@pytest.mark.parametrize("L", [64, 128])
+def test_solve_unnormalized_keys(L):
+    """Keys with β|k|² up to ~4.5 (an expanding recurrence; A's entries reach ~10³): the solve
+    stays backward stable, |A (I + N) − I| ≤ 1e-5 · max(|A| |I + N|), which a power series of
+    N would miss by orders of magnitude."""
+    T, K = 128, 16
+    q, _k, v, beta, _g, _ = _inputs(1, T, 1, 1, K, 16, gated=False)
+    k = 1.5 * torch.randn(1, T, 1, K, device=DEVICE) / K**0.5
+    cfg = delta.config(q, k, v, scale=1.0, chunk_size=L)
+    A = delta.solve(k, beta, None, cfg)
+    f64 = dict(dtype=torch.float64, device=k.device)
+    for c0, c1 in _chunk_blocks(T, cfg.L, None):
+        kk = k[0, c0:c1, 0].double()
+        eye = torch.eye(c1 - c0, **f64)
+        m = eye + (beta[0, c0:c1, 0].double()[:, None] * (kk @ kk.T)).tril(-1)
+        a = A[0, c0:c1, : c1 - c0].double()
+        assert a.abs().max() > 10  # the case is not well conditioned
+        err = (a @ m - eye).abs().max() / (a.abs() @ m.abs()).max()
+        assert err < 1e-5, f"chunk [{c0}, {c1}): relative residual {err:.2e}"
+
+
+@pytest.mark.parametrize("L", SOLVE_LENGTHS)
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "delta"])
-def test_wu(gated):
-    """W = A diag(β exp(b)) K and U = A diag(β) V per chunk, against PyTorch on the kernel's A."""
-    _q, k, v, beta, b, A, cfg = _solve_case([0, 30, 100], gated)
+def test_wu(gated, L):
+    """W = A diag(β exp(b)) K and U = A diag(β) V per chunk, against PyTorch on the kernel's A:
+    from a given A (wu) and fused with the solve (solve_wu, whose A is solve's)."""
+    _q, k, v, beta, b, A, cfg = _solve_case([0, 30, 100], gated, L)
     w, u = delta.wu(k, v, beta, b, A, cfg)
+    fA, fw, fu = delta.solve_wu(k, v, beta, b, cfg)
+    same = dict(rtol=1e-6, atol=1e-6)  # one computation in two kernels
+    torch.testing.assert_close(fA, A, **same)
     assert w.shape == (*v.shape[:3], k.shape[3]) and u.shape == v.shape
     rw, ru = torch.empty_like(w, dtype=torch.float64), torch.empty_like(u, dtype=torch.float64)
     for c0, c1 in _chunk_blocks(k.shape[1], cfg.L, [0, 30, 100]):
@@ -183,6 +215,8 @@ def test_wu(gated):
             e = torch.exp(b[j, c0:c1].double()) if b is not None else 1.0
             rw[0, c0:c1, j] = a @ ((bt * e)[:, None] * k[0, c0:c1, j // cfg.G].double())
             ru[0, c0:c1, j] = a @ (bt[:, None] * v[0, c0:c1, j].double())
+    torch.testing.assert_close(fw, w, **same)
+    torch.testing.assert_close(fu, u, **same)
     assert rel_err(w, rw) < RTOL[torch.float32] and rel_err(u, ru) < RTOL[torch.float32]
 
 

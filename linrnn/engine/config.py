@@ -323,11 +323,15 @@ SCORE_TILES = {
 DELTA_CHUNK_SIZE = 64
 DELTA_MAX_CHUNK = 128
 
-# Per kernel: solve (depth tile, num_warps, num_stages); wu (depth/output tile, num_warps,
-# num_stages); walk (K block, fp32 state elements per program: sets the V tile, num_warps,
-# num_stages). The walk holds the whole key dimension in at most four K blocks (K ≤ 256); one
-# pipeline stage, as a second copy of its chunk tiles over all of K overflows shared memory.
-DELTA_TILES = {"solve": (64, 2, 1), "wu": (64, 4, 2), "walk": (128, 8192, 4, 1)}
+# Per kernel: wy (the solve and W/U of chunks of up to 64 rows, 16-row blocks: K tile of K Kᵀ,
+# K/V tile of W and U, num_warps, num_stages), wy_long (the same for 128-row chunks, 32-row
+# blocks); walk (K block, fp32 state elements per program: sets the V tile, num_warps,
+# num_stages). The wy tiles keep register spills small on sm_90 (ptxas -v at K = V = 128): the
+# 16 × 16 products replicate their operands in every warp, so a narrow K tile bounds what is
+# live; 128-row chunks hold ten fp32 [32, 32] blocks, hence more warps. The walk holds the whole
+# key dimension in at most four K blocks (K ≤ 256); one pipeline stage, as a second copy of its
+# chunk tiles over all of K overflows shared memory.
+DELTA_TILES = {"wy": (16, 64, 4, 2), "wy_long": (16, 16, 8, 1), "walk": (128, 8192, 4, 1)}
 DELTA_MAX_K = 256
 
 

@@ -2,8 +2,8 @@
 §1b): the forward as a pipeline of named steps, each one launch, and the autograd Function.
 
     b       = chunk-local cumsum of g                              (scalar._chunk_cumsum)
-    A       = solve(k, beta, b, cfg)         (I + N)⁻¹ per chunk    [B·HV, T, L] fp32
-    w, u    = wu(k, v, beta, b, A, cfg)      W, U of the WY form    v's dtype
+    A, w, u = solve_wu(k, v, beta, b, cfg)   (I + N)⁻¹ per chunk    [B·HV, T, L] fp32
+                                             W, U of the WY form    v's dtype
     vn, states, S_T = walk(k, w, u, b, S0, cfg)   new values and the chunk states
     o       = output(q, k, vn, b, states, cfg)    the scalar engine's output kernel, vn as v
 
@@ -33,8 +33,8 @@ from linrnn.engine.host_math import cdiv, next_pow2
 from linrnn.engine.scalar import _chunk_cumsum
 
 # What forward() saves for backward() (None where the call has no such tensor): the inputs
-# (contiguous; beta, g, S0 fp32), b, A, vn, the chunk states and the final state. W and U are
-# recomputed from A by wu().
+# (contiguous; beta, g, S0 fp32), b, A, vn, the chunk states and the final state (the backward
+# needs neither W nor U).
 SAVED = ("q", "k", "v", "beta", "g", "S0", "b", "A", "vn", "states", "S_T")
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -70,33 +70,46 @@ def solve(k, beta, b, cfg: DeltaConfig) -> torch.Tensor:
     """A = (I + N)⁻¹ of every chunk, N_rs = β_r exp(b_r − b_s) (k_r·k_s) (s < r): [B·HV, T, L]
     fp32, row t holding row r of its chunk's A over chunk-local columns, zeros above the
     diagonal. k ``[B, T, H, K]``, beta ``[B, T, HV]`` fp32, b ``[B·HV, T]`` fp32 or None."""
-    T, K = k.shape[1], k.shape[3]
-    A = torch.empty(cfg.rows, T, cfg.L, device=k.device, dtype=torch.float32)
-    BK, nw, ns = DELTA_TILES["solve"]
-    dk.solve_fwd_kernel[(cfg.NT, cfg.rows)](
-        k=k, beta=beta, b=b, A=A, chunks=cfg.CHUNKS, T=T, H=cfg.HV, G=cfg.G, K=K, L=cfg.L,
-        NT=cfg.NT, BL=cfg.BL, BK=max(16, min(BK, next_pow2(K))), NB=cfg.BL // 16,
-        HAS_DECAY=b is not None, DOT_PREC=cfg.prec, VARLEN=cfg.varlen, num_warps=nw,
-        num_stages=ns,
-    )  # fmt: skip
+    A = torch.empty(cfg.rows, k.shape[1], cfg.L, device=k.device, dtype=torch.float32)
+    _wy(k, None, beta, b, A, None, None, cfg, solve=True)
     return A
 
 
 def wu(k, v, beta, b, A, cfg: DeltaConfig):
     """``(w, u)``: W = A diag(β exp(b)) K ``[B, T, HV, K]`` and U = A diag(β) V ``[B, T, HV,
-    V]`` of every chunk, in v's dtype (A from :func:`solve`; the backward calls this too)."""
-    B, T, K = k.shape[0], k.shape[1], k.shape[3]
-    HV, V = v.shape[2], v.shape[3]
-    w = torch.empty(B, T, HV, K, device=v.device, dtype=v.dtype)
-    u = torch.empty_like(v)
-    BD, nw, ns = DELTA_TILES["wu"]
-    dk.wu_fwd_kernel[(cfg.NT, cfg.rows)](
-        k=k, v=v, beta=beta, b=b, A=A, w=w, u=u, chunks=cfg.CHUNKS, T=T, H=HV, G=cfg.G, K=K,
-        V=V, L=cfg.L, NT=cfg.NT, BL=cfg.BL, BD=max(16, min(BD, next_pow2(max(K, V)))),
-        HAS_DECAY=b is not None, DOT_PREC=cfg.prec, VARLEN=cfg.varlen, num_warps=nw,
-        num_stages=ns,
-    )  # fmt: skip
+    V]`` of every chunk, in v's dtype, from a given A (as :func:`solve` gives it)."""
+    w, u = _wu_outputs(k, v)
+    _wy(k, v, beta, b, A, w, u, cfg, solve=False)
     return w, u
+
+
+def solve_wu(k, v, beta, b, cfg: DeltaConfig):
+    """``(A, w, u)`` of :func:`solve` and :func:`wu` in one launch (the forward's step)."""
+    A = torch.empty(cfg.rows, k.shape[1], cfg.L, device=k.device, dtype=torch.float32)
+    w, u = _wu_outputs(k, v)
+    _wy(k, v, beta, b, A, w, u, cfg, solve=True)
+    return A, w, u
+
+
+def _wu_outputs(k, v):
+    """Empty w ``[B, T, HV, K]`` and u ``[B, T, HV, V]`` in v's dtype."""
+    w = torch.empty(*v.shape[:3], k.shape[3], device=v.device, dtype=v.dtype)
+    return w, torch.empty_like(v)
+
+
+def _wy(k, v, beta, b, A, w, u, cfg: DeltaConfig, *, solve: bool) -> None:
+    """One launch of wy_fwd_kernel: A computed into A (``solve``) or read from it; W and U into
+    w and u when given. A chunk is NB ∈ {1, 2, 4} block rows of BS = max(16, BL / 4) rows."""
+    T, K = k.shape[1], k.shape[3]
+    V = v.shape[3] if v is not None else 0
+    BS = max(16, cfg.BL // 4)
+    BK, BD, nw, ns = DELTA_TILES["wy" if BS == 16 else "wy_long"]
+    dk.wy_fwd_kernel[(cfg.NT, cfg.rows)](
+        k=k, v=v, beta=beta, b=b, A=A, w=w, u=u, chunks=cfg.CHUNKS, T=T, H=cfg.HV, G=cfg.G,
+        K=K, V=V, L=cfg.L, NT=cfg.NT, BS=BS, NB=cfg.BL // BS, BK=_tile(K, BK),
+        BD=_tile(max(K, V), BD), SOLVE=solve, HAS_WU=w is not None, HAS_DECAY=b is not None,
+        DOT_PREC=cfg.prec, VARLEN=cfg.varlen, num_warps=nw, num_stages=ns,
+    )  # fmt: skip
 
 
 def walk(k, w, u, b, S0, cfg: DeltaConfig):
@@ -151,8 +164,7 @@ def forward(q, k, v, beta, g, S0, cfg: DeltaConfig):
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     beta, g = fp32_contiguous(beta), fp32_contiguous(g)
     b = _chunk_cumsum(g, cfg.L, cfg) if g is not None else None
-    A = solve(k, beta, b, cfg)
-    w, u = wu(k, v, beta, b, A, cfg)
+    A, w, u = solve_wu(k, v, beta, b, cfg)
     vn, states, S_T = walk(k, w, u, b, S0, cfg)
     del w, u
     o = output(q, k, vn, b, states, cfg)

@@ -11,13 +11,24 @@ Per value head and chunk (rows r, columns s chunk-local; b the chunk-local cumul
 With vn in place of v the output is the scalar engine's (scalar_kernels.out_fwd_kernel). Every
 exponent is ≤ 0 (b is non-increasing within a chunk).
 
-* ``solve_fwd_kernel`` — N of one chunk and A = (I + N)⁻¹ by block forward substitution: the
-  16 × 16 diagonal blocks of I + N are inverted row by row (all blocks in one loop), then each
-  block row of A follows from the ones above it, A_i· = (I + N_ii)⁻¹ (E_i − Σ_{m<i} N_im A_m·),
-  in fp32 ("ieee" dots).
+* ``wy_fwd_kernel`` — the WY preparation of one chunk: A, W and U. The chunk is NB ≤ 4 block
+  rows of BS rows (16-row blocks up to 64-row chunks, 32-row blocks for 128), each block a
+  plain 2-D tile in registers:
+
+  1. the lower blocks of K Kᵀ (NB diagonal, NB(NB − 1)/2 below them), accumulated by tl.dot
+     products over the key dimension in tiles of BK; β, the decays and the masks make them the
+     blocks n_ij of N (exactly 0 above the diagonal and past the chunk);
+  2. each diagonal block's inverse x_ii = (I + n_ii)⁻¹ by forward substitution, one row per
+     step (the NB blocks side by side in one loop of BS steps);
+  3. block forward substitution for the blocks below, x_ij = −x_ii Σ_{j≤m<i} n_im x_mj (block
+     row i from the finished rows above it), in fp32 ("ieee" dots);
+  4. A stored (the backward reads it), and W, U block row by block row,
+     W_i = Σ_{j≤i} x_ij diag(β_j exp(b_j)) K_j, U_i = Σ_{j≤i} x_ij diag(β_j) V_j, over tiles
+     of BD columns.
+
   Forward substitution cancels as it goes; a power series of N (Σ (−N)ⁿ) would sum terms far
-  larger than A itself (e.g. with equal keys) and lose it to rounding.
-* ``wu_fwd_kernel`` — W and U of one chunk from A (the backward recomputes them with it).
+  larger than A itself (e.g. with equal keys) and lose it to rounding. The same kernel, without
+  the solve, gives W and U from a stored A (``SOLVE`` off), or A alone (no w, u).
 * ``walk_fwd_kernel`` — the chunks of one sequence in order: stores each chunk's entering state
   and vn, and the final state. The whole key dimension of the state (≤ 256) is held in up to
   four blocks of BK rows (``NKB``), since vn needs all of S0's rows.
@@ -35,116 +46,238 @@ import triton.language as tl
 
 from linrnn.engine.triton_common import _bounds, _state_tile, _tile, _tile_t, _vec, _walk
 
+# The WY kernel holds a chunk as NB ≤ 4 block rows of BS rows each (BL = NB·BS): block row i
+# has token rows r_i, their mask m_i, β_i, the log decays g_i; the lower blocks of N and of its
+# inverse are n_ij and x_ij (i ≥ j). Blocks past NB are never created (constexpr branches) or are
+# zeros that no product reads.
+
 
 @triton.jit
-def _inv_unit_lower(b_n, NB: tl.constexpr):
-    """(I + n)⁻¹ of NB strictly lower [16, 16] blocks n ``[NB, 16, 16]`` at once, by forward
-    substitution one row at a time: y_t = −n_t − Σ_{s<t} n_ts y_s for the strictly lower part y
-    of each inverse."""
-    o_i = tl.arange(0, 16)
-    b_y = -b_n
-    for t in range(1, 16):
-        at_t = (o_i == t)[None, :, None]
-        row = tl.sum(tl.where(at_t, b_y, 0.0), 1)  # [NB, 16]: −n_t (columns < t)
-        row += tl.sum(row[:, :, None] * b_y, 1)  # rows s < t of b_y are final, row[s ≥ t] = 0
-        b_y = tl.where(at_t, row[:, None, :], b_y)
-    return b_y + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)[None, :, :]
+def _n_block(kk, beta_r, g_r, g_s, m_r, m_s, BS: tl.constexpr, DIAG: tl.constexpr,
+             HAS_DECAY: tl.constexpr):  # fmt: skip
+    """A block of N from its block of K Kᵀ: β_r exp(g_r − g_s) (k_r·k_s) where both rows are in
+    the chunk (and s < r on a diagonal block), exactly 0 elsewhere. The exponent is ≤ 0 where
+    kept; −inf elsewhere, so exp never sees a positive number from rows past the chunk."""
+    keep = m_r[:, None] & m_s[None, :]
+    if DIAG:
+        o_i = tl.arange(0, BS)
+        keep = keep & (o_i[:, None] > o_i[None, :])
+    b_n = kk * beta_r[:, None]
+    if HAS_DECAY:
+        b_n = b_n * tl.exp(tl.where(keep, g_r[:, None] - g_s[None, :], float("-inf")))
+    return tl.where(keep, b_n, 0.0)
+
+
+@triton.jit
+def _fs_step(b_y, at_t):
+    """One row of forward substitution for the strictly lower part y of (I + n)⁻¹, y starting
+    as −n: y_t = −n_t − Σ_{s<t} n_ts y_s (rows s < t of y final; row t of −n is 0 at s ≥ t)."""
+    row = tl.sum(tl.where(at_t, b_y, 0.0), 0)  # −n_t
+    row += tl.sum(row[:, None] * b_y, 0)
+    return tl.where(at_t, row[None, :], b_y)
+
+
+@triton.jit
+def _unit(b_y, BS: tl.constexpr):
+    """I + y."""
+    o_i = tl.arange(0, BS)
+    return b_y + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+
+
+@triton.jit
+def _mm(a, b):
+    """a b in fp32 ("ieee")."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _a_block(p_a, x, r_i, m_i, c_j, L):
+    """Store block x of A (rows r_i, chunk-local columns c_j; row stride L)."""
+    p = p_a + r_i.to(tl.int64)[:, None] * L + c_j[None, :]
+    tl.store(p, x, mask=m_i[:, None] & (c_j < L)[None, :])
+
+
+@triton.jit
+def _scaled(p_x, r, o_d, s_x, m, m_d, f):
+    """diag(f) x of one block row, fp32 [BS, BD]."""
+    return _tile(p_x, r, o_d, s_x, m, m_d).to(tl.float32) * f[:, None]
+
+
+@triton.jit
+def _put(p_y, r, o_d, s_y, m, m_d, y):
+    """Store one block row of W or U in the output's dtype."""
+    p = p_y + r.to(tl.int64)[:, None] * s_y + o_d[None, :]
+    tl.store(p, y.to(p_y.dtype.element_ty), mask=m[:, None] & m_d[None, :])
+
+
+@triton.jit
+def _wu_part(p_x, p_y, D, s_x, s_y, r1, r2, r3, r4, m1, m2, m3, m4, f1, f2, f3, f4,
+             x11, x21, x22, x31, x32, x33, x41, x42, x43, x44,
+             NB: tl.constexpr, BD: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """y = A diag(f) x over D columns in tiles of BD, block row by block row:
+    y_i = Σ_{j≤i} x_ij (f_j ⊙ x_j) (x at p_x, row stride s_x; y at p_y, row stride s_y)."""
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        y1 = _scaled(p_x, r1, o_d, s_x, m1, m_d, f1)
+        _put(p_y, r1, o_d, s_y, m1, m_d, tl.dot(x11, y1, input_precision=DOT_PREC))
+        if NB > 1:
+            y2 = _scaled(p_x, r2, o_d, s_x, m2, m_d, f2)
+            o2 = tl.dot(x21, y1, input_precision=DOT_PREC)
+            o2 = tl.dot(x22, y2, o2, input_precision=DOT_PREC)
+            _put(p_y, r2, o_d, s_y, m2, m_d, o2)
+        if NB > 2:
+            y3 = _scaled(p_x, r3, o_d, s_x, m3, m_d, f3)
+            y4 = _scaled(p_x, r4, o_d, s_x, m4, m_d, f4)
+            o3 = tl.dot(x31, y1, input_precision=DOT_PREC)
+            o3 = tl.dot(x32, y2, o3, input_precision=DOT_PREC)
+            o3 = tl.dot(x33, y3, o3, input_precision=DOT_PREC)
+            _put(p_y, r3, o_d, s_y, m3, m_d, o3)
+            o4 = tl.dot(x41, y1, input_precision=DOT_PREC)
+            o4 = tl.dot(x42, y2, o4, input_precision=DOT_PREC)
+            o4 = tl.dot(x43, y3, o4, input_precision=DOT_PREC)
+            o4 = tl.dot(x44, y4, o4, input_precision=DOT_PREC)
+            _put(p_y, r4, o_d, s_y, m4, m_d, o4)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def solve_fwd_kernel(
-    k, beta, b, A, chunks,
-    T, H, G, K, L, NT,
-    BL: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr,
+def wy_fwd_kernel(
+    k, v, beta, b, A, w, u, chunks,
+    T, H, G, K, V, L, NT,
+    BS: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
+    SOLVE: tl.constexpr, HAS_WU: tl.constexpr,
     HAS_DECAY: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (chunks, B·H): A = (I + N)⁻¹ of one chunk into A [B·H, T, L]. BL = NB·16 ≥ L: the
-    chunk's rows as one tile (rows and columns past the chunk are the identity's, never
-    stored)."""
+    """Grid (chunks, B·H): the WY preparation of one chunk as NB ∈ {1, 2, 4} block rows of BS
+    rows (NB·BS ≥ L). SOLVE: A = (I + N)⁻¹ into A [B·H, T, L], else A read from there;
+    HAS_WU (w given): W = A diag(β exp(b)) K into w [B, T, H, K] and U = A diag(β) V into
+    u [B, T, H, V]."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
     c0, c1, _seq = _bounds(chunks, i_c, L, T, VARLEN)
-    o_t = tl.arange(0, BL)
-    o_r = c0 + o_t
-    m_r = o_r < c1
-
+    o_i = tl.arange(0, BS)
+    o1, o2, o3, o4 = o_i, o_i + BS, o_i + 2 * BS, o_i + 3 * BS  # chunk-local rows and columns
+    r1, r2, r3, r4 = c0 + o1, c0 + o2, c0 + o3, c0 + o4
+    m1, m2, m3, m4 = r1 < c1, r2 < c1, r3 < c1, r4 < c1  # false past block row NB (c1 ≤ c0 + L)
+    p_beta = beta + i_b * T * H + i_h
+    be1, be2, be3, be4 = (_vec(p_beta, r1 * H, m1), _vec(p_beta, r2 * H, m2),
+                          _vec(p_beta, r3 * H, m3), _vec(p_beta, r4 * H, m4))  # fmt: skip
+    if HAS_DECAY:
+        p_b = b + i_bh * T
+        g1, g2, g3, g4 = _vec(p_b, r1, m1), _vec(p_b, r2, m2), _vec(p_b, r3, m3), _vec(p_b, r4, m4)
+    else:
+        g1, g2, g3, g4 = be1, be2, be3, be4  # never read
     p_k = k + (i_b * T * HK + i_h // G) * K
-    b_kk = tl.zeros([BL, BL], dtype=tl.float32)
-    for d0 in range(0, K, BK):
-        o_d = d0 + tl.arange(0, BK)
-        b_k = _tile(p_k, o_r, o_d, HK * K, m_r, o_d < K)  # [BL, BK]
-        b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
-    b_beta = _vec(beta + i_b * T * H + i_h, o_r * H, m_r)  # [BL]
-    lower = (o_t[:, None] > o_t[None, :]) & m_r[:, None]  # s < r < c1
-    if HAS_DECAY:
-        b_b = _vec(b + i_bh * T, o_r, m_r)
-        b_kk *= tl.exp(tl.where(lower, b_b[:, None] - b_b[None, :], float("-inf")))
-    b_n = tl.where(lower, b_kk * b_beta[:, None], 0.0)  # [BL, BL] N, strictly lower
+    p_a = A + i_bh * T * L
+    zero = tl.zeros([BS, BS], dtype=tl.float32)
+    x21, x22, x31, x32, x33, x41, x42, x43, x44 = (zero, zero, zero, zero, zero, zero, zero,
+                                                   zero, zero)  # fmt: skip
 
-    # Block rows i of A as a [NB, 16, BL] tile (block row index first); rows below the current
-    # block row are still 0, so N_i· A multiplies only the finished ones. The diagonal blocks'
-    # inverses X_ii = (I + N_ii)⁻¹ first, all at once.
-    o_b = tl.arange(0, NB)
-    b_n3 = tl.reshape(b_n, [NB, 16, BL])
-    on_diag = o_b[:, None, None, None] == o_b[None, None, :, None]  # [NB, 1, NB, 1]
-    b_x3 = _inv_unit_lower(tl.sum(tl.where(on_diag, tl.reshape(b_n, [NB, 16, NB, 16]), 0.0), 2),
-                           NB)  # fmt: skip
-    b_a3 = tl.zeros([NB, 16, BL], dtype=tl.float32)
-    for i in range(NB):
-        in_row = (o_b == i)[:, None, None]
-        n_row = tl.sum(tl.where(in_row, b_n3, 0.0), 0)  # [16, BL]: N_i·
-        x_ii = tl.sum(tl.where(in_row, b_x3, 0.0), 0)  # [16, 16]
-        b_s = tl.dot(n_row, tl.reshape(b_a3, [BL, BL]), input_precision="ieee")  # [16, BL]
-        in_i = (o_b == i)[None, :, None]  # block column i of a [16, NB, 16] view
-        a_row = tl.reshape(tl.where(in_i, x_ii[:, None, :], 0.0), [16, BL])  # X_ii E_i
-        a_row -= tl.dot(x_ii, b_s, input_precision="ieee")
-        b_a3 = tl.where(in_row, a_row[None, :, :], b_a3)
-    b_a = tl.reshape(b_a3, [BL, BL])
+    if SOLVE:
+        # The lower blocks of K Kᵀ, accumulated over the key dimension in tiles of BK
+        kk11, kk21, kk22, kk31, kk32, kk33, kk41, kk42, kk43, kk44 = (
+            zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)  # fmt: skip
+        for d0 in range(0, K, BK):
+            o_d = d0 + tl.arange(0, BK)
+            m_d = o_d < K
+            k1 = _tile(p_k, r1, o_d, HK * K, m1, m_d)  # [BS, BK]
+            kk11 = tl.dot(k1, tl.trans(k1), kk11, input_precision=DOT_PREC)
+            if NB > 1:
+                k2 = _tile(p_k, r2, o_d, HK * K, m2, m_d)
+                kk21 = tl.dot(k2, tl.trans(k1), kk21, input_precision=DOT_PREC)
+                kk22 = tl.dot(k2, tl.trans(k2), kk22, input_precision=DOT_PREC)
+            if NB > 2:
+                k3 = _tile(p_k, r3, o_d, HK * K, m3, m_d)
+                k4 = _tile(p_k, r4, o_d, HK * K, m4, m_d)
+                kk31 = tl.dot(k3, tl.trans(k1), kk31, input_precision=DOT_PREC)
+                kk32 = tl.dot(k3, tl.trans(k2), kk32, input_precision=DOT_PREC)
+                kk33 = tl.dot(k3, tl.trans(k3), kk33, input_precision=DOT_PREC)
+                kk41 = tl.dot(k4, tl.trans(k1), kk41, input_precision=DOT_PREC)
+                kk42 = tl.dot(k4, tl.trans(k2), kk42, input_precision=DOT_PREC)
+                kk43 = tl.dot(k4, tl.trans(k3), kk43, input_precision=DOT_PREC)
+                kk44 = tl.dot(k4, tl.trans(k4), kk44, input_precision=DOT_PREC)
 
-    p_a = A + (i_bh * T + o_r.to(tl.int64)[:, None]) * L + o_t[None, :]
-    tl.store(p_a, b_a, mask=m_r[:, None] & (o_t < L)[None, :])
+        # The diagonal blocks' inverses (I + n_ii)⁻¹, by forward substitution, all in one loop
+        y11 = -_n_block(kk11, be1, g1, g1, m1, m1, BS, True, HAS_DECAY)
+        if NB > 1:
+            y22 = -_n_block(kk22, be2, g2, g2, m2, m2, BS, True, HAS_DECAY)
+        if NB > 2:
+            y33 = -_n_block(kk33, be3, g3, g3, m3, m3, BS, True, HAS_DECAY)
+            y44 = -_n_block(kk44, be4, g4, g4, m4, m4, BS, True, HAS_DECAY)
+        for t in range(1, BS):
+            at_t = (o_i == t)[:, None]
+            y11 = _fs_step(y11, at_t)
+            if NB > 1:
+                y22 = _fs_step(y22, at_t)
+            if NB > 2:
+                y33 = _fs_step(y33, at_t)
+                y44 = _fs_step(y44, at_t)
+        x11 = _unit(y11, BS)
 
+        # Block forward substitution: x_ij = −x_ii Σ_{j≤m<i} n_im x_mj, block row by block row
+        if NB > 1:
+            x22 = _unit(y22, BS)
+            n21 = _n_block(kk21, be2, g2, g1, m2, m1, BS, False, HAS_DECAY)
+            x21 = -_mm(x22, _mm(n21, x11))
+        if NB > 2:
+            x33 = _unit(y33, BS)
+            x44 = _unit(y44, BS)
+            n31 = _n_block(kk31, be3, g3, g1, m3, m1, BS, False, HAS_DECAY)
+            n32 = _n_block(kk32, be3, g3, g2, m3, m2, BS, False, HAS_DECAY)
+            x32 = -_mm(x33, _mm(n32, x22))
+            x31 = -_mm(x33, _mm(n31, x11) + _mm(n32, x21))
+            n41 = _n_block(kk41, be4, g4, g1, m4, m1, BS, False, HAS_DECAY)
+            n42 = _n_block(kk42, be4, g4, g2, m4, m2, BS, False, HAS_DECAY)
+            n43 = _n_block(kk43, be4, g4, g3, m4, m3, BS, False, HAS_DECAY)
+            x43 = -_mm(x44, _mm(n43, x33))
+            x42 = -_mm(x44, _mm(n42, x22) + _mm(n43, x32))
+            x41 = -_mm(x44, _mm(n41, x11) + _mm(n42, x21) + _mm(n43, x31))
 
-@triton.jit
-def _wu_part(p_x, p_y, b_a, b_f, o_r, m_r, D, s_x, s_y, BL: tl.constexpr, BD: tl.constexpr,
-             DOT_PREC: tl.constexpr):  # fmt: skip
-    """y = A diag(f) x over D columns in tiles of BD (x at p_x, row stride s_x; y at p_y, row
-    stride s_y, stored in y's dtype)."""
-    for d0 in range(0, D, BD):
-        o_d = d0 + tl.arange(0, BD)
-        m_d = o_d < D
-        b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d).to(tl.float32) * b_f[:, None]  # [BL, BD]
-        b_y = tl.dot(b_a, b_x, input_precision=DOT_PREC)
-        p_o = p_y + o_r.to(tl.int64)[:, None] * s_y + o_d[None, :]
-        tl.store(p_o, b_y.to(p_y.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
+        # A: the lower blocks and the zeros above them
+        _a_block(p_a, x11, r1, m1, o1, L)
+        if NB > 1:
+            _a_block(p_a, zero, r1, m1, o2, L)
+            _a_block(p_a, x21, r2, m2, o1, L)
+            _a_block(p_a, x22, r2, m2, o2, L)
+        if NB > 2:
+            _a_block(p_a, zero, r1, m1, o3, L)
+            _a_block(p_a, zero, r1, m1, o4, L)
+            _a_block(p_a, zero, r2, m2, o3, L)
+            _a_block(p_a, zero, r2, m2, o4, L)
+            _a_block(p_a, x31, r3, m3, o1, L)
+            _a_block(p_a, x32, r3, m3, o2, L)
+            _a_block(p_a, x33, r3, m3, o3, L)
+            _a_block(p_a, zero, r3, m3, o4, L)
+            _a_block(p_a, x41, r4, m4, o1, L)
+            _a_block(p_a, x42, r4, m4, o2, L)
+            _a_block(p_a, x43, r4, m4, o3, L)
+            _a_block(p_a, x44, r4, m4, o4, L)
+    else:
+        x11 = _tile(p_a, r1, o1, L, m1, o1 < L)
+        if NB > 1:
+            x21 = _tile(p_a, r2, o1, L, m2, o1 < L)
+            x22 = _tile(p_a, r2, o2, L, m2, o2 < L)
+        if NB > 2:
+            x31 = _tile(p_a, r3, o1, L, m3, o1 < L)
+            x32 = _tile(p_a, r3, o2, L, m3, o2 < L)
+            x33 = _tile(p_a, r3, o3, L, m3, o3 < L)
+            x41 = _tile(p_a, r4, o1, L, m4, o1 < L)
+            x42 = _tile(p_a, r4, o2, L, m4, o2 < L)
+            x43 = _tile(p_a, r4, o3, L, m4, o3 < L)
+            x44 = _tile(p_a, r4, o4, L, m4, o4 < L)
 
-
-@triton.jit(do_not_specialize=["T", "NT"])
-def wu_fwd_kernel(
-    k, v, beta, b, A, w, u, chunks,
-    T, H, G, K, V, L, NT,
-    BL: tl.constexpr, BD: tl.constexpr,
-    HAS_DECAY: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-):  # fmt: skip
-    """Grid (chunks, B·H): W = A diag(β exp(b)) K into w [B, T, H, K] and U = A diag(β) V into
-    u [B, T, H, V] of one chunk."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    HK = H // G
-    c0, c1, _seq = _bounds(chunks, i_c, L, T, VARLEN)
-    o_t = tl.arange(0, BL)
-    o_r = c0 + o_t
-    m_r = o_r < c1
-    b_a = _tile(A + i_bh * T * L, o_r, o_t, L, m_r, o_t < L)  # [BL, BL]
-    b_beta = _vec(beta + i_b * T * H + i_h, o_r * H, m_r)
-    b_fk = b_beta
-    if HAS_DECAY:
-        b_fk = b_beta * tl.exp(_vec(b + i_bh * T, o_r, m_r))
-    _wu_part(k + (i_b * T * HK + i_h // G) * K, w + (i_b * T * H + i_h) * K, b_a, b_fk, o_r, m_r,
-             K, HK * K, H * K, BL, BD, DOT_PREC)  # fmt: skip
-    _wu_part(v + (i_b * T * H + i_h) * V, u + (i_b * T * H + i_h) * V, b_a, b_beta, o_r, m_r, V,
-             H * V, H * V, BL, BD, DOT_PREC)  # fmt: skip
+    if HAS_WU:
+        if HAS_DECAY:
+            f1, f2, f3, f4 = be1 * tl.exp(g1), be2 * tl.exp(g2), be3 * tl.exp(g3), be4 * tl.exp(g4)
+        else:
+            f1, f2, f3, f4 = be1, be2, be3, be4
+        _wu_part(p_k, w + (i_b * T * H + i_h) * K, K, HK * K, H * K, r1, r2, r3, r4, m1, m2, m3,
+                 m4, f1, f2, f3, f4, x11, x21, x22, x31, x32, x33, x41, x42, x43, x44, NB, BD,
+                 DOT_PREC)  # fmt: skip
+        _wu_part(v + (i_b * T * H + i_h) * V, u + (i_b * T * H + i_h) * V, V, H * V, H * V, r1,
+                 r2, r3, r4, m1, m2, m3, m4, be1, be2, be3, be4, x11, x21, x22, x31, x32, x33,
+                 x41, x42, x43, x44, NB, BD, DOT_PREC)  # fmt: skip
 
 
 # The walk holds the state's K rows in up to four blocks of BK rows (b_h1 … b_h4, the ones past
