@@ -181,18 +181,20 @@ def test_solve_unnormalized_keys(L):
     N would miss by orders of magnitude."""
     T, K = 128, 16
     q, _k, v, beta, _g, _ = _inputs(1, T, 1, 1, K, 16, gated=False)
-    k = 1.5 * torch.randn(1, T, 1, K, device=DEVICE) / K**0.5
+    k = (1.5 * torch.randn(1, T, 1, K) / K**0.5).to(DEVICE)  # the same keys on every device
     cfg = delta.config(q, k, v, scale=1.0, chunk_size=L)
     A = delta.solve(k, beta, None, cfg)
     f64 = dict(dtype=torch.float64, device=k.device)
+    largest = 0.0
     for c0, c1 in _chunk_blocks(T, cfg.L, None):
         kk = k[0, c0:c1, 0].double()
         eye = torch.eye(c1 - c0, **f64)
         m = eye + (beta[0, c0:c1, 0].double()[:, None] * (kk @ kk.T)).tril(-1)
         a = A[0, c0:c1, : c1 - c0].double()
-        assert a.abs().max() > 10  # the case is not well conditioned
+        largest = max(largest, a.abs().max().item())
         err = (a @ m - eye).abs().max() / (a.abs() @ m.abs()).max()
         assert err < 1e-5, f"chunk [{c0}, {c1}): relative residual {err:.2e}"
+    assert largest > 10  # the case is not well conditioned (a single chunk may be milder)
 
 
 @pytest.mark.parametrize("L", SOLVE_LENGTHS)
