@@ -347,23 +347,42 @@ def test_triton_modes(case, backend):
     _check_triton(case, backend)
 
 
+GROUP_CASES = [  # value heads summed per dq/dk program, packed sequences, stored scores
+    (4, False, True),
+    (2, True, False),
+    (1, True, True),
+]
+
+
 @pytest.mark.parametrize("backend", ["triton"])
-@pytest.mark.parametrize("hpp", [4, 2], ids=["group-per-program", "half-group-per-program"])
-def test_triton_group_sums(hpp, backend, monkeypatch):
-    """The chunk path's dq and dk kernels sum a group's value heads themselves (dB, dC): the
-    whole group of 4 heads in one program, or two programs of 2 whose partial sums the host
-    adds; every output and gradient against the fp64 loop."""
+@pytest.mark.parametrize("case", GROUP_CASES, ids=lambda c: f"hpp{c[0]}-packed{c[1]}-cb{c[2]}")
+def test_triton_group_sums(case, backend, monkeypatch):
+    """Groups of 4 value heads on the chunk path: the dq and dk kernels sum a group's heads
+    themselves (dB, dC; the whole group in one program, or programs of 2 or 1 heads whose
+    partial sums the host adds), and the output and dv kernels read the scores C·Bᵀ stored
+    once per group and chunk (or form them per head); every output and gradient against the
+    fp64 loop, packed sequences too."""
     from linrnn.engine import scalar
 
-    used = []
+    hpp, packed, scores = case
+    used, stored = [], []
+    real_scores = scalar._scores
 
     def fixed(G, programs):
         used.append(G)
         return hpp
 
+    def spy(*args):
+        cb = real_scores(*args)
+        stored.append(cb is not None)
+        return cb
+
     monkeypatch.setattr(scalar, "heads_per_program", fixed)
-    _check_triton(("chunk", 2, 21, 8, 2, 16, 8, 8, False, True), backend)
+    monkeypatch.setattr(scalar, "_scores", spy)
+    monkeypatch.setattr(scalar, "SCORES_MIN_GROUP", 4 if scores else 5)
+    _check_triton(("chunk", 1 if packed else 2, 21, 8, 2, 16, 8, 8, packed, True), backend)
     assert used == [4, 4]  # dq and dk, each with groups of H / G = 4 heads
+    assert stored == [scores, scores]  # forward (output) and backward (dv)
 
 
 def _check_triton(case, backend):
