@@ -203,6 +203,53 @@ def test_log_softplus():
     assert torch.isfinite(z32.grad).all() and torch.equal(z32.grad, torch.ones(4))
 
 
+@pytest.mark.parametrize("backend", ["triton"])
+@pytest.mark.parametrize("parts", ["both", "g-only", "no-bias"])
+def test_triton_gates(parts, backend):
+    """The gate kernels of the Triton chunk path (linrnn.engine.mamba2_gates): g = Δ·A,
+    gi = log Δ and the gradients of dt, A, dt_bias against fp64 autograd through the PyTorch
+    forms, for z = dt + dt_bias across softplus's and log softplus's branches (underflowing Δ,
+    the cut at −15, the linear range above 40)."""
+    from linrnn.engine import mamba2_gates
+    from linrnn.ops.mamba2 import softplus
+
+    z_edge = [-1e4, -800.0, -40.0, -15.5, -15.0, -14.5, -3.0, -1e-3, 0.0, 2.0, 20.5, 39.0, 45.0]
+    H = 5
+    gen = torch.Generator().manual_seed(3)
+    dt = torch.cat([torch.tensor(z_edge), torch.randn(3 * H * 7 - len(z_edge), generator=gen)])
+    dt = (dt * (1 + torch.rand(dt.shape, generator=gen))).view(3, 7, H).to(DEVICE)
+    A = -torch.rand(H, generator=gen).to(DEVICE) * 8
+    bias = None if parts == "no-bias" else torch.randn(H, generator=gen).to(DEVICE)
+    wg, wi = (torch.randn(3, 7, H, generator=gen, dtype=F64).to(DEVICE) for _ in range(2))
+
+    def run(dt, A, bias, fn):
+        leaves = [x if x is None else x.detach().clone().requires_grad_() for x in (dt, A, bias)]
+        g, gi = fn(*leaves)
+        loss = (g.double() * wg).sum()
+        if parts != "g-only":
+            loss = loss + (gi.double() * wi).sum()
+        loss.backward()
+        return [g, gi] + [None if x is None else x.grad for x in leaves]
+
+    def torch_gates(dt, A, bias):
+        z = dt if bias is None else dt + bias
+        return softplus(z) * A, log_softplus(z)
+
+    f64 = lambda x: None if x is None else x.double()  # noqa: E731
+    ref = run(f64(dt), f64(A), f64(bias), torch_gates)
+    got = run(dt, A, bias, mamba2_gates.gates)
+    for name, a, b in zip(("g", "gi", "ddt", "dA", "ddt_bias"), got, ref):
+        if b is None:
+            assert a is None, name
+            continue
+        assert a.dtype == torch.float32, name
+        assert_close(name, a.detach().double().cpu(), b.detach().cpu(), torch.float32)
+    # Each element across the branches: Δ·A to fp32 rounding; log Δ to the rounding of Δ.
+    g, gi, g_ref, gi_ref = (x.detach().double() for x in (got[0], got[1], ref[0], ref[1]))
+    assert ((g - g_ref).abs() <= 1e-6 * g_ref.abs()).all()
+    assert ((gi - gi_ref).abs() <= 1e-6 * gi_ref.abs().clamp_min(1)).all()
+
+
 # --------------------------------------------------------------------------------------------
 # Packed sequences, prefill + steps
 
@@ -526,15 +573,13 @@ def test_triton_steps_and_compile(backend):
         return linrnn.mamba2(x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True,
                              mode="chunk", chunk_size=8, backend=backend)[0]  # fmt: skip
 
-    # Eager calls add D·x inside the engine's output kernel; the traced graph runs the engine's
-    # custom ops, which have no skip term, and adds it on the host: without D the two are the
-    # same kernels, with D each is held to the loop.
+    # Eager calls form the gates in a kernel and add D·x inside the engine's output kernel; the
+    # traced graph runs the engine's custom ops, which take the gates formed by PyTorch and have
+    # no skip term (D·x on the host): two roundings of the same values, each held to the loop.
     args = [inputs[n] for n in NAMES]
-    compiled_fn = torch.compile(fn, backend="aot_eager", fullgraph=True)
-    no_d = [None if n == "D" else inputs[n] for n in NAMES]
-    assert torch.equal(compiled_fn(*no_d), fn(*no_d))
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(*args)
     assert_close("y eager", fn(*args).double().cpu(), y_all.cpu(), torch.float32)
-    assert_close("y compiled", compiled_fn(*args).double().cpu(), y_all.cpu(), torch.float32)
+    assert_close("y compiled", compiled.double().cpu(), y_all.cpu(), torch.float32)
 
     def step(x, dt, A, B, C, state):  # (the view checks the traced state's shape)
         y, new = linrnn.mamba2_step(x, dt, A, B, C, dt_softplus=True, state=state,

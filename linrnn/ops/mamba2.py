@@ -13,9 +13,10 @@ on the Triton paths (chunk, fused_chunk, recurrent and the step API: the kernels
 h // (H / G) for head h and sum dB, dC over each group's heads); the PyTorch paths take them
 per head, one copy each. Without ``dt_softplus`` Δ
 may be zero, where log Δ has no finite value: the values are scaled instead, v = Δ·x (one
-tensor of x's size). ``D·x``: on the Triton chunk path (eager, dt_softplus) the engine's
-output kernel adds it and its dv kernel forms its gradients (the skip term of
-:func:`linrnn.engine.scalar.chunk`); elsewhere it is added here. Every op mode serves it (the
+tensor of x's size). On the Triton chunk path (eager, dt_softplus) g and gi come from one
+kernel (:mod:`linrnn.engine.mamba2_gates`, its gradients from another), and the engine's
+output kernel adds ``D·x`` and its dv kernel forms that term's gradients (the skip term of
+:func:`linrnn.engine.scalar.chunk`); elsewhere both are formed here. Every op mode serves it (the
 engine's scalar-gate path), and autograd carries the gradients of Δ, A and dt_bias through
 the small [B, T, H] tensors formed here.
 """
@@ -117,10 +118,10 @@ def mamba2(
                        backend=backend, chunk_size=chunk_size)  # fmt: skip
     if r.backend != "triton":
         B, C = per_head(B, H), per_head(C, H)
-    v, g, gi = gates(x, dt, A, dt_bias, dt_softplus)
-    if r.backend == "triton" and r.mode == "chunk" and gi is not None and not _runtime.tracing():
-        o, S = _chunk_with_skip(C, B, x, g, gi, D, S0, offsets, r.chunk_size)
+    if r.backend == "triton" and r.mode == "chunk" and dt_softplus and not _runtime.tracing():
+        o, S = _triton_chunk(x, dt, A, B, C, D, dt_bias, S0, offsets, r.chunk_size)
         return o, (S if output_final_state else None)
+    v, g, gi = gates(x, dt, A, dt_bias, dt_softplus)
     o, (S, _, _) = _generic.run(
         "mamba2", C, B, v, scale=1.0, g=g, gi=gi, S0=S0, cu_seqlens=offsets, mode=r.mode,
         backend=r.backend, chunk_size=chunk_size,
@@ -131,14 +132,18 @@ def mamba2(
     return o, (S if output_final_state else None)
 
 
-def _chunk_with_skip(C, B, x, g, gi, D, S0, offsets, chunk_size):
-    """The Triton chunk engine with D·x added inside its output kernel (and its gradients in
-    the dv kernel): no [B, T, H, P] tensor beyond y and dx. Eager calls with dt_softplus (v = x);
-    torch.compile traces the engine's custom ops, which add no skip term, and D·x is added on
-    the host there."""
+def _triton_chunk(x, dt, A, B, C, D, dt_bias, S0, offsets, chunk_size):
+    """The Triton chunk engine with Mamba2's gates formed by one kernel each way
+    (:mod:`linrnn.engine.mamba2_gates`) and D·x added inside its output kernel (and its
+    gradients in the dv kernel): no [B, T, H, P] tensor beyond y and dx. Eager calls with
+    dt_softplus (v = x); torch.compile traces the engine's custom ops, which add no skip term,
+    and the gates and D·x are formed on the host there."""
+    from linrnn.engine import mamba2_gates
+
     _generic._triton_dtype("mamba2", C)
+    g, gi = mamba2_gates.gates(dt, A, dt_bias)
     o, S, _, _ = _generic.scalar.chunk(
-        C, B, x, scale=1.0, g=g.float(), gi=gi.float(), S0=S0, chunk_size=chunk_size,
+        C, B, x, scale=1.0, g=g, gi=gi, S0=S0, chunk_size=chunk_size,
         offsets=None if offsets is None else [int(i) for i in offsets],
         skip=None if D is None else D.float(),
     )  # fmt: skip
