@@ -214,13 +214,14 @@ def test_triton_gates(parts, backend):
     from linrnn.ops.mamba2 import softplus
 
     z_edge = [-1e4, -800.0, -40.0, -15.5, -15.0, -14.5, -3.0, -1e-3, 0.0, 2.0, 20.5, 39.0, 45.0]
-    H = 5
+    Bsz, T, H = 2, 300, 5  # T past one program's time tile (256 steps at H ≤ 16)
     gen = torch.Generator().manual_seed(3)
-    dt = torch.cat([torch.tensor(z_edge), torch.randn(3 * H * 7 - len(z_edge), generator=gen)])
-    dt = (dt * (1 + torch.rand(dt.shape, generator=gen))).view(3, 7, H).to(DEVICE)
+    dt = torch.randn(Bsz * T * H, generator=gen)
+    dt[torch.randperm(dt.numel(), generator=gen)[: len(z_edge)]] = torch.tensor(z_edge)
+    dt = (dt * (1 + torch.rand(dt.shape, generator=gen))).view(Bsz, T, H).to(DEVICE)
     A = -torch.rand(H, generator=gen).to(DEVICE) * 8
     bias = None if parts == "no-bias" else torch.randn(H, generator=gen).to(DEVICE)
-    wg, wi = (torch.randn(3, 7, H, generator=gen, dtype=F64).to(DEVICE) for _ in range(2))
+    wg, wi = (torch.randn(Bsz, T, H, generator=gen, dtype=F64).to(DEVICE) for _ in range(2))
 
     def run(dt, A, bias, fn):
         leaves = [x if x is None else x.detach().clone().requires_grad_() for x in (dt, A, bias)]
@@ -244,8 +245,10 @@ def test_triton_gates(parts, backend):
             continue
         assert a.dtype == torch.float32, name
         assert_close(name, a.detach().double().cpu(), b.detach().cpu(), torch.float32)
-    # Each element across the branches: Δ·A to fp32 rounding; log Δ to the rounding of Δ.
-    g, gi, g_ref, gi_ref = (x.detach().double() for x in (got[0], got[1], ref[0], ref[1]))
+    # Each element across the branches, from z = dt + dt_bias as fp32 forms it: Δ·A to fp32
+    # rounding, log Δ to the rounding of Δ.
+    g_ref, gi_ref = torch_gates(f64(dt if bias is None else dt + bias), f64(A), None)
+    g, gi = (x.detach().double() for x in got[:2])
     assert ((g - g_ref).abs() <= 1e-6 * g_ref.abs()).all()
     assert ((gi - gi_ref).abs() <= 1e-6 * gi_ref.abs().clamp_min(1)).all()
 

@@ -61,8 +61,10 @@ def gates_fwd_kernel(
     BT: tl.constexpr, BH: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     """Grid (T tiles, B): g = softplus(dt + dt_bias)·A and gi = log softplus(dt + dt_bias),
-    [B, T, H] fp32."""
-    _i_b, o_h, m, off = _tile_index(T, H, BT, BH)
+    fp32 in the engine's row layout [B, H, T] (dt [B, T, H])."""
+    i_b, o_h, m, off = _tile_index(T, H, BT, BH)
+    o_t = tl.program_id(0) * BT + tl.arange(0, BT)
+    off_rows = (i_b * H + o_h[None, :]) * T + o_t[:, None]
     z = tl.load(dt + off, mask=m, other=0.0).to(tl.float32)
     if HAS_BIAS:
         z += tl.load(dt_bias + o_h, mask=o_h < H, other=0.0).to(tl.float32)[None, :]
@@ -71,8 +73,8 @@ def gates_fwd_kernel(
     low = z < LOG_SOFTPLUS_CUT  # (Δ may underflow there: log(1) in its place)
     small = tl.minimum(z, LOG_SOFTPLUS_CUT)  # e^z of the small branch, ≤ e^−15
     b_gi = tl.where(low, small - 0.5 * tl.exp(small), tl.log(tl.where(low, 1.0, delta)))
-    tl.store(g + off, delta * b_A[None, :], mask=m)
-    tl.store(gi + off, b_gi, mask=m)
+    tl.store(g + off_rows, delta * b_A[None, :], mask=m)
+    tl.store(gi + off_rows, b_gi, mask=m)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -124,17 +126,18 @@ def _tiles(T: int, H: int):
 
 def gates_forward(dt, A, dt_bias):
     """(g, gi) ``[B, T, H]`` fp32 from dt ``[B, T, H]`` (any float dtype), A and dt_bias ``[H]``
-    (dt_bias may be None)."""
+    (dt_bias may be None): views of ``[B, H, T]`` tensors, the layout in which the engine
+    reads its gate rows (:func:`linrnn.engine.gate_grads.rows` then copies nothing)."""
     dt = dt.contiguous()
     B, T, H = dt.shape
-    g = torch.empty(B, T, H, device=dt.device, dtype=torch.float32)
+    g = torch.empty(B, H, T, device=dt.device, dtype=torch.float32)
     gi = torch.empty_like(g)
     BT, BH = _tiles(T, H)
     gates_fwd_kernel[(cdiv(T, BT), B)](
         dt=dt, dt_bias=dt_bias, A=A, g=g, gi=gi, T=T, H=H, BT=BT, BH=BH,
         HAS_BIAS=dt_bias is not None,
     )  # fmt: skip
-    return g, gi
+    return g.transpose(1, 2), gi.transpose(1, 2)
 
 
 def gates_backward(dt, A, dt_bias, dg, dgi):

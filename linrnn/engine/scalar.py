@@ -110,7 +110,9 @@ def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig | None = None) -> torc
         return (cs[:, 1:] - cs[:, c.tok_start]).float().contiguous()
     BH, T = x.shape
     NT = cdiv(T, L)
-    x = F.pad(x, (0, NT * L - T)).view(BH, NT, L).cumsum(-1)
+    if NT * L > T:
+        x = F.pad(x, (0, NT * L - T))
+    x = x.view(BH, NT, L).cumsum(-1)
     return x.view(BH, NT * L)[:, :T].contiguous()
 
 
