@@ -129,7 +129,8 @@ def chunk_local(dF, bnd, c):
     T = dF.shape[1]
     if not c.varlen:  # equal chunks: the reverse sums within each, from its prefix sums
         R, NT = dF.shape[0], -(-T // c.L)
-        x = F.pad(dF.double(), (0, NT * c.L - T)).view(R, NT, c.L)
+        x = dF.double()
+        x = (F.pad(x, (0, NT * c.L - T)) if NT * c.L > T else x).view(R, NT, c.L)
         S = x.cumsum(-1)
         y = S[..., -1:] - S + x + bnd.double()[:, :, None]
         return y.view(R, NT * c.L)[:, :T]
