@@ -7,6 +7,7 @@ interpreter tier) on a few small cases."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -395,6 +396,15 @@ TRITON_CASES = [
 def test_triton_modes(case, backend):
     """fp32 on the Triton kernels against the fp64 loop: outputs, states, every gradient."""
     _check_triton(case, backend)
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+def test_triton_chunk_host_gates(backend, monkeypatch):
+    """The Triton chunk path with the gates and D·x formed by PyTorch ops (the form that
+    torch.compile traces, kept as the comparison point) against the fp64 loop."""
+    module = importlib.import_module("linrnn.ops.mamba2")  # (linrnn.ops.mamba2 is the op)
+    monkeypatch.setattr(module, "FUSED_TRITON_CHUNK", False)
+    _check_triton(TRITON_CASES[0], backend)
 
 
 GROUP_CASES = [  # value heads summed per dq/dk program, packed sequences, stored scores
