@@ -7,7 +7,6 @@ interpreter tier) on a few small cases."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
@@ -399,50 +398,22 @@ def test_triton_modes(case, backend):
 
 
 @pytest.mark.parametrize("backend", ["triton"])
-def test_triton_chunk_host_gates(backend, monkeypatch):
-    """The Triton chunk path with the gates and D·x formed by PyTorch ops (the form that
-    torch.compile traces, kept as the comparison point) against the fp64 loop."""
-    module = importlib.import_module("linrnn.ops.mamba2")  # (linrnn.ops.mamba2 is the op)
-    monkeypatch.setattr(module, "FUSED_TRITON_CHUNK", False)
-    _check_triton(TRITON_CASES[0], backend)
-
-
-GROUP_CASES = [  # value heads summed per dq/dk program, packed sequences, stored scores
-    (4, False, True),
-    (2, True, False),
-    (1, True, True),
-]
-
-
-@pytest.mark.parametrize("backend", ["triton"])
-@pytest.mark.parametrize("case", GROUP_CASES, ids=lambda c: f"hpp{c[0]}-packed{c[1]}-cb{c[2]}")
-def test_triton_group_sums(case, backend, monkeypatch):
-    """Groups of 4 value heads on the chunk path: the dq and dk kernels sum a group's heads
-    themselves (dB, dC; the whole group in one program, or programs of 2 or 1 heads whose
-    partial sums the host adds), and the output and dv kernels read the scores C·Bᵀ stored
-    once per group and chunk (or form them per head); every output and gradient against the
-    fp64 loop, packed sequences too."""
+@pytest.mark.parametrize("hpp", [4, 2], ids=["group-per-program", "half-group-per-program"])
+def test_triton_group_sums(hpp, backend, monkeypatch):
+    """The chunk path's dq and dk kernels sum a group's value heads themselves (dB, dC): the
+    whole group of 4 heads in one program, or two programs of 2 whose partial sums the host
+    adds; every output and gradient against the fp64 loop."""
     from linrnn.engine import scalar
 
-    hpp, packed, scores = case
-    used, stored = [], []
-    real_scores = scalar._scores
+    used = []
 
     def fixed(G, programs):
         used.append(G)
         return hpp
 
-    def spy(*args):
-        cb = real_scores(*args)
-        stored.append(cb is not None)
-        return cb
-
     monkeypatch.setattr(scalar, "heads_per_program", fixed)
-    monkeypatch.setattr(scalar, "_scores", spy)
-    monkeypatch.setattr(scalar, "SCORES_MIN_GROUP", 4 if scores else 5)
-    _check_triton(("chunk", 1 if packed else 2, 21, 8, 2, 16, 8, 8, packed, True), backend)
+    _check_triton(("chunk", 2, 21, 8, 2, 16, 8, 8, False, True), backend)
     assert used == [4, 4]  # dq and dk, each with groups of H / G = 4 heads
-    assert stored == [scores, scores]  # forward (output) and backward (dv)
 
 
 def _check_triton(case, backend):

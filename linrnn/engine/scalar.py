@@ -152,14 +152,13 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
     o = torch.empty_like(v, dtype=q.dtype)
     den = torch.empty(BH, T, **f32) if c.norm else None
     m_row = torch.empty(BH, T, **f32) if c.stab else None
-    cb = _scores(q, k, G, c)
     BQ, BD, BO, launch = c.tiles("out_fwd", K, V)
     NQ = cdiv(L, BQ)
     kern.out_fwd_kernel[(NT * NQ, cdiv(V, BO), BH)](
         q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
         chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ, scale=c.scale,
         eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip, HAS_SKIP=skip is not None,
-        cb=cb, HAS_CB=cb is not None, **gates, **launch,
+        **gates, **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
     tables = dict(states=states, ns=ns, mc=mc, den=den, m_row=m_row)
@@ -316,12 +315,11 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     dv = torch.empty_like(v)
     skip = s.get("skip")  # (absent where the custom ops rebuild the saved tensors)
     dskip = torch.zeros(BH, NT * nS * nV, **f32) if skip is not None else None
-    cb = _scores(q, k, G, c)
     kern.dv_bwd_kernel[(NT * nS, nV, BH)](
         k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
         chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
         BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip, dskip=dskip,
-        HAS_SKIP=skip is not None, cb=cb, HAS_CB=cb is not None, **flags, **launch,
+        HAS_SKIP=skip is not None, **flags, **launch,
     )  # fmt: skip
     dq, dk = _group_sum(dq, q), _group_sum(dk, k)
     if dskip is not None:  # Σ over the batch rows and tiles of each head
@@ -330,30 +328,6 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     q_dq = _tile_sum(q_part) if c.has_decay else None
     bnd = bnd.sum(-1) if c.has_decay else None
     return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd, dskip
-
-
-# From this many value heads per q/k head on, the output and dv kernels read the intra-chunk
-# scores q·k stored once per q/k head and chunk (scores_kernel: [B·H/G, NT, L, L] fp32) instead
-# of forming them for every value head.
-SCORES_MIN_GROUP = 4
-SCORES_TILES = (64, 64, 4, 2)  # (row/column tile, depth tile, num_warps, num_stages)
-
-
-def _scores(q, k, G: int, c: ChunkConfig):
-    """The stored intra-chunk scores cb ``[B·HK, NT, L, L]`` fp32 (scores_kernel) for groups
-    of at least :data:`SCORES_MIN_GROUP` value heads; None otherwise."""
-    if G < SCORES_MIN_GROUP:
-        return None
-    B, T, HK, K = q.shape
-    cb = torch.empty(B * HK, c.NT, c.L, c.L, device=q.device, dtype=torch.float32)
-    t, d, nw, ns = SCORES_TILES
-    BQ, BD = max(16, min(t, next_pow2(c.L))), max(16, min(d, next_pow2(K)))
-    NQ = cdiv(c.L, BQ)
-    kern.scores_kernel[(c.NT * NQ * NQ, B * HK)](
-        q=q, k=k, cb=cb, chunks=c.CHUNKS, T=T, HK=HK, K=K, L=c.L, NT=c.NT, NQ=NQ, BQ=BQ, BD=BD,
-        DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw, num_stages=ns,
-    )  # fmt: skip
-    return cb
 
 
 # The dq and dk kernels sum all value heads of a group in one program when that still gives at

@@ -149,37 +149,6 @@ def states_fwd_kernel(
         tl.store(p_mc + c_hi, b_m, mask=head)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "NQ"])
-def scores_kernel(
-    q, k, cb, chunks, T, HK, K, L, NT, NQ,
-    BQ: tl.constexpr, BD: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-):  # fmt: skip
-    """Grid (chunks × row tiles × column tiles, B·HK): the intra-chunk scores of each q/k head,
-    cb [B·HK, NT, L, L] fp32 with cb[.., c, r, s] = q_r·k_s (r, s chunk-local; every tile, so
-    readers of any tile size find their diagonal tiles whole). The output and dv kernels read
-    them (``HAS_CB``) instead of forming q·k once per value head of the group."""
-    i_x, i_p = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_cq, i_j = i_x // NQ, i_x % NQ  # (chunk, row tile), column tile
-    i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
-    s0 = c0 + i_j * BQ
-    if (r0 >= c1) | (s0 >= c1):
-        return
-    o_s = s0 + tl.arange(0, BQ)
-    m_s = o_s < c1
-    i_b, i_hk = i_p // HK, i_p % HK
-    p_q = q + (i_b * T * HK + i_hk) * K
-    p_k = k + (i_b * T * HK + i_hk) * K
-    b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
-    for d0 in range(0, K, BD):
-        o_d = d0 + tl.arange(0, BD)
-        m_d = o_d < K
-        b_q = _tile(p_q, o_r, o_d, HK * K, m_r, m_d)  # [BQ, BD]
-        b_p += tl.dot(b_q, _tile_t(p_k, o_s, o_d, HK * K, m_s, m_d), input_precision=DOT_PREC)
-    p_cb = cb + (i_p * NT + i_c) * L * L - c0 * (L + 1)  # addressed by absolute token rows
-    p_cb += o_r.to(tl.int64)[:, None] * L + o_s[None, :]
-    tl.store(p_cb, b_p, mask=m_r[:, None] & m_s[None, :])
-
-
 # The output and dq share one body: rows r of one query tile,
 #
 #     out_r = scale·[ e_r (A_r x_r S_c + dd_r n_c) + Σ_{s≤r} D_rs (A_r x_r·y_s + dd_r) z_s ],
@@ -203,15 +172,13 @@ def _row_max(g, gi, b_br, m_c, o_r, m_r, c0, c1, r_end, BS: tl.constexpr):
 
 
 @triton.jit
-def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so, p_cb, s_cb,
+def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so,
                 BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, DEN: tl.constexpr,
-                CB: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+                DOT_PREC: tl.constexpr):  # fmt: skip
     """One pass over depth for the rows o_r: the inter-chunk product x_r·S_c [BQ, BO] (S_c at
     p_s with element strides (s_sd, s_so)) and the diagonal key tile's scores x_r·y_s [BQ, BQ]
     (the key tile s = r0 is the query tile itself) share each load of x; ``DEN``: also x_r·n_c
-    [BQ] (n_c at p_n). x and y have row stride s_x. ``CB``: the scores are read from the stored
-    ones instead (x_r·y_s at p_cb + r·s_cb + s, :func:`scores_kernel`). Returns (inter,
-    scores, den)."""
+    [BQ] (n_c at p_n). x and y have row stride s_x. Returns (inter, scores, den)."""
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
     b_den = tl.zeros([BQ], dtype=tl.float32)
     b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
@@ -221,27 +188,22 @@ def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so, p_cb
         b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
         b_s = _state_tile(p_s, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
         b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
-        if not CB:
-            b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, s_x, m_r, m_d), input_precision=DOT_PREC)
+        b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, s_x, m_r, m_d), input_precision=DOT_PREC)
         if DEN:
             b_n = _vec(p_n, o_d, m_d)
             b_den += _dot_n(b_x, b_n, DOT_PREC)
-    if CB:
-        b_p = _tile(p_cb, o_r, o_r, s_cb, m_r, m_r)
     return b_acc, b_p, b_den
 
 
 @triton.jit
 def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, r0,
-                c0, c1, o_o, m_o, D, s_x, s_z, p_cb, s_cb, BQ: tl.constexpr, BD: tl.constexpr,
+                c0, c1, o_o, m_o, D, s_x, s_z, BQ: tl.constexpr, BD: tl.constexpr,
                 HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
-                DEN: tl.constexpr, AFFINE: tl.constexpr, CB: tl.constexpr,
-                DOT_PREC: tl.constexpr):  # fmt: skip
+                DEN: tl.constexpr, AFFINE: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
     """Adds Σ_{s≤r} D_rs p_rs z_s to b_acc [BQ, BO]: the diagonal key tile from its scores b_p
     (causal mask), then the full key tiles before it. ``AFFINE``: p_rs → A_r p_rs + dd_r (b_A,
     b_dd [BQ]); ``DEN``: also Σ_s D_rs p_rs into b_den. Row strides: s_x of x and y, s_z of
-    z. ``CB``: the full tiles' scores read from the stored ones (:func:`_rows_inter`). Returns
-    (acc, den)."""
+    z. Returns (acc, den)."""
     if AFFINE:
         b_p = b_p * b_A[:, None] + b_dd[:, None]
     b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
@@ -254,16 +216,13 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     for s0 in range(c0, r0, BQ):
         o_s = s0 + tl.arange(0, BQ)
         m_s = o_s < c1
-        if CB:
-            b_p = _tile(p_cb, o_r, o_s, s_cb, m_r, m_s)
-        else:
-            b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
-            for d0 in range(0, D, BD):
-                o_d = d0 + tl.arange(0, BD)
-                m_d = o_d < D
-                b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
-                b_yt = _tile_t(p_y, o_s, o_d, s_x, m_s, m_d)  # [BD, BQ]
-                b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
+        b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            o_d = d0 + tl.arange(0, BD)
+            m_d = o_d < D
+            b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
+            b_yt = _tile_t(p_y, o_s, o_d, s_x, m_s, m_d)  # [BD, BQ]
+            b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
         if AFFINE:
             b_p = b_p * b_A[:, None] + b_dd[:, None]
         b_bs = _vec(g, o_s, m_s) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
@@ -284,14 +243,12 @@ def out_fwd_kernel(
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, skip=None, HAS_SKIP: tl.constexpr = False,
-    cb=None, HAS_CB: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, V tiles, B·H): o_r = scale·[e_r q_r C_c + Σ_{s≤r} D_rs
     (q_r·k_s) v_s] of one query tile from the chunk states h (and hn, mc). ``NORM``: divided
     by the normalizer's denominator, den [B·H, T] = scale·q·n stored; ``HAS_MAX``: the row max
     m_row [B·H, T] stored. ``HAS_SKIP``: plus the skip term skip[h]·v_r (skip [H] fp32, after
-    the normalizer: Mamba2's D·x). ``HAS_CB``: the scores q_r·k_s read from cb
-    (:func:`scores_kernel`), shared by the G value heads of a q/k head."""
+    the normalizer: Mamba2's D·x)."""
     i_cq, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
@@ -320,16 +277,13 @@ def out_fwd_kernel(
         e_r = tl.exp(b_br)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    p_cb = None
-    if HAS_CB:  # the group's scores of this chunk, addressed by absolute token rows
-        p_cb = cb + ((i_b * HK + i_h // G) * NT + i_c) * L * L - c0 * (L + 1)
-    b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, HK * K, V, 1, p_cb, L,
-                                    BQ, BD, BO, NORM != NORM_NONE, HAS_CB, DOT_PREC)  # fmt: skip
+    b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, HK * K, V, 1, BQ, BD,
+                                    BO, NORM != NORM_NONE, DOT_PREC)  # fmt: skip
     b_acc *= e_r[:, None]
     b_den *= e_r
     b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None, None,
-                               o_r, m_r, r0, c0, c1, o_v, m_v, K, HK * K, H * V, p_cb, L, BQ, BD,
-                               HAS_DECAY, HAS_IGATE, HAS_MAX, NORM != NORM_NONE, False, HAS_CB,
+                               o_r, m_r, r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD, HAS_DECAY,
+                               HAS_IGATE, HAS_MAX, NORM != NORM_NONE, False,
                                DOT_PREC)  # fmt: skip
     b_acc *= scale
 
@@ -424,17 +378,16 @@ def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_
         b_dd = _vec(rd + i_bh * T, o_r, m_r)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    b_acc, b_p, b_den = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H * V, 1, V, None,
-                                    0, BQ, BD, BO, False, False, DOT_PREC)  # fmt: skip
+    b_acc, b_p, b_den = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H * V, 1, V, BQ,
+                                    BD, BO, False, DOT_PREC)  # fmt: skip
     if HAS_NORM:
         b_no = _vec(hn + (i_bh * NT + i_c) * K, o_k, m_k)  # [BO]
         b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
     b_acc *= e_r[:, None]
     # (b_den: zeros, unused; a jit helper may not return a None it was given)
     b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd,
-                               o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, None, 0, BQ, BD,
-                               HAS_DECAY, HAS_IGATE, HAS_MAX, False, HAS_NORM, False,
-                               DOT_PREC)  # fmt: skip
+                               o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, BQ, BD, HAS_DECAY,
+                               HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC)  # fmt: skip
     b_acc *= scale
     if HAS_DECAY:  # q·dq over this K tile, for the log-decay gradient
         b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
@@ -574,10 +527,10 @@ def states_bwd_kernel(
 
 @triton.jit
 def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_o, m_o, D,
-          s_x, s_z, s_sd, s_so, scale, p_cb, s_cb, BS: tl.constexpr, BD: tl.constexpr,
-          BO: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
-          HAS_MAX: tl.constexpr, HAS_NORM: tl.constexpr, ADD_DN: tl.constexpr,
-          SHIFT: tl.constexpr, CB: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+          s_x, s_z, s_sd, s_so, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+          HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+          HAS_NORM: tl.constexpr, ADD_DN: tl.constexpr, SHIFT: tl.constexpr,
+          DOT_PREC: tl.constexpr):  # fmt: skip
     """The columns s of one key tile of dk or dv (pointers at this row, chunk):
 
         out_s = w_s (x_s dS_c+1 + [ADD_DN] dn_c+1) + scale·Σ_{r≥s} D_rs M_sr z_r,
@@ -585,8 +538,7 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
 
     dS_c+1 at p_ds with element strides (s_sd, s_so), dn_c+1 at p_dn; mc at this chunk's max
     state (m_c+1 at mc + 1), g, gi, m_row, ra, rd at this row. A = ra with ``HAS_NORM``, else 1.
-    Row strides: s_x of x and y, s_z of z. ``CB``: x_s·y_r read from the stored scores
-    (y_r·x_s at p_cb + r·s_cb + s, :func:`scores_kernel`). Returns out [BS, BO] fp32."""
+    Row strides: s_x of x and y, s_z of z. Returns out [BS, BO] fp32."""
     b_bs = _vec(g, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
     b_as = _vec(gi, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
     lw = b_as - b_bs
@@ -606,8 +558,7 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
         b_x = _tile(p_x, o_s, o_d, s_x, m_s, m_d)  # [BS, BD]
         b_st = _state_tile(p_ds, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
         b_int += tl.dot(b_x, b_st.to(b_x.dtype), input_precision=DOT_PREC)
-        if not CB:
-            b_mt += tl.dot(b_x, _tile_t(p_y, o_s, o_d, s_x, m_s, m_d), input_precision=DOT_PREC)
+        b_mt += tl.dot(b_x, _tile_t(p_y, o_s, o_d, s_x, m_s, m_d), input_precision=DOT_PREC)
     if ADD_DN:
         b_int += _vec(p_dn, o_o, m_o)[None, :]
 
@@ -615,9 +566,7 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
     for r0 in range(s0, c1, BS):
         o_r = r0 + tl.arange(0, BS)
         m_r = o_r < c1
-        if CB:
-            b_mt = _tile_t(p_cb, o_r, o_s, s_cb, m_r, m_s)  # [BS (s), BS (r)]
-        elif r0 > s0:  # a full query tile after the diagonal
+        if r0 > s0:  # a full query tile after the diagonal
             b_mt = tl.zeros([BS, BS], dtype=tl.float32)
             for d0 in range(0, D, BD):
                 o_d = d0 + tl.arange(0, BD)
@@ -707,8 +656,8 @@ def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, 
     b_dk = _cols(
         v + (i_b * T * H + i_h) * V, do + (i_b * T * H + i_h) * V, p_q,
         dh + (i_bh * NT + i_c) * K * V, dhn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_k,
-        m_k, V, H * V, HK * K, 1, V, scale, None, 0, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX,
-        HAS_NORM, HAS_N, HAS_NORM, False, DOT_PREC,
+        m_k, V, H * V, HK * K, 1, V, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM,
+        HAS_N, HAS_NORM, DOT_PREC,
     )  # fmt: skip
     if HAS_DECAY or HAS_IGATE:  # k·dk over this K tile, for the gate gradients
         b_k = _tile(p_k, o_s, o_k, HK * K, m_s, m_k)
@@ -724,19 +673,17 @@ def dv_bwd_kernel(
     BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    v=None, skip=None, dskip=None, HAS_SKIP: tl.constexpr = False, cb=None,
-    HAS_CB: tl.constexpr = False,
+    v=None, skip=None, dskip=None, HAS_SKIP: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, V tiles, B·H): dv_s = w_s k_s dC_c+1 + scale·Σ_{r≥s} D_rs A_r
     (k_s·q_r) do_r of one key tile (:func:`_cols`), from the state gradients dh.
 
     ``HAS_SKIP`` (the output's skip term skip[h]·v_r, :func:`out_fwd_kernel`): plus
     skip[h]·do_s, and this tile's Σ do_s·v_s stored at dskip [B·H, chunks × key tiles, V
-    tiles] fp32 (zeros where a tile is empty), whose sum over a head is ∂L/∂skip[h].
-    ``HAS_CB``: the scores k_s·q_r read from cb (:func:`scores_kernel`)."""
+    tiles] fp32 (zeros where a tile is empty), whose sum over a head is ∂L/∂skip[h]."""
     i_cs, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, c0, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    i_c, _c0, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
     if s0 >= c1:
         return
     o_v = i_v * BO + tl.arange(0, BO)
@@ -752,13 +699,10 @@ def dv_bwd_kernel(
         ra += i_bh * T
     HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
     qk = (i_b * T * HK + i_h // G) * K
-    p_cb = None
-    if HAS_CB:  # the group's scores of this chunk, addressed by absolute token rows
-        p_cb = cb + ((i_b * HK + i_h // G) * NT + i_c) * L * L - c0 * (L + 1)
     b_dv = _cols(
         k + qk, q + qk, do + (i_b * T * H + i_h) * V, dh + (i_bh * NT + i_c) * K * V, None, g, gi,
-        mc, m_row, ra, None, o_s, m_s, s0, c1, o_v, m_v, K, HK * K, H * V, V, 1, scale, p_cb, L,
-        BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, False, False, HAS_CB, DOT_PREC,
+        mc, m_row, ra, None, o_s, m_s, s0, c1, o_v, m_v, K, HK * K, H * V, V, 1, scale, BS, BD,
+        BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, False, False, DOT_PREC,
     )  # fmt: skip
     if HAS_SKIP:
         vo = (i_b * T * H + i_h) * V

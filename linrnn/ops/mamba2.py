@@ -40,11 +40,6 @@ _LOG_SOFTPLUS_CUT = -15.0
 # default of 20 drops e^{−20} ≈ 2e-9 there, a 1e-10 relative error of Δ in fp64.
 _SOFTPLUS_LINEAR_ABOVE = 40.0
 
-# Eager Triton chunk calls with dt_softplus form the gates in one kernel each way and add D·x
-# inside the engine's kernels (:func:`_triton_chunk`); False takes the generic path instead
-# (gates and D·x by PyTorch ops), the form torch.compile traces.
-FUSED_TRITON_CHUNK = True
-
 
 def softplus(z: Tensor) -> Tensor:
     """``log(1 + e^z)``, exact to the last bit of fp64 (``e^z`` stays finite below the
@@ -123,7 +118,9 @@ def mamba2(
                        backend=backend, chunk_size=chunk_size)  # fmt: skip
     if r.backend != "triton":
         B, C = per_head(B, H), per_head(C, H)
-    fused = FUSED_TRITON_CHUNK and dt_softplus and not _runtime.tracing()
+    # Eager Triton chunk calls with dt_softplus form the gates in one kernel each way and add
+    # D·x inside the engine's kernels; traced calls take the generic path (PyTorch gate ops).
+    fused = dt_softplus and not _runtime.tracing()
     if r.backend == "triton" and r.mode == "chunk" and fused:
         o, S = _triton_chunk(x, dt, A, B, C, D, dt_bias, S0, offsets, r.chunk_size)
         return o, (S if output_final_state else None)
