@@ -22,6 +22,8 @@ Host side (plain Python and PyTorch):
 * ``delta_recurrent``  the delta rule's recurrent mode (decoding, short sequences), with backward.
 * ``torch_delta``  the delta rule's chunk form in PyTorch.
 * ``gate_grads``  the gate-gradient reductions the hosts share.
+* ``mamba2_gates``  Mamba2's gates g = Δ·A, gi = log Δ from dt (and their gradients) in one
+                  Triton kernel each way, for the Triton chunk path.
 * ``custom_ops``  torch.library ops over the hosts' forward/backward, for torch.compile.
 * ``host_math``   integer helpers for grids and tiles.
 

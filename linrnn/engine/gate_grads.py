@@ -127,6 +127,13 @@ def chunk_local(dF, bnd, c):
     """The reverse sum of dF ([rows, T], token layout) restarted at every chunk's end, plus
     that chunk's exact boundary value bnd ([rows, NT]): fp64."""
     T = dF.shape[1]
+    if not c.varlen:  # equal chunks: the reverse sums within each, from its prefix sums
+        R, NT = dF.shape[0], -(-T // c.L)
+        x = dF.double()
+        x = (F.pad(x, (0, NT * c.L - T)) if NT * c.L > T else x).view(R, NT, c.L)
+        S = x.cumsum(-1)
+        y = S[..., -1:] - S + x + bnd.double()[:, :, None]
+        return y.view(R, NT * c.L)[:, :T]
     G = F.pad(rev_cumsum(dF), (0, 1))  # G[:, T] = 0
     if c.varlen:
         chunk = c.tok_chunk
@@ -164,10 +171,13 @@ def gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T,
     local = None
     if c.has_decay and bnd is not None:
         local = chunk_local(q_dq.double() - k_dk, bnd, c)
-        dF = sq.spread(torch.zeros_like(local))  # only the max state's routing is left for dF
+        # only the max state's routing is left for dF
+        dF = sq.spread(torch.zeros_like(local)) if c.stab else None
     else:
         dF = sq.spread(q_dq.double() - k_dk) if c.has_decay else None
-    da = sq.spread(k_dk.clone()) if c.has_igate else None
+    da = None
+    if c.has_igate:  # (added to in place by the max state's routing)
+        da = sq.spread(k_dk.clone() if c.stab else k_dk)
     end = None  # ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩: the final state's own dependence on its scale
     if dS_T is not None:
         end = (dS_T * S_T).sum((-2, -1)).view(NH)
@@ -196,12 +206,12 @@ def gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T,
             empty = (~sq.nonempty)[:, None].float()
             dm0 = dm0 + dz[:, 0].view(sq.N, H) + tail.view(sq.N, H) * empty
     dg = None
-    if dF is not None:
-        if local is not None and not c.stab:  # dF stayed zero: nothing to add
-            rev = local
-        else:  # a reverse sum over whole sequences (up to 10⁵ terms that largely cancel): fp64
-            rev = sq.gather(rev_cumsum(dF))
-            rev = rev if local is None else rev + local
+    if local is not None and not c.stab:  # no routing: the chunk-local sums are all of it
+        dg = tokens(local.float(), b_shape)
+    elif dF is not None:  # a reverse sum over whole sequences (up to 10⁵ terms that largely
+        # cancel): fp64
+        rev = sq.gather(rev_cumsum(dF))
+        rev = rev if local is None else rev + local
         dg = tokens(rev.float(), b_shape)
     if da is not None:
         da = tokens(sq.gather(da).float(), b_shape)

@@ -2,13 +2,17 @@
 kernel launches of one call and its backward, as plain functions over named tensors, and the
 autograd Function over them.
 
-    (o, S_T, n_T, m_T), saved = forward(q, k, v, g, gi, S0, n0, m0, cfg)
+    (o, S_T, n_T, m_T), saved = forward(q, k, v, g, gi, S0, n0, m0, cfg, skip=None)
     dq, dk, dv, dg, dgi, dS0, dn0, dm0 = backward(saved, cfg, do, dS_T, dn_T, dm_T)
 
 ``saved`` is a dict of the tensors the backward reads (:data:`SAVED`; None where the call does
 not use one, see :func:`kept`). The gate gradients come from the shared host helpers of
 :mod:`linrnn.engine.gate_grads`. The custom ops of :mod:`linrnn.engine.custom_ops` call the same
 two functions.
+
+``skip`` ([H] fp32, mode "chunk" only; eager calls): a per-head skip term added to the output,
+o_t += skip[h]·v_t (Mamba2's D·x), inside the output kernel; its gradients (skip[h]·do into dv,
+Σ do·v for skip) come from the dv kernel (:func:`backward_skip`).
 """
 
 from __future__ import annotations
@@ -47,15 +51,21 @@ def gate_rows(g, gi, cfg: ChunkConfig):
     return b, a
 
 
-def forward(q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig):
+def forward(q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig, skip=None):
     """One chunk-engine forward: ``((o, S_T, n_T, m_T), saved)``. q, k, v ``[B, T, H, *]``
     (fp16/bf16/fp32), g, gi ``[B, T, H]`` fp32 or None, the initial state as
-    :func:`prepare_state` makes it (or None)."""
+    :func:`prepare_state` makes it (or None); ``skip`` [H] fp32 or None (module docstring)."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     b, a = gate_rows(g, gi, cfg)
-    run = _forward_fused if cfg.fused else _forward
-    o, S_T, n_T, m_T, tables = run(q, k, v, b, a, S0, n0, m0, cfg)
+    if cfg.fused:
+        if skip is not None:
+            raise NotImplementedError("the skip term has no fused_chunk kernel")
+        o, S_T, n_T, m_T, tables = _forward_fused(q, k, v, b, a, S0, n0, m0, cfg)
+    else:
+        o, S_T, n_T, m_T, tables = _forward(q, k, v, b, a, S0, n0, m0, cfg, skip)
     saved = dict(q=q, k=k, v=v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, o=o, S_T=S_T, n_T=n_T, b=b, a=a)
+    if skip is not None:
+        saved["skip"] = skip
     has = kept(cfg)
     saved.update({name: tables.get(name) if has[name] else None for name in PRODUCED[2:]})
     return (o, S_T, n_T, m_T), saved
@@ -65,11 +75,18 @@ def backward(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
     """The gradients ``(dq, dk, dv, dg, dgi, dS0, dn0, dm0)`` of one chunk-engine call from
     what :func:`forward` saved and the outputs' cotangents (any of dS_T, dn_T, dm_T may be
     None; None where an input was None)."""
+    return backward_skip(saved, cfg, do, dS_T, dn_T, dm_T)[:8]
+
+
+def backward_skip(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
+    """:func:`backward`'s gradients, then the skip term's (None without one)."""
     s = saved
     do = do.contiguous()
-    run = _backward_fused if cfg.fused else _backward
-    grads = run(s, do, dS_T, dn_T, cfg)
-    dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd = grads
+    if cfg.fused:
+        grads = (*_backward_fused(s, do, dS_T, dn_T, cfg), None)
+    else:
+        grads = _backward(s, do, dS_T, dn_T, cfg)
+    dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd, dskip = grads
     S0, n0, m0, g, gi = s["S0"], s["n0"], s["m0"], s["g"], s["gi"]
     dm0 = None
     if S0 is not None and cfg.stab:
@@ -82,7 +99,7 @@ def backward(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
         )  # fmt: skip
     if S0 is None:
         dS0 = dn0 = None
-    return dq, dk, dv, dg, dgi, dS0, dn0, dm0
+    return dq, dk, dv, dg, dgi, dS0, dn0, dm0, dskip
 
 
 def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig | None = None) -> torch.Tensor:
@@ -93,7 +110,9 @@ def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig | None = None) -> torc
         return (cs[:, 1:] - cs[:, c.tok_start]).float().contiguous()
     BH, T = x.shape
     NT = cdiv(T, L)
-    x = F.pad(x, (0, NT * L - T)).view(BH, NT, L).cumsum(-1)
+    if NT * L > T:
+        x = F.pad(x, (0, NT * L - T))
+    x = x.view(BH, NT, L).cumsum(-1)
     return x.view(BH, NT * L)[:, :T].contiguous()
 
 
@@ -109,7 +128,7 @@ def _chunk_max(b, a, L, c: ChunkConfig | None = None):
     return z.view(BH, NT, L).amax(-1).contiguous()
 
 
-def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
+def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
     """The chunk states (states_fwd_kernel), then the outputs (out_fwd_kernel)."""
     T, K = q.shape[1], q.shape[3]
     H, V = v.shape[2], v.shape[3]
@@ -138,7 +157,8 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     kern.out_fwd_kernel[(NT * NQ, cdiv(V, BO), BH)](
         q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
         chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ, scale=c.scale,
-        eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, **gates, **launch,
+        eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip, HAS_SKIP=skip is not None,
+        **gates, **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
     tables = dict(states=states, ns=ns, mc=mc, den=den, m_row=m_row)
@@ -239,7 +259,8 @@ def _norm_rows(do, o, den, m_row, c: ChunkConfig):
 
 def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     """The state gradients (states_bwd_kernel), then dq, dk and dv (one kernel each). With
-    grouped heads (G > 1) dq and dk are formed per value head in fp32 and summed per group."""
+    grouped heads (G > 1) the dq and dk kernels sum a group's value heads themselves
+    (:func:`heads_per_program`)."""
     q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
     states, ns, mc, m_row = s["states"], s["ns"], s["mc"], s["m_row"]
     T, K = q.shape[1], q.shape[3]
@@ -271,46 +292,87 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     BQ, BD, BO, launch = c.tiles("dq_bwd", V, K)
     nQ, nK = cdiv(L, BQ), cdiv(K, BO)
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
-    per_head = (*v.shape[:3], K)  # dq, dk per value head (fp32, for the group sums)
-    dq = torch.empty(per_head, **f32) if G > 1 else torch.empty_like(q)
-    kern.dq_bwd_kernel[(NT * nQ, nK, BH)](
+    HPP = heads_per_program(G, NT * nQ * nK * (BH // G))
+    dq = _group_grad(q, H // HPP)
+    kern.dq_bwd_kernel[(NT * nQ, nK, BH // HPP)](
         do=do, v=v, k=k, q=q, h=states, hn=ns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, rd=R_D,
         dq=dq, qdq=q_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=nQ, NSEQ=c.NSEQ,
-        scale=c.scale, BQ=BQ, BD=BD, BO=BO, **flags, **launch,
+        scale=c.scale, BQ=BQ, BD=BD, BO=BO, HPP=HPP, **flags, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("dk_bwd", V, K)
     nS, nK = cdiv(L, BS), cdiv(K, BO)
     k_part = torch.empty(nK, BH, T, **f32) if gates else None
-    dk = torch.empty(per_head, **f32) if G > 1 else torch.empty_like(k)
-    kern.dk_bwd_kernel[(NT * nS, nK, BH)](
+    HPP = heads_per_program(G, NT * nS * nK * (BH // G))
+    dk = _group_grad(k, H // HPP)
+    kern.dk_bwd_kernel[(NT * nS, nK, BH // HPP)](
         v=v, do=do, q=q, k=k, dh=dstates, dhn=dns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
         rd=R_D, dk=dk, kdk=k_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS,
-        NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None, **flags,
-        **launch,
+        NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None, HPP=HPP,
+        **flags, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("dv_bwd", K, V)
-    nS = cdiv(L, BS)
+    nS, nV = cdiv(L, BS), cdiv(V, BO)
     dv = torch.empty_like(v)
-    kern.dv_bwd_kernel[(NT * nS, cdiv(V, BO), BH)](
+    skip = s.get("skip")  # (absent where the custom ops rebuild the saved tensors)
+    dskip = torch.zeros(BH, NT * nS * nV, **f32) if skip is not None else None
+    kern.dv_bwd_kernel[(NT * nS, nV, BH)](
         k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
         chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
-        BS=BS, BD=BD, BO=BO, **flags, **launch,
+        BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip, dskip=dskip,
+        HAS_SKIP=skip is not None, **flags, **launch,
     )  # fmt: skip
-    if G > 1:
-        dq = dq.view(*q.shape[:3], G, K).sum(3).to(q.dtype)
-        dk = dk.view(*k.shape[:3], G, K).sum(3).to(k.dtype)
-    k_dk = k_part.sum(0) if gates else None
-    q_dq = q_part.sum(0) if c.has_decay else None
+    dq, dk = _group_sum(dq, q), _group_sum(dk, k)
+    if dskip is not None:  # Σ over the batch rows and tiles of each head
+        dskip = dskip.view(-1, H, dskip.shape[1]).double().sum((0, 2)).float()
+    k_dk = _tile_sum(k_part) if gates else None
+    q_dq = _tile_sum(q_part) if c.has_decay else None
     bnd = bnd.sum(-1) if c.has_decay else None
-    return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd
+    return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd, dskip
+
+
+# The dq and dk kernels sum all value heads of a group in one program when that still gives at
+# least this many programs (a few per SM); else each group's heads are split over the fewest
+# programs that reach it, whose fp32 partial sums the host adds.
+GROUP_MIN_PROGRAMS = 1024
+
+
+def heads_per_program(G: int, programs: int) -> int:
+    """HPP, the value heads one dq/dk program sums: the largest divisor of the group size G
+    whose grid (``programs`` per whole group, times G / HPP) has ≥ :data:`GROUP_MIN_PROGRAMS`
+    programs; 1 where none has."""
+    for parts in range(1, G + 1):
+        if G % parts == 0 and programs * parts >= GROUP_MIN_PROGRAMS:
+            return G // parts
+    return 1
+
+
+def _group_grad(x, slots: int):
+    """The dq/dk kernels' output: x's own shape and dtype when a program sums a whole group
+    (``slots`` = x's heads), else fp32 ``[B, T, slots, K]`` partial sums."""
+    if slots == x.shape[2]:
+        return torch.empty_like(x)
+    return torch.empty(*x.shape[:2], slots, x.shape[3], device=x.device, dtype=torch.float32)
+
+
+def _group_sum(part, x):
+    """x's gradient from :func:`_group_grad`'s tensor: its partial sums added per group."""
+    if part.shape[2] == x.shape[2]:
+        return part
+    B, T, HK, K = x.shape
+    return part.view(B, T, HK, -1, K).sum(3).to(x.dtype)
+
+
+def _tile_sum(part):
+    """[tiles, rows, T] per-tile partial sums → [rows, T] (no reduction for one tile)."""
+    return part[0] if part.shape[0] == 1 else part.sum(0)
 
 
 class ChunkFunction(torch.autograd.Function):
-    """The autograd Function of :func:`forward` / :func:`backward` (eager calls)."""
+    """The autograd Function of :func:`forward` / :func:`backward_skip` (eager calls)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig):
-        outputs, saved = forward(q, k, v, g, gi, S0, n0, m0, cfg)
+    def forward(ctx, q, k, v, g, gi, S0, n0, m0, skip, cfg: ChunkConfig):
+        outputs, saved = forward(q, k, v, g, gi, S0, n0, m0, cfg, skip=skip)
         ctx.cfg, ctx.names = cfg, tuple(saved)
         ctx.save_for_backward(*saved.values())
         return outputs
@@ -318,7 +380,7 @@ class ChunkFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dS_T, dn_T, dm_T):
         saved = dict(zip(ctx.names, ctx.saved_tensors))
-        return (*backward(saved, ctx.cfg, do, dS_T, dn_T, dm_T), None)
+        return (*backward_skip(saved, ctx.cfg, do, dS_T, dn_T, dm_T), None)
 
 
 def config(q, k, v, *, scale, g, gi, stabilize, track_n, normalizer, eps, chunk_size, fused,
@@ -333,16 +395,17 @@ def config(q, k, v, *, scale, g, gi, stabilize, track_n, normalizer, eps, chunk_
 
 
 def chunk(q, k, v, *, scale, g=None, gi=None, stabilize=False, track_n=False, normalizer=None,
-          eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False,
-          offsets=None):  # fmt: skip
+          eps=0.0, S0=None, n0=None, m0=None, chunk_size=None, fused=False, offsets=None,
+          skip=None):  # fmt: skip
     """Scalar-gate chunkwise forward (autograd-enabled). q, k ``[B, T, H / G, K]``, v
     ``[B, T, H, V]`` in one of fp16/bf16/fp32 (G > 1: Mamba2's B, C groups); g, gi
     ``[B, T, H]`` log decay and log input gate; S0/n0/m0 the initial state (n0 with
     ``track_n``, m0 with ``stabilize``; N = B, or the number of sequences). ``fused``: the
     non-materializing kernels (fused_kernels). ``offsets``: ``[N + 1]`` ints of packed
-    sequences (B = 1), each its own chunks and state. Returns ``(o, S_T, n_T, m_T)``."""
+    sequences (B = 1), each its own chunks and state. ``skip``: ``[H]`` fp32, o_t += skip[h]·v_t
+    (mode "chunk"). Returns ``(o, S_T, n_T, m_T)``."""
     cfg = config(q, k, v, scale=scale, g=g, gi=gi, stabilize=stabilize, track_n=track_n,
                  normalizer=normalizer, eps=eps, chunk_size=chunk_size, fused=fused,
                  offsets=offsets)  # fmt: skip
     S0, n0, m0 = prepare_state(S0, n0, m0, track_n, stabilize)
-    return ChunkFunction.apply(q, k, v, g, gi, S0, n0, m0, cfg)
+    return ChunkFunction.apply(q, k, v, g, gi, S0, n0, m0, skip, cfg)

@@ -36,8 +36,11 @@ Layouts: q, k, v, o and their gradients ``[B, T, H, D]`` contiguous; gates and p
 ``[B·H, T]`` fp32; chunk states ``[B·H, NT, K, V]`` fp32; max states ``[B·H, NT + NSEQ]``.
 Offsets are int64. Grouped value heads (the delta rule, Mamba2's B/C groups): every kernel but
 the normalizer's takes G value heads per q/k head; H counts the value heads (rows B·H), q and k
-are ``[B, T, H/G, K]`` and value head h reads q/k head h // G; dq and dk are written per value
-head ``[B, T, H, K]`` (the caller sums each group). The other families pass G = 1.
+are ``[B, T, H/G, K]`` and value head h reads q/k head h // G; the dq and dk kernels sum HPP
+value heads of a group per program into ``[B, T, H/HPP, K]`` (HPP = G: the group's gradient
+itself, no per-head copy; the caller sums the G/HPP slots of a group when HPP < G). The other
+families pass G = 1. ``HAS_SKIP`` (out and dv): a per-head skip term skip[h]·v_r added to the
+output (Mamba2's D·x).
 """
 
 from __future__ import annotations
@@ -239,12 +242,13 @@ def out_fwd_kernel(
     T, H, G, K, V, L, NT, NQ, NSEQ, scale, eps,
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
-    DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, skip=None, HAS_SKIP: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, V tiles, B·H): o_r = scale·[e_r q_r C_c + Σ_{s≤r} D_rs
     (q_r·k_s) v_s] of one query tile from the chunk states h (and hn, mc). ``NORM``: divided
     by the normalizer's denominator, den [B·H, T] = scale·q·n stored; ``HAS_MAX``: the row max
-    m_row [B·H, T] stored."""
+    m_row [B·H, T] stored. ``HAS_SKIP``: plus the skip term skip[h]·v_r (skip [H] fp32, after
+    the normalizer: Mamba2's D·x)."""
     i_cq, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
@@ -291,6 +295,8 @@ def out_fwd_kernel(
         tl.store(den + i_bh * T + o_r, b_den, mask=first)
     if HAS_MAX:
         tl.store(m_row + i_bh * T + o_r, b_mr, mask=first)
+    if HAS_SKIP:
+        b_acc += tl.load(skip + i_h) * _tile(p_v, o_r, o_v, H * V, m_r, m_v).to(tl.float32)
     tl.store(p_o, b_acc.to(o.dtype.element_ty), mask=m_r[:, None] & m_v[None, :])
 
 
@@ -301,22 +307,57 @@ def dq_bwd_kernel(
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+    HPP: tl.constexpr = 1,
 ):  # fmt: skip
-    """Grid (chunks × query tiles, K tiles, B·H): dq_r = scale·[e_r (A_r do_r C_cᵀ + dd_r n_c)
-    + Σ_{s≤r} D_rs (A_r do_r·v_s + dd_r) k_s] of one query tile; ``HAS_NORM``: A = ra, dd = rd
-    (:func:`norm_bwd_kernel`), else A = 1, dd = 0. ``HAS_DECAY``: also this K tile's part of
-    q·dq, qdq [K tiles, B·H, T] fp32, for the log-decay gradient."""
-    i_cq, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    """Grid (chunks × query tiles, K tiles, B·H / HPP): dq_r = scale·[e_r (A_r do_r C_cᵀ +
+    dd_r n_c) + Σ_{s≤r} D_rs (A_r do_r·v_s + dd_r) k_s] of one query tile; ``HAS_NORM``:
+    A = ra, dd = rd (:func:`norm_bwd_kernel`), else A = 1, dd = 0. ``HAS_DECAY``: also this K
+    tile's part of q·dq per value head, qdq [K tiles, B·H, T] fp32, for the log-decay gradient.
+
+    A program sums the dq of ``HPP`` consecutive value heads of one group (HPP divides G) and
+    stores it in its slot of dq [B, T, H / HPP, K]: HPP = 1 per value head, HPP = G the
+    group's whole sum per q/k head (no per-head copy in memory)."""
+    i_cq, i_k, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    NP = H // HPP  # dq slots per batch row
+    i_b, i_s = i_p // NP, i_p % NP
     i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
     o_k = i_k * BO + tl.arange(0, BO)
     m_k = o_k < K
     HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
+    i_h0 = i_s * HPP  # the program's first value head
+    qk = (i_b * T * HK + i_h0 // G) * K
+    rows = tl.num_programs(2) * HPP  # B·H
+    if HPP == 1:
+        b_dq = _dq_head(
+            i_h0, do, v, k + qk, q + qk, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k, rows,
+            i_c, i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale, BQ, BD,
+            BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC,
+        )  # fmt: skip
+    else:
+        b_dq = tl.zeros([BQ, BO], dtype=tl.float32)
+        for j in range(HPP):
+            b_dq += _dq_head(
+                i_h0 + j, do, v, k + qk, q + qk, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k,
+                rows, i_c, i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
+                BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC,
+            )  # fmt: skip
+    p_dq = dq + (i_b * T * NP + i_s) * K + o_r.to(tl.int64)[:, None] * NP * K + o_k[None, :]
+    tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
+
+
+@triton.jit
+def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k, rows, i_c,
+             i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
+             BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
+             HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_NORM: tl.constexpr,
+             DOT_PREC: tl.constexpr):  # fmt: skip
+    """dq [BQ, BO] fp32 of value head i_h on the rows o_r (:func:`dq_bwd_kernel`; p_k, p_q at
+    its q/k head), storing its q·dq part (``HAS_DECAY``)."""
+    i_bh = i_b * H + i_h
     p_do = do + (i_b * T * H + i_h) * V
     p_v = v + (i_b * T * H + i_h) * V
-    p_k = k + (i_b * T * HK + i_h // G) * K
     if HAS_DECAY:
         g += i_bh * T
     if HAS_IGATE:
@@ -348,13 +389,11 @@ def dq_bwd_kernel(
                                o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, BQ, BD, HAS_DECAY,
                                HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC)  # fmt: skip
     b_acc *= scale
-
-    p_dq = dq + (i_b * T * H + i_h) * K + o_r.to(tl.int64)[:, None] * H * K + o_k[None, :]
-    tl.store(p_dq, b_acc.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
     if HAS_DECAY:  # q·dq over this K tile, for the log-decay gradient
-        b_q = _tile(q + (i_b * T * HK + i_h // G) * K, o_r, o_k, HK * K, m_r, m_k)
+        b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
         part = tl.sum(b_q.to(tl.float32) * b_acc, 1)
-        tl.store(qdq + (i_k * tl.num_programs(2) + i_bh) * T + o_r, part, mask=m_r)
+        tl.store(qdq + (i_k * rows + i_bh) * T + o_r, part, mask=m_r)
+    return b_acc
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -556,18 +595,52 @@ def dk_bwd_kernel(
     BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+    HPP: tl.constexpr = 1,
 ):  # fmt: skip
-    """Grid (chunks × key tiles, K tiles, B·H): dk_s = w_s (v_s dC_c+1ᵀ + dn_c+1) + scale·Σ_{r≥s}
-    D_rs (A_r v_s·do_r + dd_r) q_r of one key tile (:func:`_cols`), from the state gradients
-    dh, dhn. With a gate (``HAS_DECAY`` or ``HAS_IGATE``) also this K tile's part of k·dk,
-    kdk [K tiles, B·H, T] fp32, for the gate gradients."""
-    i_cs, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    """Grid (chunks × key tiles, K tiles, B·H / HPP): dk_s = w_s (v_s dC_c+1ᵀ + dn_c+1) +
+    scale·Σ_{r≥s} D_rs (A_r v_s·do_r + dd_r) q_r of one key tile (:func:`_cols`), from the
+    state gradients dh, dhn. With a gate (``HAS_DECAY`` or ``HAS_IGATE``) also this K tile's
+    part of k·dk per value head, kdk [K tiles, B·H, T] fp32, for the gate gradients. ``HPP``:
+    value heads summed per program, as in :func:`dq_bwd_kernel` (dk [B, T, H / HPP, K])."""
+    i_cs, i_k, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    NP = H // HPP  # dk slots per batch row
+    i_b, i_s = i_p // NP, i_p % NP
     i_c, _c0, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
     if s0 >= c1:
         return
     o_k = i_k * BO + tl.arange(0, BO)
     m_k = o_k < K
+    HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
+    i_h0 = i_s * HPP  # the program's first value head
+    qk = (i_b * T * HK + i_h0 // G) * K
+    rows = tl.num_programs(2) * HPP  # B·H
+    if HPP == 1:
+        b_dk = _dk_head(
+            i_h0, v, do, q + qk, k + qk, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, i_k, rows,
+            i_c, i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale, BS, BD, BO,
+            HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC,
+        )  # fmt: skip
+    else:
+        b_dk = tl.zeros([BS, BO], dtype=tl.float32)
+        for j in range(HPP):
+            b_dk += _dk_head(
+                i_h0 + j, v, do, q + qk, k + qk, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b,
+                i_k, rows, i_c, i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
+                BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC,
+            )  # fmt: skip
+    p_dk = dk + (i_b * T * NP + i_s) * K + o_s.to(tl.int64)[:, None] * NP * K + o_k[None, :]
+    tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & m_k[None, :])
+
+
+@triton.jit
+def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, i_k, rows, i_c,
+             i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
+             BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
+             HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
+             HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """dk [BS, BO] fp32 of value head i_h on the key rows o_s (:func:`dk_bwd_kernel`; p_q, p_k
+    at its q/k head), storing its k·dk part (with a gate)."""
+    i_bh = i_b * H + i_h
     if HAS_DECAY:
         g += i_bh * T
     if HAS_IGATE:
@@ -580,21 +653,17 @@ def dk_bwd_kernel(
         rd += i_bh * T
     if HAS_N:
         dhn += (i_bh * NT + i_c) * K
-    HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
-    p_q = q + (i_b * T * HK + i_h // G) * K
     b_dk = _cols(
         v + (i_b * T * H + i_h) * V, do + (i_b * T * H + i_h) * V, p_q,
         dh + (i_bh * NT + i_c) * K * V, dhn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_k,
         m_k, V, H * V, HK * K, 1, V, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM,
         HAS_N, HAS_NORM, DOT_PREC,
     )  # fmt: skip
-
-    p_dk = dk + (i_b * T * H + i_h) * K + o_s.to(tl.int64)[:, None] * H * K + o_k[None, :]
-    tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & m_k[None, :])
     if HAS_DECAY or HAS_IGATE:  # k·dk over this K tile, for the gate gradients
-        b_k = _tile(k + (i_b * T * HK + i_h // G) * K, o_s, o_k, HK * K, m_s, m_k)
+        b_k = _tile(p_k, o_s, o_k, HK * K, m_s, m_k)
         part = tl.sum(b_k.to(tl.float32) * b_dk, 1)
-        tl.store(kdk + (i_k * tl.num_programs(2) + i_bh) * T + o_s, part, mask=m_s)
+        tl.store(kdk + (i_k * rows + i_bh) * T + o_s, part, mask=m_s)
+    return b_dk
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NS", "NSEQ"])
@@ -604,9 +673,14 @@ def dv_bwd_kernel(
     BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+    v=None, skip=None, dskip=None, HAS_SKIP: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, V tiles, B·H): dv_s = w_s k_s dC_c+1 + scale·Σ_{r≥s} D_rs A_r
-    (k_s·q_r) do_r of one key tile (:func:`_cols`), from the state gradients dh."""
+    (k_s·q_r) do_r of one key tile (:func:`_cols`), from the state gradients dh.
+
+    ``HAS_SKIP`` (the output's skip term skip[h]·v_r, :func:`out_fwd_kernel`): plus
+    skip[h]·do_s, and this tile's Σ do_s·v_s stored at dskip [B·H, chunks × key tiles, V
+    tiles] fp32 (zeros where a tile is empty), whose sum over a head is ∂L/∂skip[h]."""
     i_cs, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, _c0, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
@@ -630,5 +704,13 @@ def dv_bwd_kernel(
         mc, m_row, ra, None, o_s, m_s, s0, c1, o_v, m_v, K, HK * K, H * V, V, 1, scale, BS, BD,
         BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, False, False, DOT_PREC,
     )  # fmt: skip
+    if HAS_SKIP:
+        vo = (i_b * T * H + i_h) * V
+        b_do = _tile(do + vo, o_s, o_v, H * V, m_s, m_v).to(tl.float32)
+        b_dv += tl.load(skip + i_h) * b_do
+        b_x = _tile(v + vo, o_s, o_v, H * V, m_s, m_v).to(tl.float32)
+        b_dskip = tl.sum(tl.sum(b_do * b_x, 1), 0)
+        tiles = tl.num_programs(0) * tl.num_programs(1)
+        tl.store(dskip + i_bh * tiles + i_cs * tl.num_programs(1) + i_v, b_dskip)
     p_dv = dv + (i_b * T * H + i_h) * V + o_s.to(tl.int64)[:, None] * H * V + o_v[None, :]
     tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & m_v[None, :])

@@ -13,8 +13,11 @@ on the Triton paths (chunk, fused_chunk, recurrent and the step API: the kernels
 h // (H / G) for head h and sum dB, dC over each group's heads); the PyTorch paths take them
 per head, one copy each. Without ``dt_softplus`` Δ
 may be zero, where log Δ has no finite value: the values are scaled instead, v = Δ·x (one
-tensor of x's size). ``D·x`` is added to the output here. Every op mode serves it (the
-engine's scalar-gate path), and autograd carries the gradients of Δ, A, D and dt_bias through
+tensor of x's size). On the Triton chunk path (eager, dt_softplus) g and gi come from one
+kernel (:mod:`linrnn.engine.mamba2_gates`, its gradients from another), and the engine's
+output kernel adds ``D·x`` and its dv kernel forms that term's gradients (the skip term of
+:func:`linrnn.engine.scalar.chunk`); elsewhere both are formed here. Every op mode serves it (the
+engine's scalar-gate path), and autograd carries the gradients of Δ, A and dt_bias through
 the small [B, T, H] tensors formed here.
 """
 
@@ -115,6 +118,12 @@ def mamba2(
                        backend=backend, chunk_size=chunk_size)  # fmt: skip
     if r.backend != "triton":
         B, C = per_head(B, H), per_head(C, H)
+    # Eager Triton chunk calls with dt_softplus form the gates in one kernel each way and add
+    # D·x inside the engine's kernels; traced calls take the generic path (PyTorch gate ops).
+    fused = dt_softplus and not _runtime.tracing()
+    if r.backend == "triton" and r.mode == "chunk" and fused:
+        o, S = _triton_chunk(x, dt, A, B, C, D, dt_bias, S0, offsets, r.chunk_size)
+        return o, (S if output_final_state else None)
     v, g, gi = gates(x, dt, A, dt_bias, dt_softplus)
     o, (S, _, _) = _generic.run(
         "mamba2", C, B, v, scale=1.0, g=g, gi=gi, S0=S0, cu_seqlens=offsets, mode=r.mode,
@@ -124,6 +133,24 @@ def mamba2(
         cdt = compute_dtype(x)
         o = (o.to(cdt) + D.to(cdt)[:, None] * x.to(cdt)).to(x.dtype)
     return o, (S if output_final_state else None)
+
+
+def _triton_chunk(x, dt, A, B, C, D, dt_bias, S0, offsets, chunk_size):
+    """The Triton chunk engine with Mamba2's gates formed by one kernel each way
+    (:mod:`linrnn.engine.mamba2_gates`) and D·x added inside its output kernel (and its
+    gradients in the dv kernel): no [B, T, H, P] tensor beyond y and dx. Eager calls with
+    dt_softplus (v = x); torch.compile traces the engine's custom ops, which add no skip term,
+    and the gates and D·x are formed on the host there."""
+    from linrnn.engine import mamba2_gates
+
+    _generic._triton_dtype("mamba2", C)
+    g, gi = mamba2_gates.gates(dt, A, dt_bias)
+    o, S, _, _ = _generic.scalar.chunk(
+        C, B, x, scale=1.0, g=g, gi=gi, S0=S0, chunk_size=chunk_size,
+        offsets=None if offsets is None else [int(i) for i in offsets],
+        skip=None if D is None else D.float(),
+    )  # fmt: skip
+    return o, S
 
 
 # The arguments every op shares, but for the scale (Mamba2 has none: C_tᵀ h_t).
