@@ -187,7 +187,8 @@ def layer_reference(layer, x):
     beta = torch.sigmoid(layer.b_proj(x)) * (2 if layer.allow_neg_eigval else 1)
     g = None
     if isinstance(layer, GatedDeltaNet):
-        g = -layer.A_log.exp() * F.softplus(layer.a_proj(x) + layer.dt_bias)
+        z = layer.a_proj(x) + layer.dt_bias
+        g = -layer.A_log.exp() * (z.clamp_min(0) + torch.log1p(torch.exp(-z.abs())))
     o, _ = delta_recurrent(q, k, v, beta, scale=Dk**-0.5, g=g)
     o = o / (o.pow(2).mean(-1, keepdim=True) + layer.o_norm.eps).sqrt() * layer.o_norm.weight
     if layer.use_gate:

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from linrnn.layers.common import Mixer, RMSNorm, check_divisible, model_width, split_heads, upcast
 from linrnn.layers.conv import ShortConvolution
 from linrnn.ops import delta_rule, gated_delta_rule
+from linrnn.ops.mamba2 import softplus
 
 
 class DeltaNet(Mixer):
@@ -200,7 +201,7 @@ class GatedDeltaNet(DeltaNet):
     def decay(self, x):
         a = upcast(self.a_proj(x))
         A = torch.exp(self.A_log.to(a.dtype))
-        return -A * F.softplus(a + self.dt_bias.to(a.dtype))
+        return -A * softplus(a + self.dt_bias.to(a.dtype))  # (exact in fp64 too: mamba2's)
 
     def recurrence(self, q, k, v, g, beta, **kwargs):
         return self.call_op(gated_delta_rule, q, k, v, g, beta, **kwargs)
