@@ -176,6 +176,22 @@ def test_chunk_decay_regimes(family, per_step):
              mode="chunk", chunk_size=64)  # fmt: skip
 
 
+@pytest.mark.parametrize("family", ["simple_gla", "mlstm_sig"])
+def test_chunk_strong_decay_at_chunk_start(family):
+    """A strong decay at the first step of each chunk and none after it: the chunk's later key
+    weights then sit ~100 above its query weights in log space, so the decay folds into the
+    operands only as one bounded product (apart, exp(b_r) underflows and the key maximum's
+    exp overflows fp32: 0·inf gave NaN). fp32 on the torch chunk path against fp64."""
+    fam = FAMILIES[family]
+    B, T, H, K, V, L = 1, 24, 2, 8, 6, 8
+    inputs = fam.build(B, T, H, K, V, False)
+    start = torch.arange(T) % L == 0
+    name, low, high = ("g", -100.0, -0.01) if family == "simple_gla" else ("f", -100.0, 6.0)
+    inputs[name] = torch.where(start[None, :, None], low, high).expand_as(inputs[name]).clone()
+    _compare(fam, inputs, fam.make_state(B, H, K, V, torch.float32), torch.float32,
+             mode="chunk", chunk_size=L)  # fmt: skip
+
+
 @pytest.mark.parametrize("scale", [-0.7, 0.0], ids=["negative", "zero"])
 @pytest.mark.parametrize("family", ["linear_attn_norm", "simple_gla", "gla", "rwkv6", "mlstm_exp"])
 def test_any_finite_scale(family, scale):

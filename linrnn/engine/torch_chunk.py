@@ -207,9 +207,18 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale):
     o = q_inter @ states
 
     log_q_fac = log_q + a_max[..., None]  # [B, H, N, L]
-    if _runtime.host_reads_ok() and float(log_q_fac.detach().amax()) <= _FACTOR_LIMIT:
+    # Largest query factor, and largest key maximum on its own (one host read for both).
+    fac_max, a_top = (
+        torch.stack([log_q_fac.detach().amax(), a_max.detach().amax()]).tolist()
+        if _runtime.host_reads_ok()
+        else (math.inf, math.inf)
+    )
+    if fac_max <= _FACTOR_LIMIT:
         tril = _tril(L, False, qc)
-        if not stabilize:  # the A operand is q_inter · exp(A): apply exp(A) to A·v instead
+        if not stabilize and a_top <= _FACTOR_LIMIT:
+            # the A operand is q_inter · exp(A): apply exp(A) to A·v instead (both factors
+            # bounded: a strong decay at a chunk's first step makes exp(b_r) underflow and
+            # exp(A) overflow although their product is bounded)
             A = (q_inter @ k_w.transpose(-1, -2)) * tril
             o = torch.addcmul(o, exp(a_max)[..., None, None], A @ vc)
         else:
