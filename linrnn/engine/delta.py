@@ -66,50 +66,27 @@ def config(q, k, v, *, scale, g=None, chunk_size=None, offsets=None) -> DeltaCon
                        offsets=offsets)  # fmt: skip
 
 
-def solve(k, beta, b, cfg: DeltaConfig) -> torch.Tensor:
-    """A = (I + N)⁻¹ of every chunk, N_rs = β_r exp(b_r − b_s) (k_r·k_s) (s < r): [B·HV, T, L]
-    fp32, row t holding row r of its chunk's A over chunk-local columns, zeros above the
-    diagonal. k ``[B, T, H, K]``, beta ``[B, T, HV]`` fp32, b ``[B·HV, T]`` fp32 or None."""
-    A = torch.empty(cfg.rows, k.shape[1], cfg.L, device=k.device, dtype=torch.float32)
-    _wy(k, None, beta, b, A, None, None, cfg, solve=True)
-    return A
-
-
-def wu(k, v, beta, b, A, cfg: DeltaConfig):
-    """``(w, u)``: W = A diag(β exp(b)) K ``[B, T, HV, K]`` and U = A diag(β) V ``[B, T, HV,
-    V]`` of every chunk, in v's dtype, from a given A (as :func:`solve` gives it)."""
-    w, u = _wu_outputs(k, v)
-    _wy(k, v, beta, b, A, w, u, cfg, solve=False)
-    return w, u
-
-
 def solve_wu(k, v, beta, b, cfg: DeltaConfig):
-    """``(A, w, u)`` of :func:`solve` and :func:`wu` in one launch (the forward's step)."""
-    A = torch.empty(cfg.rows, k.shape[1], cfg.L, device=k.device, dtype=torch.float32)
-    w, u = _wu_outputs(k, v)
-    _wy(k, v, beta, b, A, w, u, cfg, solve=True)
-    return A, w, u
-
-
-def _wu_outputs(k, v):
-    """Empty w ``[B, T, HV, K]`` and u ``[B, T, HV, V]`` in v's dtype."""
-    w = torch.empty(*v.shape[:3], k.shape[3], device=v.device, dtype=v.dtype)
-    return w, torch.empty_like(v)
-
-
-def _wy(k, v, beta, b, A, w, u, cfg: DeltaConfig, *, solve: bool) -> None:
-    """One launch of wy_fwd_kernel: A computed into A (``solve``) or read from it; W and U into
-    w and u when given. A chunk is NB ∈ {1, 2, 4} block rows of BS = max(16, BL / 4) rows."""
+    """``(A, w, u)`` of every chunk in one launch of wy_fwd_kernel: A = (I + N)⁻¹, N_rs =
+    β_r exp(b_r − b_s) (k_r·k_s) (s < r), ``[B·HV, T, L]`` fp32, row t holding row r of its
+    chunk's A over chunk-local columns, zeros above the diagonal (the backward reads it);
+    W = A diag(β exp(b)) K ``[B, T, HV, K]`` and U = A diag(β) V ``[B, T, HV, V]`` in v's
+    dtype. k ``[B, T, H, K]``, beta ``[B, T, HV]`` fp32, b ``[B·HV, T]`` fp32 or None. A chunk
+    is NB ∈ {1, 2, 4} block rows of BS = max(16, BL / 4) rows."""
     T, K = k.shape[1], k.shape[3]
-    V = v.shape[3] if v is not None else 0
+    V = v.shape[3]
+    A = torch.empty(cfg.rows, T, cfg.L, device=k.device, dtype=torch.float32)
+    w = torch.empty(*v.shape[:3], K, device=v.device, dtype=v.dtype)
+    u = torch.empty_like(v)
     BS = max(16, cfg.BL // 4)
     BK, BD, nw, ns = DELTA_TILES["wy" if BS == 16 else "wy_long"]
     dk.wy_fwd_kernel[(cfg.NT, cfg.rows)](
         k=k, v=v, beta=beta, b=b, A=A, w=w, u=u, chunks=cfg.CHUNKS, T=T, H=cfg.HV, G=cfg.G,
         K=K, V=V, L=cfg.L, NT=cfg.NT, BS=BS, NB=cfg.BL // BS, BK=_tile(K, BK),
-        BD=_tile(max(K, V), BD), SOLVE=solve, HAS_WU=w is not None, HAS_DECAY=b is not None,
-        DOT_PREC=cfg.prec, VARLEN=cfg.varlen, num_warps=nw, num_stages=ns,
+        BD=_tile(max(K, V), BD), HAS_DECAY=b is not None, DOT_PREC=cfg.prec,
+        VARLEN=cfg.varlen, num_warps=nw, num_stages=ns,
     )  # fmt: skip
+    return A, w, u
 
 
 def walk(k, w, u, b, S0, cfg: DeltaConfig):

@@ -27,8 +27,7 @@ exponent is ≤ 0 (b is non-increasing within a chunk).
      of BD columns.
 
   Forward substitution cancels as it goes; a power series of N (Σ (−N)ⁿ) would sum terms far
-  larger than A itself (e.g. with equal keys) and lose it to rounding. The same kernel, without
-  the solve, gives W and U from a stored A (``SOLVE`` off), or A alone (no w, u).
+  larger than A itself (e.g. with equal keys) and lose it to rounding.
 * ``walk_fwd_kernel`` — the chunks of one sequence in order: stores each chunk's entering state
   and vn, and the final state. The whole key dimension of the state (≤ 256) is held in up to
   four blocks of BK rows (``NKB``), since vn needs all of S0's rows.
@@ -145,13 +144,11 @@ def wy_fwd_kernel(
     k, v, beta, b, A, w, u, chunks,
     T, H, G, K, V, L, NT,
     BS: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
-    SOLVE: tl.constexpr, HAS_WU: tl.constexpr,
     HAS_DECAY: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (chunks, B·H): the WY preparation of one chunk as NB ∈ {1, 2, 4} block rows of BS
-    rows (NB·BS ≥ L). SOLVE: A = (I + N)⁻¹ into A [B·H, T, L], else A read from there;
-    HAS_WU (w given): W = A diag(β exp(b)) K into w [B, T, H, K] and U = A diag(β) V into
-    u [B, T, H, V]."""
+    rows (NB·BS ≥ L): A = (I + N)⁻¹ into A [B·H, T, L], W = A diag(β exp(b)) K into
+    w [B, T, H, K] and U = A diag(β) V into u [B, T, H, V]."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
@@ -174,110 +171,95 @@ def wy_fwd_kernel(
     x21, x22, x31, x32, x33, x41, x42, x43, x44 = (zero, zero, zero, zero, zero, zero, zero,
                                                    zero, zero)  # fmt: skip
 
-    if SOLVE:
-        # The lower blocks of K Kᵀ, accumulated over the key dimension in tiles of BK
-        kk11, kk21, kk22, kk31, kk32, kk33, kk41, kk42, kk43, kk44 = (
-            zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)  # fmt: skip
-        for d0 in range(0, K, BK):
-            o_d = d0 + tl.arange(0, BK)
-            m_d = o_d < K
-            k1 = _tile(p_k, r1, o_d, HK * K, m1, m_d)  # [BS, BK]
-            kk11 = tl.dot(k1, tl.trans(k1), kk11, input_precision=DOT_PREC)
-            if NB > 1:
-                k2 = _tile(p_k, r2, o_d, HK * K, m2, m_d)
-                kk21 = tl.dot(k2, tl.trans(k1), kk21, input_precision=DOT_PREC)
-                kk22 = tl.dot(k2, tl.trans(k2), kk22, input_precision=DOT_PREC)
-            if NB > 2:
-                k3 = _tile(p_k, r3, o_d, HK * K, m3, m_d)
-                k4 = _tile(p_k, r4, o_d, HK * K, m4, m_d)
-                kk31 = tl.dot(k3, tl.trans(k1), kk31, input_precision=DOT_PREC)
-                kk32 = tl.dot(k3, tl.trans(k2), kk32, input_precision=DOT_PREC)
-                kk33 = tl.dot(k3, tl.trans(k3), kk33, input_precision=DOT_PREC)
-                kk41 = tl.dot(k4, tl.trans(k1), kk41, input_precision=DOT_PREC)
-                kk42 = tl.dot(k4, tl.trans(k2), kk42, input_precision=DOT_PREC)
-                kk43 = tl.dot(k4, tl.trans(k3), kk43, input_precision=DOT_PREC)
-                kk44 = tl.dot(k4, tl.trans(k4), kk44, input_precision=DOT_PREC)
-
-        # The diagonal blocks' inverses (I + n_ii)⁻¹, by forward substitution, all in one loop
-        y11 = -_n_block(kk11, be1, g1, g1, m1, m1, BS, True, HAS_DECAY)
+    # The lower blocks of K Kᵀ, accumulated over the key dimension in tiles of BK
+    kk11, kk21, kk22, kk31, kk32, kk33, kk41, kk42, kk43, kk44 = (
+        zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)  # fmt: skip
+    for d0 in range(0, K, BK):
+        o_d = d0 + tl.arange(0, BK)
+        m_d = o_d < K
+        k1 = _tile(p_k, r1, o_d, HK * K, m1, m_d)  # [BS, BK]
+        kk11 = tl.dot(k1, tl.trans(k1), kk11, input_precision=DOT_PREC)
         if NB > 1:
-            y22 = -_n_block(kk22, be2, g2, g2, m2, m2, BS, True, HAS_DECAY)
+            k2 = _tile(p_k, r2, o_d, HK * K, m2, m_d)
+            kk21 = tl.dot(k2, tl.trans(k1), kk21, input_precision=DOT_PREC)
+            kk22 = tl.dot(k2, tl.trans(k2), kk22, input_precision=DOT_PREC)
         if NB > 2:
-            y33 = -_n_block(kk33, be3, g3, g3, m3, m3, BS, True, HAS_DECAY)
-            y44 = -_n_block(kk44, be4, g4, g4, m4, m4, BS, True, HAS_DECAY)
-        for t in range(1, BS):
-            at_t = (o_i == t)[:, None]
-            y11 = _fs_step(y11, at_t)
-            if NB > 1:
-                y22 = _fs_step(y22, at_t)
-            if NB > 2:
-                y33 = _fs_step(y33, at_t)
-                y44 = _fs_step(y44, at_t)
-        x11 = _unit(y11, BS)
+            k3 = _tile(p_k, r3, o_d, HK * K, m3, m_d)
+            k4 = _tile(p_k, r4, o_d, HK * K, m4, m_d)
+            kk31 = tl.dot(k3, tl.trans(k1), kk31, input_precision=DOT_PREC)
+            kk32 = tl.dot(k3, tl.trans(k2), kk32, input_precision=DOT_PREC)
+            kk33 = tl.dot(k3, tl.trans(k3), kk33, input_precision=DOT_PREC)
+            kk41 = tl.dot(k4, tl.trans(k1), kk41, input_precision=DOT_PREC)
+            kk42 = tl.dot(k4, tl.trans(k2), kk42, input_precision=DOT_PREC)
+            kk43 = tl.dot(k4, tl.trans(k3), kk43, input_precision=DOT_PREC)
+            kk44 = tl.dot(k4, tl.trans(k4), kk44, input_precision=DOT_PREC)
 
-        # Block forward substitution: x_ij = −x_ii Σ_{j≤m<i} n_im x_mj, block row by block row
+    # The diagonal blocks' inverses (I + n_ii)⁻¹, by forward substitution, all in one loop
+    y11 = -_n_block(kk11, be1, g1, g1, m1, m1, BS, True, HAS_DECAY)
+    if NB > 1:
+        y22 = -_n_block(kk22, be2, g2, g2, m2, m2, BS, True, HAS_DECAY)
+    if NB > 2:
+        y33 = -_n_block(kk33, be3, g3, g3, m3, m3, BS, True, HAS_DECAY)
+        y44 = -_n_block(kk44, be4, g4, g4, m4, m4, BS, True, HAS_DECAY)
+    for t in range(1, BS):
+        at_t = (o_i == t)[:, None]
+        y11 = _fs_step(y11, at_t)
         if NB > 1:
-            x22 = _unit(y22, BS)
-            n21 = _n_block(kk21, be2, g2, g1, m2, m1, BS, False, HAS_DECAY)
-            x21 = -_mm(x22, _mm(n21, x11))
+            y22 = _fs_step(y22, at_t)
         if NB > 2:
-            x33 = _unit(y33, BS)
-            x44 = _unit(y44, BS)
-            n31 = _n_block(kk31, be3, g3, g1, m3, m1, BS, False, HAS_DECAY)
-            n32 = _n_block(kk32, be3, g3, g2, m3, m2, BS, False, HAS_DECAY)
-            x32 = -_mm(x33, _mm(n32, x22))
-            x31 = -_mm(x33, _mm(n31, x11) + _mm(n32, x21))
-            n41 = _n_block(kk41, be4, g4, g1, m4, m1, BS, False, HAS_DECAY)
-            n42 = _n_block(kk42, be4, g4, g2, m4, m2, BS, False, HAS_DECAY)
-            n43 = _n_block(kk43, be4, g4, g3, m4, m3, BS, False, HAS_DECAY)
-            x43 = -_mm(x44, _mm(n43, x33))
-            x42 = -_mm(x44, _mm(n42, x22) + _mm(n43, x32))
-            x41 = -_mm(x44, _mm(n41, x11) + _mm(n42, x21) + _mm(n43, x31))
+            y33 = _fs_step(y33, at_t)
+            y44 = _fs_step(y44, at_t)
+    x11 = _unit(y11, BS)
 
-        # A: the lower blocks and the zeros above them
-        _a_block(p_a, x11, r1, m1, o1, L)
-        if NB > 1:
-            _a_block(p_a, zero, r1, m1, o2, L)
-            _a_block(p_a, x21, r2, m2, o1, L)
-            _a_block(p_a, x22, r2, m2, o2, L)
-        if NB > 2:
-            _a_block(p_a, zero, r1, m1, o3, L)
-            _a_block(p_a, zero, r1, m1, o4, L)
-            _a_block(p_a, zero, r2, m2, o3, L)
-            _a_block(p_a, zero, r2, m2, o4, L)
-            _a_block(p_a, x31, r3, m3, o1, L)
-            _a_block(p_a, x32, r3, m3, o2, L)
-            _a_block(p_a, x33, r3, m3, o3, L)
-            _a_block(p_a, zero, r3, m3, o4, L)
-            _a_block(p_a, x41, r4, m4, o1, L)
-            _a_block(p_a, x42, r4, m4, o2, L)
-            _a_block(p_a, x43, r4, m4, o3, L)
-            _a_block(p_a, x44, r4, m4, o4, L)
+    # Block forward substitution: x_ij = −x_ii Σ_{j≤m<i} n_im x_mj, block row by block row
+    if NB > 1:
+        x22 = _unit(y22, BS)
+        n21 = _n_block(kk21, be2, g2, g1, m2, m1, BS, False, HAS_DECAY)
+        x21 = -_mm(x22, _mm(n21, x11))
+    if NB > 2:
+        x33 = _unit(y33, BS)
+        x44 = _unit(y44, BS)
+        n31 = _n_block(kk31, be3, g3, g1, m3, m1, BS, False, HAS_DECAY)
+        n32 = _n_block(kk32, be3, g3, g2, m3, m2, BS, False, HAS_DECAY)
+        x32 = -_mm(x33, _mm(n32, x22))
+        x31 = -_mm(x33, _mm(n31, x11) + _mm(n32, x21))
+        n41 = _n_block(kk41, be4, g4, g1, m4, m1, BS, False, HAS_DECAY)
+        n42 = _n_block(kk42, be4, g4, g2, m4, m2, BS, False, HAS_DECAY)
+        n43 = _n_block(kk43, be4, g4, g3, m4, m3, BS, False, HAS_DECAY)
+        x43 = -_mm(x44, _mm(n43, x33))
+        x42 = -_mm(x44, _mm(n42, x22) + _mm(n43, x32))
+        x41 = -_mm(x44, _mm(n41, x11) + _mm(n42, x21) + _mm(n43, x31))
+
+    # A: the lower blocks and the zeros above them
+    _a_block(p_a, x11, r1, m1, o1, L)
+    if NB > 1:
+        _a_block(p_a, zero, r1, m1, o2, L)
+        _a_block(p_a, x21, r2, m2, o1, L)
+        _a_block(p_a, x22, r2, m2, o2, L)
+    if NB > 2:
+        _a_block(p_a, zero, r1, m1, o3, L)
+        _a_block(p_a, zero, r1, m1, o4, L)
+        _a_block(p_a, zero, r2, m2, o3, L)
+        _a_block(p_a, zero, r2, m2, o4, L)
+        _a_block(p_a, x31, r3, m3, o1, L)
+        _a_block(p_a, x32, r3, m3, o2, L)
+        _a_block(p_a, x33, r3, m3, o3, L)
+        _a_block(p_a, zero, r3, m3, o4, L)
+        _a_block(p_a, x41, r4, m4, o1, L)
+        _a_block(p_a, x42, r4, m4, o2, L)
+        _a_block(p_a, x43, r4, m4, o3, L)
+        _a_block(p_a, x44, r4, m4, o4, L)
+
+    if HAS_DECAY:
+        f1, f2, f3, f4 = be1 * tl.exp(g1), be2 * tl.exp(g2), be3 * tl.exp(g3), be4 * tl.exp(g4)
     else:
-        x11 = _tile(p_a, r1, o1, L, m1, o1 < L)
-        if NB > 1:
-            x21 = _tile(p_a, r2, o1, L, m2, o1 < L)
-            x22 = _tile(p_a, r2, o2, L, m2, o2 < L)
-        if NB > 2:
-            x31 = _tile(p_a, r3, o1, L, m3, o1 < L)
-            x32 = _tile(p_a, r3, o2, L, m3, o2 < L)
-            x33 = _tile(p_a, r3, o3, L, m3, o3 < L)
-            x41 = _tile(p_a, r4, o1, L, m4, o1 < L)
-            x42 = _tile(p_a, r4, o2, L, m4, o2 < L)
-            x43 = _tile(p_a, r4, o3, L, m4, o3 < L)
-            x44 = _tile(p_a, r4, o4, L, m4, o4 < L)
-
-    if HAS_WU:
-        if HAS_DECAY:
-            f1, f2, f3, f4 = be1 * tl.exp(g1), be2 * tl.exp(g2), be3 * tl.exp(g3), be4 * tl.exp(g4)
-        else:
-            f1, f2, f3, f4 = be1, be2, be3, be4
-        _wu_part(p_k, w + (i_b * T * H + i_h) * K, K, HK * K, H * K, r1, r2, r3, r4, m1, m2, m3,
-                 m4, f1, f2, f3, f4, x11, x21, x22, x31, x32, x33, x41, x42, x43, x44, NB, BD,
-                 DOT_PREC)  # fmt: skip
-        _wu_part(v + (i_b * T * H + i_h) * V, u + (i_b * T * H + i_h) * V, V, H * V, H * V, r1,
-                 r2, r3, r4, m1, m2, m3, m4, be1, be2, be3, be4, x11, x21, x22, x31, x32, x33,
-                 x41, x42, x43, x44, NB, BD, DOT_PREC)  # fmt: skip
+        f1, f2, f3, f4 = be1, be2, be3, be4
+    _wu_part(p_k, w + (i_b * T * H + i_h) * K, K, HK * K, H * K, r1, r2, r3, r4, m1, m2, m3,
+             m4, f1, f2, f3, f4, x11, x21, x22, x31, x32, x33, x41, x42, x43, x44, NB, BD,
+             DOT_PREC)  # fmt: skip
+    _wu_part(v + (i_b * T * H + i_h) * V, u + (i_b * T * H + i_h) * V, V, H * V, H * V, r1,
+             r2, r3, r4, m1, m2, m3, m4, be1, be2, be3, be4, x11, x21, x22, x31, x32, x33,
+             x41, x42, x43, x44, NB, BD, DOT_PREC)  # fmt: skip
 
 
 # The walk holds the state's K rows in up to four blocks of BK rows (b_h1 … b_h4, the ones past
