@@ -149,8 +149,8 @@ def test_rwkv_block_decodes_with_a_static_cache():
         first = model(prompt, cache=cache).logits[:, -1].argmax(-1)
     assert ("mlp", 0) in cache and set(cache[("mlp", 0)]) == {"shift"}
     dec = linrnn.graphs.capture_decode(model, cache, graph=False)
-    out = dec.generate(first, 5)
-    assert torch.equal(torch.cat([prompt, first[:, None], out], dim=1), ref)
+    out = dec.generate(first, 6)  # first token first, like generate()'s continuation
+    assert torch.equal(torch.cat([prompt, out], dim=1), ref)
 
 
 def test_generate_rejects_bad_arguments():
