@@ -329,20 +329,13 @@ def dq_bwd_kernel(
     i_h0 = i_s * HPP  # the program's first value head
     qk = (i_b * T * HK + i_h0 // G) * K
     rows = tl.num_programs(2) * HPP  # B·H
-    if HPP == 1:
-        b_dq = _dq_head(
-            i_h0, do, v, k + qk, q + qk, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k, rows,
-            i_c, i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale, BQ, BD,
-            BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC,
+    b_dq = tl.zeros([BQ, BO], dtype=tl.float32)
+    for j in tl.static_range(HPP):  # (unrolled: one head for every family but grouped Mamba2)
+        b_dq += _dq_head(
+            i_h0 + j, do, v, k + qk, q + qk, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k,
+            rows, i_c, i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
+            BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC,
         )  # fmt: skip
-    else:
-        b_dq = tl.zeros([BQ, BO], dtype=tl.float32)
-        for j in range(HPP):
-            b_dq += _dq_head(
-                i_h0 + j, do, v, k + qk, q + qk, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k,
-                rows, i_c, i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
-                BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC,
-            )  # fmt: skip
     p_dq = dq + (i_b * T * NP + i_s) * K + o_r.to(tl.int64)[:, None] * NP * K + o_k[None, :]
     tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
 
@@ -614,20 +607,13 @@ def dk_bwd_kernel(
     i_h0 = i_s * HPP  # the program's first value head
     qk = (i_b * T * HK + i_h0 // G) * K
     rows = tl.num_programs(2) * HPP  # B·H
-    if HPP == 1:
-        b_dk = _dk_head(
-            i_h0, v, do, q + qk, k + qk, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, i_k, rows,
-            i_c, i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale, BS, BD, BO,
-            HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC,
+    b_dk = tl.zeros([BS, BO], dtype=tl.float32)
+    for j in tl.static_range(HPP):  # (unrolled: one head for every family but grouped Mamba2)
+        b_dk += _dk_head(
+            i_h0 + j, v, do, q + qk, k + qk, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, i_k,
+            rows, i_c, i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale, BS, BD,
+            BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC,
         )  # fmt: skip
-    else:
-        b_dk = tl.zeros([BS, BO], dtype=tl.float32)
-        for j in range(HPP):
-            b_dk += _dk_head(
-                i_h0 + j, v, do, q + qk, k + qk, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b,
-                i_k, rows, i_c, i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
-                BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC,
-            )  # fmt: skip
     p_dk = dk + (i_b * T * NP + i_s) * K + o_s.to(tl.int64)[:, None] * NP * K + o_k[None, :]
     tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & m_k[None, :])
 
