@@ -479,6 +479,15 @@ def chunk_counts(B: int, T, L: int, offsets):
 # Inputs as the kernels read them
 
 
+def chunk_state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the scalar engine's stored chunk states and state gradients: the inputs'
+    16-bit dtype, else fp32. Every kernel that reads them for a product casts them to the
+    inputs' dtype first (the tensor cores' operands), so 16-bit storage changes none of the
+    outputs or dq, dk, dv and halves the bytes of the largest tensors of a call; the walks keep
+    their running state in fp32 registers, and the final state is fp32 (docs/DESIGN.md §6.2)."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
 def fp32_contiguous(x):
     """x as fp32 contiguous (None stays None)."""
     return None if x is None else x.float().contiguous()

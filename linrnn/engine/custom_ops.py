@@ -98,9 +98,10 @@ def _chunk_fwd_fake(q, k, v, g, gi, S0, n0, m0, scale, eps, chunk_size, fused, s
     BH = B * H
     f = lambda *shape: q.new_empty(shape, dtype=torch.float32)  # noqa: E731
     e = lambda used, *shape: f(*shape) if used else f(0)  # noqa: E731
+    states = f(0) if fused else q.new_empty(BH, NT, K, V, dtype=config.chunk_state_dtype(q.dtype))
     return [
         q.new_empty(v.shape), f(N, H, K, V), e(track_n, N, H, K), e(stabilize, N, H),
-        e(g is not None, BH, T), e(gi is not None, BH, T), e(not fused, BH, NT, K, V),
+        e(g is not None, BH, T), e(gi is not None, BH, T), states,
         e(track_n and not fused, BH, NT, K), e(stabilize, BH, NT + NSEQ),
         e(normalizer != "none", BH, T), e(stabilize, BH, T),
     ]  # fmt: skip

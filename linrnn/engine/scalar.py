@@ -22,12 +22,13 @@ import torch.nn.functional as F
 
 from linrnn.engine import fused_kernels as fused
 from linrnn.engine import scalar_kernels as kern
-from linrnn.engine.config import ChunkConfig, prepare_state
+from linrnn.engine.config import ChunkConfig, chunk_state_dtype, prepare_state
 from linrnn.engine.gate_grads import final_grads, gate_grads, rows
 from linrnn.engine.host_math import cdiv, next_pow2
 
-# What forward() saves for backward(): the inputs (contiguous; states fp32), the outputs, the
-# gate rows (b: chunk-local cumulative log decay, a: log input gate) and the kernels' tables.
+# What forward() saves for backward(): the inputs (contiguous; initial states fp32), the outputs,
+# the gate rows (b: chunk-local cumulative log decay, a: log input gate) and the kernels' tables
+# (chunk states in the inputs' dtype: :data:`linrnn.engine.config.chunk_state_dtype`).
 INPUTS = ("q", "k", "v", "g", "gi", "S0", "n0", "m0")
 OUTPUTS = ("o", "S_T", "n_T")
 PRODUCED = ("b", "a", "states", "ns", "mc", "den", "m_row")
@@ -135,7 +136,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
     G = H // q.shape[2]
     BH, NT, L, N = c.rows, c.NT, c.L, c.N
     f32 = dict(device=q.device, dtype=torch.float32)
-    states = torch.empty(BH, NT, K, V, **f32)
+    states = torch.empty(BH, NT, K, V, device=q.device, dtype=chunk_state_dtype(q.dtype))
     ns = torch.empty(BH, NT, K, **f32) if c.track_n else None
     mc = torch.empty(BH, NT + c.NSEQ, **f32) if c.stab else None
     S_T = torch.empty(N, H, K, V, **f32)
@@ -270,7 +271,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     f32 = dict(device=q.device, dtype=torch.float32)
     R_A, R_D, R_M = _norm_rows(do, s["o"], s["den"], m_row, c)
     has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, v, K, V, c)
-    dstates = torch.empty(BH, NT, K, V, **f32)
+    dstates = torch.empty(BH, NT, K, V, device=q.device, dtype=chunk_state_dtype(q.dtype))
     dns = torch.empty(BH, NT, K, **f32) if c.track_n else None
     dS0 = torch.empty(N, H, K, V, **f32)
     dn0 = torch.empty(N, H, K, **f32) if c.track_n else None

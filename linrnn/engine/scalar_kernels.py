@@ -33,7 +33,9 @@ kind (:func:`linrnn.engine.config.norm_code`).
 Per-channel decays (GLA's gk/gv, RWKV6's w and u) have kernels of their own: vector_kernels.
 
 Layouts: q, k, v, o and their gradients ``[B, T, H, D]`` contiguous; gates and per-row values
-``[B·H, T]`` fp32; chunk states ``[B·H, NT, K, V]`` fp32; max states ``[B·H, NT + NSEQ]``.
+``[B·H, T]`` fp32; chunk states and their gradients ``[B·H, NT, K, V]`` in the inputs' 16-bit
+dtype (fp32 for fp32 inputs; every reader casts them to that dtype for its products); initial
+and final states fp32; max states ``[B·H, NT + NSEQ]``.
 Offsets are int64. Grouped value heads (the delta rule, Mamba2's B/C groups): every kernel but
 the normalizer's takes G value heads per q/k head; H counts the value heads (rows B·H), q and k
 are ``[B, T, H/G, K]`` and value head h reads q/k head h // G; the dq and dk kernels sum HPP
@@ -467,15 +469,16 @@ def states_bwd_kernel(
         if HAS_N:
             tl.store(dhn + (i_bh * NT + i_c) * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
         if HAS_DECAY:
+            # (chunk states in the inputs' dtype, the final state fp32: one load per branch)
             if i_c + 1 < c_hi:
                 p_nx = h + (i_bh * NT + i_c + 1) * K * V
+                b_nx = _state_tile(p_nx, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
                 if HAS_N:
                     p_nn = hn + (i_bh * NT + i_c + 1) * K
             else:
-                p_nx = ht + i_st * K * V
+                b_nx = _state_tile(ht + i_st * K * V, o_k, o_v, V, 1, m_k, m_v)
                 if HAS_N:
                     p_nn = nt + i_st * K
-            b_nx = _state_tile(p_nx, o_k, o_v, V, 1, m_k, m_v).to(tl.float32)
             b_bnd = tl.sum(tl.sum(b_dC * b_nx, 1), 0)
             if HAS_N:
                 b_bnd += tl.where(i_v == 0, tl.sum(b_dn * _vec(p_nn, o_k, m_k), 0), 0.0)
