@@ -64,6 +64,36 @@ def assert_close(
         )
 
 
+# The kernels' log-decay gradients come from the identity Σ_{t≥u} (q_t·dq_t − k_t·dk_t) (and the
+# delta rule's own terms), whose terms cancel: their error is absolute, of the order of
+# u · Σ_t (‖q_t‖‖dq_t‖ + ‖k_t‖‖dk_t‖) per head (u the fp32 unit roundoff, docs/DESIGN.md §6.5)
+# however small the true gradient is, e.g. under decays of −30 per step.
+U32 = 2.0**-24
+
+
+def decay_grad_scale(q, dq, k, dk, value_heads: int) -> torch.Tensor:
+    """u · Σ_t (‖q_t‖‖dq_t‖ + ‖k_t‖‖dk_t‖) per value head, [B, HV]: from q, k ``[B, T, H, K]``
+    and their reference gradients (value head j reads q/k head j // G)."""
+    norm = lambda t: t.double().norm(dim=-1)  # noqa: E731
+    per_qk_head = (norm(q) * norm(dq) + norm(k) * norm(dk)).sum(1)  # [B, H]
+    G = value_heads // q.shape[2]
+    return U32 * per_qk_head.repeat_interleave(G, dim=1)
+
+
+def assert_decay_grad_close(name: str, got, ref, scale, dtype: torch.dtype, factor: float):
+    """A kernel's log-decay gradient ``[B, T, HV]`` against the reference: RMS error within
+    ``RTOL[dtype]·‖ref‖`` plus the identity's absolute part, ``factor`` times the RMS of
+    ``scale`` (:func:`decay_grad_scale`) over the elements."""
+    assert got.shape == ref.shape and not torch.isnan(got).any(), name
+    err = (got.double() - ref.double()).norm().item()
+    absolute = factor * scale[:, None, :].expand(ref.shape).norm().item()
+    tol = RTOL[dtype] * ref.double().norm().item() + absolute
+    assert err <= tol, (
+        f"{name}: RMS error {err:.3e} > {tol:.3e} ({RTOL[dtype]:.0e} of the reference "
+        f"+ {absolute:.3e}, {factor} × the identity's absolute scale)"
+    )
+
+
 @dataclass
 class Family:
     """One op variant: how to build its inputs, call it, and shape its state."""
