@@ -466,7 +466,7 @@ SUITES = {
         Suite(
             "train",
             "whole-model training tokens/s: the byte-level LM of linrnn.train (width 512, 6 "
-            "blocks, 4 heads, ~20 M parameters) with every mixer, softmax attention (torch "
+            "blocks, 4 heads, 19-25 M parameters) with every mixer, softmax attention (torch "
             "SDPA) first as the baseline; 65,536 tokens per step (B=8 at T=8192; --seq-len "
             "2048: B=32), bf16 autocast; step time, tokens/s and the ratio to softmax's, peak "
             "memory, loss curves (PNG) and validation loss; --mixers, --seq-len, --batch, "
