@@ -92,6 +92,9 @@ def test_cpu_run_trains_each_mixer_and_records_rows_curves_and_ratios(tmp_path, 
         ]
     )
     assert code == 0 and "0 cases, 0 items (2 already in the report)" in capsys.readouterr().out
+    assert linrnn_main(["bench", "--report", str(tmp_path / "train.json")]) == 0
+    assert "vs softmax" in capsys.readouterr().out  # the train table, from the JSON alone
+    assert "| mlstm_sig | B4-T64 |" in (tmp_path / "train.md").read_text()
 
 
 def plan_cpu() -> list:

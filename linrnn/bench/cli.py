@@ -419,7 +419,12 @@ def report_main(args) -> int:
         report.write_json(out, merged)
     md = Path(out).with_suffix(".md")
     md.write_text(report.markdown(merged))
-    print(report.bench_table(merged["bench"]))
+    trained = [r for r in merged["bench"] if r.get("suite") == "train"]
+    others = [r for r in merged["bench"] if r.get("suite") != "train"]
+    if others or not trained:
+        print(report.bench_table(others))
+    if trained:
+        print(training.table(trained))
     print(f"\n{len(merged['bench'])} rows from {len(merged['runs'])} run(s); wrote {md}"
           + (f" and {out}" if args.out else ""))  # fmt: skip
     if args.plots:
