@@ -155,6 +155,7 @@ def test_a_dead_worker_keeps_what_it_measured(tmp_path):
         (["--suite", "train", "--ops", "gla"], "--ops does not apply to --suite train"),
         (["--suite", "train", "--mixers", "gpt"], "unknown --mixers ['gpt']"),
         (["--suite", "train", "--seq-len", "0"], "--seq-len must be ≥ 1"),
+        (["--suite", "train", "--chunk-sizes", "64", "128"], "takes one --chunk-sizes value"),
         (["--suite", "train", "--train-seconds", "300"], "--timeout 300 s leaves a worker"),
     ],
 )

@@ -458,6 +458,8 @@ def check_train_arguments(args, parser) -> None:
         if getattr(args, name):
             parser.error(f"{flag(name)} does not apply to --suite train (--mixers, --seq-len "
                          "and --batch choose what it runs)")  # fmt: skip
+    if args.chunk_sizes and len(args.chunk_sizes) > 1:
+        parser.error("--suite train takes one --chunk-sizes value (the linear mixers' chunk)")
     unknown = sorted(set(args.mixers or ()) - set(training.VARIANTS))
     if unknown:
         parser.error(f"unknown --mixers {unknown}; choose from {list(training.VARIANTS)}")
