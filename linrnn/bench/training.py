@@ -33,6 +33,7 @@ so the validation curve (and its best point) says more than its last value. Rati
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -286,8 +287,6 @@ def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
     partial = Path(case["partial"]) if case.get("partial") else None
     if partial and partial.is_file():
         if not report.ok_status(row.get("status", "")):
-            import json
-
             full.update(json.loads(partial.read_text()))
         partial.unlink(missing_ok=True)
         try:
