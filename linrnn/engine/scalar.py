@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from linrnn.engine import fused_kernels as fused
+from linrnn.engine import group_kernels as group
 from linrnn.engine import scalar_kernels as kern
 from linrnn.engine.config import ChunkConfig, chunk_state_dtype, prepare_state
 from linrnn.engine.gate_grads import final_grads, gate_grads, rows
@@ -261,7 +262,8 @@ def _norm_rows(do, o, den, m_row, c: ChunkConfig):
 def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     """The state gradients (states_bwd_kernel), then dq, dk and dv (one kernel each). With
     grouped heads (G > 1) the dq and dk kernels sum a group's value heads themselves
-    (:func:`heads_per_program`)."""
+    (:func:`heads_per_program`), large groups through one intra-chunk gradient matrix per
+    group and chunk (:func:`group_path`)."""
     q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
     states, ns, mc, m_row = s["states"], s["ns"], s["mc"], s["m_row"]
     T, K = q.shape[1], q.shape[3]
@@ -289,6 +291,35 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     )  # fmt: skip
 
     flags.update(HAS_IGATE=a is not None)
+    if group_path(G, c):
+        dq, dk, q_dq, k_dk = _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c)
+    else:
+        dq, dk, q_dq, k_dk = _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row,
+                                    R_A, R_D, G, flags, c)  # fmt: skip
+    BS, BD, BO, launch = c.tiles("dv_bwd", K, V)
+    nS, nV = cdiv(L, BS), cdiv(V, BO)
+    dv = torch.empty_like(v)
+    skip = s.get("skip")  # (absent where the custom ops rebuild the saved tensors)
+    dskip = torch.zeros(BH, NT * nS * nV, **f32) if skip is not None else None
+    kern.dv_bwd_kernel[(NT * nS, nV, BH)](
+        k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
+        chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
+        BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip, dskip=dskip,
+        HAS_SKIP=skip is not None, **flags, **launch,
+    )  # fmt: skip
+    if dskip is not None:  # Σ over the batch rows and tiles of each head
+        dskip = dskip.view(-1, H, dskip.shape[1]).double().sum((0, 2)).float()
+    bnd = bnd.sum(-1) if c.has_decay else None
+    return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd, dskip
+
+
+def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, flags, c):
+    """dq, dk (a group's value heads summed in the kernels, :func:`heads_per_program`) and the
+    identity products q·dq, k·dk per value head ``[B·H, T]`` (None without their gate)."""
+    T, K = q.shape[1], q.shape[3]
+    H, V = v.shape[2], v.shape[3]
+    BH, NT, L = c.rows, c.NT, c.L
+    f32 = dict(device=q.device, dtype=torch.float32)
     gates = c.has_decay or c.has_igate
     BQ, BD, BO, launch = c.tiles("dq_bwd", V, K)
     nQ, nK = cdiv(L, BQ), cdiv(K, BO)
@@ -311,24 +342,69 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
         NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None, HPP=HPP,
         **flags, **launch,
     )  # fmt: skip
-    BS, BD, BO, launch = c.tiles("dv_bwd", K, V)
-    nS, nV = cdiv(L, BS), cdiv(V, BO)
-    dv = torch.empty_like(v)
-    skip = s.get("skip")  # (absent where the custom ops rebuild the saved tensors)
-    dskip = torch.zeros(BH, NT * nS * nV, **f32) if skip is not None else None
-    kern.dv_bwd_kernel[(NT * nS, nV, BH)](
-        k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
-        chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
-        BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip, dskip=dskip,
-        HAS_SKIP=skip is not None, **flags, **launch,
-    )  # fmt: skip
     dq, dk = _group_sum(dq, q), _group_sum(dk, k)
-    if dskip is not None:  # Σ over the batch rows and tiles of each head
-        dskip = dskip.view(-1, H, dskip.shape[1]).double().sum((0, 2)).float()
     k_dk = _tile_sum(k_part) if gates else None
     q_dq = _tile_sum(q_part) if c.has_decay else None
-    bnd = bnd.sum(-1) if c.has_decay else None
-    return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd, dskip
+    return dq, dk, q_dq, k_dk
+
+
+# From this many value heads per q/k head on (Mamba2's large B/C groups), without the max state
+# and the normalizer (and its state), dq and dk take group_kernels: the intra-chunk gradient
+# matrix once per group and chunk instead of the intra-chunk products per value head.
+GROUP_MIN_HEADS = 4
+
+# (time tile, depth tile, output tile) of the three group kernels (dq and dk read the gradient
+# matrix in the tiles dscores_kernel writes), and (num_warps, num_stages) of dscores_kernel and
+# of the dq and dk kernels: sizes whose sm_90 builds keep their tiles in registers.
+GROUP_TILES = (32, 64, 64)
+GROUP_LAUNCH = {"dscores": (4, 2), "dq_dk": (8, 2)}
+
+
+def group_path(G: int, c: ChunkConfig) -> bool:
+    """Whether a call's dq and dk go through group_kernels (:data:`GROUP_MIN_HEADS`)."""
+    return G >= GROUP_MIN_HEADS and not (c.stab or c.norm or c.track_n)
+
+
+def _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c):
+    """:func:`_dq_dk` of :func:`group_path` calls (group_kernels): the intra-chunk gradient
+    matrix M once per group and chunk (in q's dtype), then dq and dk per q/k head. The scores
+    q·k that the gate gradients' intra parts need are formed inside dscores_kernel."""
+    B, T, HK, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    BH, NT, L = c.rows, c.NT, c.L
+    f32 = dict(device=q.device, dtype=torch.float32)
+    gates = c.has_decay or c.has_igate
+    t, d, o = GROUP_TILES
+    fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
+    BQ, BD, BK, BO = fit(t, L), fit(d, V), fit(d, K), fit(o, K)
+    NQ, nK = cdiv(L, BQ), cdiv(K, BO)
+    launch = {name: dict(num_warps=nw, num_stages=ns) for name, (nw, ns) in GROUP_LAUNCH.items()}
+    flags = dict(HAS_DECAY=b is not None, DOT_PREC=c.prec, VARLEN=c.varlen)
+    sizes = dict(chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT)
+    dm = torch.empty(B * HK, NT, L, L, device=q.device, dtype=q.dtype)
+    # per-tile intra parts of q·dq (by key tile) and k·dk (by query tile); the first K tile of
+    # the dq and dk kernels reads the slots of the tiles on and below the diagonal
+    qdq_in = torch.empty(NQ, BH, T, **f32) if c.has_decay else None
+    kdk_in = torch.empty(NQ, BH, T, **f32) if gates else None
+    group.dscores_kernel[(NT * NQ * NQ, B * HK)](
+        do=do, v=v, q=q, k=k, g=b, gi=a, dm=dm, qdq=qdq_in, kdk=kdk_in, NQ=NQ, scale=c.scale,
+        BQ=BQ, BD=BD, BK=BK, HAS_IGATE=a is not None, **sizes, **flags, **launch["dscores"],
+    )  # fmt: skip
+    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
+    dq = torch.empty_like(q)
+    group.dq_group_kernel[(NT * NQ, nK, B * HK)](
+        do=do, q=q, k=k, h=states, g=b, dm=dm, dq=dq, qdq=q_part, qdq_in=qdq_in, NQ=NQ,
+        scale=c.scale, BQ=BQ, BD=BD, BO=BO, **sizes, **flags, **launch["dq_dk"],
+    )  # fmt: skip
+    k_part = torch.empty(nK, BH, T, **f32) if gates else None
+    dk = torch.empty_like(k)
+    group.dk_group_kernel[(NT * NQ, nK, B * HK)](
+        v=v, q=q, k=k, dh=dstates, g=b, gi=a, dm=dm, dk=dk, kdk=k_part, kdk_in=kdk_in, NS=NQ,
+        BS=BQ, BD=BD, BO=BO, HAS_IGATE=a is not None, **sizes, **flags, **launch["dq_dk"],
+    )  # fmt: skip
+    q_dq = _tile_sum(q_part) if c.has_decay else None
+    k_dk = _tile_sum(k_part) if gates else None
+    return dq, dk, q_dq, k_dk
 
 
 # The dq and dk kernels sum all value heads of a group in one program when that still gives at
