@@ -80,12 +80,13 @@ def _calls(linrnn, torch, F):
                     (linrnn.mlstm, (q, k, v, pre(B, T, H), pre(B, T, H)), kw),
                     (linrnn.mlstm, (q, k, v, pre(B, T, H), pre(B, T, H)), dict(kw, **sig_gate)),
                 )
-                # Mamba2 with B and C shared by two heads each (groups), Δ through softplus
-                HM = 2 * H
-                x = torch.randn(B, T, HM, V, dtype=dt).requires_grad_()
-                yield (linrnn.mamba2, (x, pre(B, T, HM), -torch.rand(HM).requires_grad_(),
-                                       k, q), dict(kw, D=pre(HM), dt_bias=pre(HM),
-                                                   dt_softplus=True))  # fmt: skip
+                # Mamba2 with B and C shared by two heads each (groups), Δ through softplus;
+                # in chunk mode also by four (large groups: the group kernels)
+                for HM in (2 * H, 4 * H) if mode == "chunk" else (2 * H,):
+                    x = torch.randn(B, T, HM, V, dtype=dt).requires_grad_()
+                    yield (linrnn.mamba2, (x, pre(B, T, HM), -torch.rand(HM).requires_grad_(),
+                                           k, q), dict(kw, D=pre(HM), dt_bias=pre(HM),
+                                                       dt_softplus=True))  # fmt: skip
                 if mode == "fused_chunk":  # the delta rule has no fused_chunk kernel
                     continue
                 HV = 2 * H  # grouped value heads
