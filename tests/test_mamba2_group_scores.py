@@ -19,9 +19,10 @@ TILE = (16, 16, 16, 4, 2)  # (time, depth, V tile, num_warps, num_stages)
 
 CASES = {
     # B, T, H, groups, N, P, chunk size, packed, HPP: one group of 8 heads in one program;
-    # two groups of 4 with packed sequences, each group over two programs of 2 heads
+    # two groups of 4 with packed sequences, each group over two programs of 2 heads (N, P not
+    # multiples of the tiles)
     "one-group-of-8": (2, 56, 8, 1, 32, 32, 32, None, 8),
-    "two-groups-of-4-packed": (1, 56, 8, 2, 32, 16, 32, [0, 21, 56], 2),
+    "two-groups-of-4-packed": (1, 56, 8, 2, 40, 24, 32, [0, 21, 56], 2),
 }
 
 
@@ -103,3 +104,33 @@ def test_group_kernels_fp32_all_gradients(backend, small_tiles, monkeypatch):
     monkeypatch.setattr(scalar, "score_heads_per_program", lambda G, programs: G)
     _check_triton(("chunk", 2, 45, 8, 2, 16, 16, 32, False, True), backend)
     assert small_tiles == {"group_out_kernel": 1, "group_dv_kernel": 1}
+
+
+def _config(B, T, H, groups, N, P, L=None, **kw):
+    """The ChunkConfig of a Mamba2-like call (meta tensors: no data, no launch)."""
+    q = torch.empty(B, T, groups, N, device="meta", dtype=torch.bfloat16)
+    v = torch.empty(B, T, H, P, device="meta", dtype=torch.bfloat16)
+    opts = dict(scale=1.0, g=q, gi=q, stabilize=False, track_n=False, normalizer=None, eps=0.0,
+                chunk_size=L, fused=False, offsets=None)  # fmt: skip
+    return scalar.config(q, q, v, **dict(opts, **kw))
+
+
+@pytest.mark.parametrize(
+    "shape,kw,hpp",
+    [
+        ((8, 8192, 64, 1, 128, 64), {}, 64),  # 1024 programs with the whole group each
+        ((2, 8192, 64, 8, 128, 64), {}, 8),
+        ((1, 256, 64, 1, 128, 64), {}, 1),  # too few programs: the per-head kernels
+        ((8, 8192, 64, 32, 128, 64), {}, 0),  # groups of 2
+        ((8, 8192, 64, 1, 128, 64), dict(chunk_size=256), 0),  # four row tiles per chunk
+        ((8, 8192, 64, 1, 128, 64), dict(stabilize=True), 0),
+        ((8, 8192, 64, 1, 128, 64), dict(normalizer="sum"), 0),
+        ((8, 8192, 64, 1, 128, 64), dict(fused=True, chunk_size=64), 0),
+    ],
+)
+def test_group_path_choice(shape, kw, hpp):
+    """Where the group kernels serve and with how many heads per program (HPP)."""
+    c = _config(*shape, **kw)
+    G, N, P = shape[2] // shape[3], shape[4], shape[5]
+    assert scalar._group_scores(c, G, N, P, "out") == hpp
+    assert scalar._group_scores(c, G, N, P, "dv") == hpp
