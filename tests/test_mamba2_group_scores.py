@@ -18,11 +18,11 @@ from linrnn.engine import group_scores_kernels as gsk
 TILE = (16, 16, 16, 4, 2)  # (time, depth, V tile, num_warps, num_stages)
 
 CASES = {
-    # B, T, H, groups, N, P, chunk size, packed, HPP: one group of 8 heads in one program;
-    # two groups of 4 with packed sequences, each group over two programs of 2 heads (N, P not
-    # multiples of the tiles)
-    "one-group-of-8": (2, 56, 8, 1, 32, 32, 32, None, 8),
-    "two-groups-of-4-packed": (1, 56, 8, 2, 40, 24, 32, [0, 21, 56], 2),
+    # B, T, H, groups, N, P, chunk size, packed, HPP, D: one group of 8 heads in one program,
+    # without D (no skip term); two groups of 4 with packed sequences, each group over two
+    # programs of 2 heads (N, P not multiples of the tiles)
+    "one-group-of-8-no-D": (2, 56, 8, 1, 32, 32, 32, None, 8, False),
+    "two-groups-of-4-packed": (1, 56, 8, 2, 40, 24, 32, [0, 21, 56], 2, True),
 }
 
 
@@ -52,9 +52,11 @@ def small_tiles(monkeypatch):
 
 def _inputs(case, dtype):
     """Seeded inputs and initial state of ``case``, rounded to ``dtype`` (fp64)."""
-    Bsz, T, H, groups, N, P, _, cu, _ = case
+    Bsz, T, H, groups, N, P, _, cu, _, with_D = case
     inputs = build(Bsz, T, H, groups, N, P)
     inputs = {n: x.to(dtype).double().to(DEVICE) for n, x in inputs.items()}
+    if not with_D:
+        del inputs["D"]
     h0 = torch.randn(Bsz if cu is None else len(cu) - 1, H, N, P, dtype=F64)
     return inputs, h0.to(dtype).double().to(DEVICE)
 
@@ -76,7 +78,7 @@ def test_group_kernels_match_per_head(name, dtype, backend, small_tiles, monkeyp
     (the rest come from kernels both paths share)."""
     case = CASES[name]
     inputs, h0 = _inputs(case, dtype)
-    got = _run(case, inputs, h0, dtype, case[-1], monkeypatch)
+    got = _run(case, inputs, h0, dtype, case[8], monkeypatch)
     assert small_tiles == {"group_out_kernel": 1, "group_dv_kernel": 1}
     small_tiles.clear()
     per_head = _run(case, inputs, h0, dtype, 1, monkeypatch)
@@ -92,7 +94,7 @@ def test_group_kernels_match_per_head(name, dtype, backend, small_tiles, monkeyp
         ref = _packed_loop(inputs, h0, cu, F64)
     assert_close("y", got[0].cpu(), ref[0].cpu(), dtype)
     assert_close("final_state", got[1].cpu(), ref[1].cpu(), dtype)
-    for n in ("x", "D", "initial_state"):
+    for n in ("x", "D", "initial_state") if "D" in inputs else ("x", "initial_state"):
         assert_close(f"d{n}", got[2][n].cpu(), ref[2][n].cpu(), dtype)
 
 
