@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from linrnn.engine import fused_kernels as fused
 from linrnn.engine import group_kernels as group
+from linrnn.engine import group_scores_kernels as gsk
 from linrnn.engine import scalar_kernels as kern
 from linrnn.engine.config import ChunkConfig, chunk_state_dtype, prepare_state
 from linrnn.engine.gate_grads import final_grads, gate_grads, rows
@@ -154,14 +155,17 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
     o = torch.empty_like(v, dtype=q.dtype)
     den = torch.empty(BH, T, **f32) if c.norm else None
     m_row = torch.empty(BH, T, **f32) if c.stab else None
-    BQ, BD, BO, launch = c.tiles("out_fwd", K, V)
-    NQ = cdiv(L, BQ)
-    kern.out_fwd_kernel[(NT * NQ, cdiv(V, BO), BH)](
-        q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
-        chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ, scale=c.scale,
-        eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip, HAS_SKIP=skip is not None,
-        **gates, **launch,
-    )  # fmt: skip
+    if _group_scores(c, G, K, V, "out") > 1:
+        _group_out(q, k, v, b, a, states, o, c, skip)
+    else:
+        BQ, BD, BO, launch = c.tiles("out_fwd", K, V)
+        NQ = cdiv(L, BQ)
+        kern.out_fwd_kernel[(NT * NQ, cdiv(V, BO), BH)](
+            q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
+            chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ,
+            scale=c.scale, eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip,
+            HAS_SKIP=skip is not None, **gates, **launch,
+        )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
     tables = dict(states=states, ns=ns, mc=mc, den=den, m_row=m_row)
     return o, S_T, n_T, m_T, tables
@@ -296,17 +300,20 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     else:
         dq, dk, q_dq, k_dk = _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row,
                                     R_A, R_D, G, flags, c)  # fmt: skip
-    BS, BD, BO, launch = c.tiles("dv_bwd", K, V)
-    nS, nV = cdiv(L, BS), cdiv(V, BO)
-    dv = torch.empty_like(v)
     skip = s.get("skip")  # (absent where the custom ops rebuild the saved tensors)
-    dskip = torch.zeros(BH, NT * nS * nV, **f32) if skip is not None else None
-    kern.dv_bwd_kernel[(NT * nS, nV, BH)](
-        k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
-        chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
-        BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip, dskip=dskip,
-        HAS_SKIP=skip is not None, **flags, **launch,
-    )  # fmt: skip
+    if _group_scores(c, G, K, V, "dv") > 1:
+        dv, dskip = _group_dv(q, k, v, b, a, do, dstates, c, skip)
+    else:
+        BS, BD, BO, launch = c.tiles("dv_bwd", K, V)
+        nS, nV = cdiv(L, BS), cdiv(V, BO)
+        dv = torch.empty_like(v)
+        dskip = torch.zeros(BH, NT * nS * nV, **f32) if skip is not None else None
+        kern.dv_bwd_kernel[(NT * nS, nV, BH)](
+            k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
+            chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ,
+            scale=c.scale, BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip,
+            dskip=dskip, HAS_SKIP=skip is not None, **flags, **launch,
+        )  # fmt: skip
     if dskip is not None:  # Σ over the batch rows and tiles of each head
         dskip = dskip.view(-1, H, dskip.shape[1]).double().sum((0, 2)).float()
     bnd = bnd.sum(-1) if c.has_decay else None
@@ -422,6 +429,77 @@ def heads_per_program(G: int, programs: int) -> int:
         if G % parts == 0 and programs * parts >= GROUP_MIN_PROGRAMS:
             return G // parts
     return 1
+
+
+# The output and dv kernels of large groups (group_scores_kernels): per kernel (time tile, depth
+# tile, V tile, num_warps, num_stages), each clipped to the problem. A chunk may span at most two
+# time tiles (the scores a program holds), so these kernels take L ≤ 2 × the time tile.
+SCORE_TILES = {"out": (64, 32, 64, 8, 2), "dv": (64, 32, 64, 8, 2)}
+GROUP_MIN_SIZE = 4  # the least group size (value heads per q/k head) they serve
+
+
+def group_tiles(c: ChunkConfig, name: str, K: int, V: int):
+    """(time tile, depth tile, V tile, launch options) of group kernel ``name``."""
+    t, d, o, nw, ns = SCORE_TILES[name]
+    fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
+    return fit(t, c.L), fit(d, K), fit(o, V), dict(num_warps=nw, num_stages=ns)
+
+
+def _group_scores(c: ChunkConfig, G: int, K: int, V: int, name: str) -> int:
+    """HPP, the value heads one program of group kernel ``name`` serves from one set of
+    scores, where that path applies (mode "chunk", a group of ≥ :data:`GROUP_MIN_SIZE` value
+    heads, no max state, no normalizer, chunks of at most two time tiles); 0 where it does not,
+    1 where too few programs would share (the per-head kernels then)."""
+    BT, _, BO, _ = group_tiles(c, name, K, V)
+    if c.fused or c.stab or c.norm or G < GROUP_MIN_SIZE or c.L > 2 * BT:
+        return 0
+    return score_heads_per_program(G, c.NT * cdiv(c.L, BT) * cdiv(V, BO) * (c.rows // G))
+
+
+def score_heads_per_program(G: int, programs: int) -> int:
+    """HPP of the group kernels: the largest divisor of the group size G whose grid
+    (``programs`` per whole group, times G / HPP) has ≥ :data:`GROUP_MIN_PROGRAMS` programs;
+    1 where none has (the rule of :func:`heads_per_program`)."""
+    for parts in range(1, G + 1):
+        if G % parts == 0 and programs * parts >= GROUP_MIN_PROGRAMS:
+            return G // parts
+    return 1
+
+
+def _group_out(q, k, v, b, a, states, o, c: ChunkConfig, skip):
+    """The output o from the chunk states by group_out_kernel (docs/DESIGN.md §11)."""
+    T, K, H, V = q.shape[1], q.shape[3], v.shape[2], v.shape[3]
+    G = H // q.shape[2]
+    BQ, BD, BO, launch = group_tiles(c, "out", K, V)
+    NQ = cdiv(c.L, BQ)
+    HPP = _group_scores(c, G, K, V, "out")
+    gsk.group_out_kernel[(c.NT * NQ, cdiv(V, BO), c.rows // HPP)](
+        q=q, k=k, v=v, h=states, g=b, gi=a, o=o, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V,
+        L=c.L, NT=c.NT, NQ=NQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, HPP=HPP, TWO=NQ > 1,
+        HAS_DECAY=b is not None, HAS_IGATE=a is not None, DOT_PREC=c.prec, VARLEN=c.varlen,
+        skip=skip, HAS_SKIP=skip is not None, **launch,
+    )  # fmt: skip
+
+
+def _group_dv(q, k, v, b, a, do, dstates, c: ChunkConfig, skip):
+    """(dv, dskip) by group_dv_kernel; dskip as dv_bwd_kernel stores it (None without skip)."""
+    T, K, H, V = q.shape[1], q.shape[3], v.shape[2], v.shape[3]
+    G = H // q.shape[2]
+    BS, BD, BO, launch = group_tiles(c, "dv", K, V)
+    nS, nV = cdiv(c.L, BS), cdiv(V, BO)
+    HPP = _group_scores(c, G, K, V, "dv")
+    dv = torch.empty_like(v)
+    dskip = None
+    if skip is not None:
+        dskip = torch.zeros(c.rows, c.NT * nS * nV, device=v.device, dtype=torch.float32)
+    gsk.group_dv_kernel[(c.NT * nS, nV, c.rows // HPP)](
+        k=k, q=q, do=do, dh=dstates, g=b, gi=a, dv=dv, chunks=c.CHUNKS, T=T, H=H, G=G, K=K,
+        V=V, L=c.L, NT=c.NT, NS=nS, scale=c.scale, BS=BS, BD=BD, BO=BO, HPP=HPP, TWO=nS > 1,
+        HAS_DECAY=b is not None, HAS_IGATE=a is not None, DOT_PREC=c.prec, VARLEN=c.varlen,
+        v=v if skip is not None else None, skip=skip, dskip=dskip, HAS_SKIP=skip is not None,
+        **launch,
+    )  # fmt: skip
+    return dv, dskip
 
 
 def _group_grad(x, slots: int):
