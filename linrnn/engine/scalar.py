@@ -356,8 +356,9 @@ def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, 
 
 
 # From this many value heads per q/k head on (Mamba2's large B/C groups), without the max state
-# and the normalizer (and its state), dq and dk take group_kernels: the intra-chunk gradient
-# matrix once per group and chunk instead of the intra-chunk products per value head.
+# and the normalizer (and its state), the output and dv take group_scores_kernels (the scores
+# q·kᵀ once for several heads) and dq and dk take group_kernels (the intra-chunk gradient
+# matrix once per group and chunk) instead of the intra-chunk products per value head.
 GROUP_MIN_HEADS = 4
 
 # (time tile, depth tile, output tile) of the three group kernels (dq and dk read the gradient
@@ -435,7 +436,6 @@ def heads_per_program(G: int, programs: int) -> int:
 # tile, V tile, num_warps, num_stages), each clipped to the problem. A chunk may span at most two
 # time tiles (the scores a program holds), so these kernels take L ≤ 2 × the time tile.
 SCORE_TILES = {"out": (64, 32, 64, 8, 2), "dv": (64, 32, 64, 8, 2)}
-GROUP_MIN_SIZE = 4  # the least group size (value heads per q/k head) they serve
 
 
 def group_tiles(c: ChunkConfig, name: str, K: int, V: int):
@@ -447,11 +447,11 @@ def group_tiles(c: ChunkConfig, name: str, K: int, V: int):
 
 def _group_scores(c: ChunkConfig, G: int, K: int, V: int, name: str) -> int:
     """HPP, the value heads one program of group kernel ``name`` serves from one set of
-    scores, where that path applies (mode "chunk", a group of ≥ :data:`GROUP_MIN_SIZE` value
+    scores, where that path applies (mode "chunk", a group of ≥ :data:`GROUP_MIN_HEADS` value
     heads, no max state, no normalizer, chunks of at most two time tiles); 0 where it does not,
     1 where too few programs would share (the per-head kernels then)."""
     BT, _, BO, _ = group_tiles(c, name, K, V)
-    if c.fused or c.stab or c.norm or G < GROUP_MIN_SIZE or c.L > 2 * BT:
+    if c.fused or c.stab or c.norm or G < GROUP_MIN_HEADS or c.L > 2 * BT:
         return 0
     return score_heads_per_program(G, c.NT * cdiv(c.L, BT) * cdiv(V, BO) * (c.rows // G))
 
