@@ -54,11 +54,15 @@ TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
 SUMMED_GRADS = {"mamba2": {"ddt_bias": "ddt"}}
 SHAPES = ("B2-T300-H3-K96-V80", "B1-T4096-H2-K256-V256")
 GROUPED_SHAPES = ("B2-T300-H3-HV6-K96-V80", "B1-T4096-H2-K256-V256")  # grouped value heads
+# Mamba2 also as it is used: one B/C group of 8 heads, N = 128, P = 64, enough chunks that the
+# kernels for large groups serve several heads per program.
+EXTRA_SHAPES = {"mamba2": ("B4-T4096-H1-HV8-K128-V64",)}
 # Every op × each of its modes with Triton kernels (chunk and fused_chunk; the delta rule's
 # chunk and recurrent).
 OP_MODES = [(name, mode) for name, op in registry.OPS.items() for mode in op.kernel_modes()]
 CASES = [(name, mode, dtype, shape) for name, mode in OP_MODES for dtype in TOLERANCE
-         for shape in (GROUPED_SHAPES if registry.OPS[name].grouped else SHAPES)]  # fmt: skip
+         for shape in (GROUPED_SHAPES if registry.OPS[name].grouped else SHAPES)
+         + EXTRA_SHAPES.get(name, ())]  # fmt: skip
 PREFIX_T = 32  # steps of the prefix whose final state is the initial state
 REFERENCE_MAX_T = 512  # longer shapes take the fp64 chunk engine (the loop would take seconds)
 
