@@ -30,6 +30,12 @@
 #                ≥ 150 s are left) into $OUT/mamba2.json, with the ratios and targets; mamba_ssm
 #                from its unpacked sdist .whl/mamba_ssm-*/ (LINRNN_MAMBA_SSM_SRC; its CUDA
 #                extension is not needed), einops and packaging from .whl/*/ when missing
+#   train [T] [JSON]
+#                linrnn bench --suite train at sequence length T (8192; 2048 the other length
+#                it is read at): every mixer's training tokens/s beside softmax attention (SDPA),
+#                65,536 tokens per step, TRAIN_SECONDS (20) s of training each, within BUDGET
+#                (540) s into $OUT/train-T<T>.json (loss curves in $OUT/train-T<T>/); the
+#                mixers it had no time for are left to a second call with that JSON
 #   tune ARGS    benchmarks/tune.py ARGS (tile candidates against the shipped tables)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -98,7 +104,7 @@ suite_parts() {
     python3 -m linrnn.bench --suite "$suite" --plan --resume --out "$J"  # what is left
 }
 
-stage=${1:?stage: check, paper-rows, decode, varlen, delta, delta-decode, mamba2, tune}
+stage=${1:?stage: check, paper-rows, decode, varlen, delta, delta-decode, mamba2, train, tune}
 case "$stage" in
 check)
     # tests/gpu first and alone (its matrix compiles ~120 cases in LINRNN_GPU_JOBS worker
@@ -157,6 +163,23 @@ delta-decode)
 mamba2)
     # mamba_ssm autotunes each kernel's configurations on its first call: up to minutes
     suite_parts mamba2 "${2:-}" 150 400 150
+    ;;
+train)
+    # One shared Triton cache: a second call (or the other length) compiles nothing again, so
+    # its first steps are marked c in the table.
+    T=${2:-8192}
+    J="$OUT/train-T$T.json"
+    if [ -n "${3:-}" ]; then
+        cp "$3" "$J" && chmod u+w "$J" || exit 2
+    fi
+    BUDGET=${BUDGET:-540}
+    left=$((BUDGET - SECONDS - 20))
+    timeout -k 10 $((left + 30)) python3 -u -m linrnn.bench --suite train --seq-len "$T" \
+        --train-seconds "${TRAIN_SECONDS:-20}" --timeout $((${TRAIN_SECONDS:-20} + 240)) \
+        --resume --out "$J" --time-budget "$left" \
+        --triton-cache /tmp/triton-cache-train --commit "$C" 2>&1 | tee -a "$OUT/train-T$T.log"
+    echo "train T=$T: rc=${PIPESTATUS[0]} at ${SECONDS} s" | tee -a "$OUT/train-T$T.log"
+    python3 -m linrnn.bench --suite train --seq-len "$T" --plan --resume --out "$J"  # what is left
     ;;
 tune)
     shift

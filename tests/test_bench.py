@@ -25,7 +25,7 @@ def test_registry_covers_every_family_and_suite():
     assert families == engine | {"delta_rule", "gated_delta_rule", "mamba2"}
     assert set(registry.ENGINE_FAMILIES) == engine
     assert set(registry.SUITES) == {"quick", "paper", "headdim", "chunksize", "delta", "decode",
-                                    "varlen", "mamba2"}  # fmt: skip
+                                    "varlen", "mamba2", "train"}  # fmt: skip
     assert set(registry.SUITES["quick"].modes) == set(registry.ALL_MODES)
     assert registry.SUITES["quick"].families is None  # every family
     for name in ("paper", "headdim", "chunksize"):  # the engine's sweeps
@@ -330,4 +330,4 @@ def test_save_cache_from_the_command_line(tmp_path):
 
 
 def test_cli_module_has_a_worker_entry():
-    assert set(cli.tasks()) == {"bench", "decode", "varlen", "info", "selftest"}
+    assert set(cli.tasks()) == {"bench", "decode", "varlen", "train", "info", "selftest"}

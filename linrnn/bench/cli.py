@@ -8,6 +8,7 @@
     linrnn bench --suite varlen                   # 8 packed documents vs padded, fwd+bwd
     linrnn bench --suite delta                    # the delta rule beside fla's delta-rule ops
     linrnn bench --suite mamba2                   # Mamba2 beside mamba_ssm and fla's simple GLA
+    linrnn bench --suite train --seq-len 8192 2048   # whole-model training tokens/s vs SDPA
     linrnn bench --list                       # suites, ops, peers
 
     # a long suite in parts that add to one JSON (rerun a part that stopped at its budget)
@@ -49,16 +50,17 @@ import threading
 import time
 from pathlib import Path
 
-from linrnn.bench import flops, peers, registry, report, worker
+from linrnn.bench import flops, peers, registry, report, training, worker
 
 
 def tasks() -> dict:
-    from linrnn.bench import decode, timing, varlen
+    from linrnn.bench import decode, timing, training, varlen
 
     return {
         "bench": timing.bench_case,
         "decode": decode.decode_case,
         "varlen": varlen.varlen_case,
+        "train": training.train_case,
         "info": report.info_case,
         "selftest": worker.selftest_case,
     }
@@ -98,6 +100,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="torch threads (CPU)")
     p.add_argument("--steps", type=int, help="decode: one-token calls per timed loop (32)")
     p.add_argument("--docs", type=int, help="varlen: documents packed into T tokens (8)")
+    p.add_argument("--seq-len", nargs="+", type=int, metavar="T", help="train: sequence "
+                   "lengths (8192 on CUDA, 64 on CPU)")  # fmt: skip
+    p.add_argument("--batch", type=int, help="train: sequences per step (65,536 tokens / T "
+                   "on CUDA, 256 / T on CPU)")  # fmt: skip
+    p.add_argument("--mixers", nargs="+", metavar="MIXER", help="train: a subset of "
+                   "the mixers (softmax always runs first when chosen)")  # fmt: skip
+    p.add_argument("--train-seconds", type=float, metavar="S", help="train: seconds of "
+                   "training per mixer after its first step (20)")  # fmt: skip
+    p.add_argument("--max-steps", type=int, metavar="N", help="train: also stop after N "
+                   "steps (CPU: 6; 0: no limit)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, help=f"report folder (default {default_out_dir()})")
     p.add_argument("--out", type=Path, help="JSON path (default OUT_DIR/<date>-<gpu>-<suite>.json)")
@@ -165,6 +177,10 @@ def plan(args, suite: registry.Suite, device: str) -> tuple[list[tuple[dict, lis
         from linrnn.bench import varlen
 
         return varlen.plan(args, suite, device, common, chosen)
+    if suite.kind == "train":
+        from linrnn.bench import training
+
+        return training.plan(args, suite, device, common)
     cases, notes, unsupported = [], [], set()
     for name, op in registry.OPS.items():
         if not chosen(name) or not suite.runs_family(op.family):
@@ -227,10 +243,11 @@ def peer_installed(args, library: str) -> bool:
 def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
     """A report row: the case, its measurements and the counts of :mod:`linrnn.bench.flops`
     (the decode and varlen suites: their own rows)."""
-    if case["task"] in ("decode", "varlen"):
-        from linrnn.bench import decode, varlen
+    if case["task"] in ("decode", "varlen", "train"):
+        from linrnn.bench import decode, training, varlen
 
-        return {"decode": decode, "varlen": varlen}[case["task"]].full_row(case, item, row, spec)
+        module = {"decode": decode, "varlen": varlen, "train": training}[case["task"]]
+        return module.full_row(case, item, row, spec)
     op, library = case["op"], peers.library_of(case["op"])
     like = peers.like_of(op)
     shape = registry.parse_shape(item["shape"])
@@ -402,7 +419,12 @@ def report_main(args) -> int:
         report.write_json(out, merged)
     md = Path(out).with_suffix(".md")
     md.write_text(report.markdown(merged))
-    print(report.bench_table(merged["bench"]))
+    trained = [r for r in merged["bench"] if r.get("suite") == "train"]
+    others = [r for r in merged["bench"] if r.get("suite") != "train"]
+    if others or not trained:
+        print(report.bench_table(others))
+    if trained:
+        print(training.table(trained))
     print(f"\n{len(merged['bench'])} rows from {len(merged['runs'])} run(s); wrote {md}"
           + (f" and {out}" if args.out else ""))  # fmt: skip
     if args.plots:
@@ -418,6 +440,49 @@ def _plots(rep: dict, path: Path) -> None:
         print(f"plots: {', '.join(str(p) for p in made) or 'none (no rows to plot)'}")
     except ImportError:
         print("plots skipped: matplotlib is not installed (pip install 'linrnn[plot]')")
+
+
+TRAIN_FLAGS = ("seq_len", "batch", "mixers", "train_seconds", "max_steps")
+
+
+def check_train_arguments(args, parser) -> None:
+    """The train suite's options only with it, in range; its suite takes no --ops, --shapes
+    or --modes (its mixers, lengths and batch are its own options)."""
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    if args.suite != "train":
+        given = [flag(n) for n in TRAIN_FLAGS if getattr(args, n) is not None]
+        if given:
+            parser.error(f"{', '.join(given)}: options of --suite train only")
+        return
+    for name in ("ops", "shapes", "modes"):
+        if getattr(args, name):
+            parser.error(f"{flag(name)} does not apply to --suite train (--mixers, --seq-len "
+                         "and --batch choose what it runs)")  # fmt: skip
+    if args.chunk_sizes and len(args.chunk_sizes) > 1:
+        parser.error("--suite train takes one --chunk-sizes value (the linear mixers' chunk)")
+    unknown = sorted(set(args.mixers or ()) - set(training.VARIANTS))
+    if unknown:
+        parser.error(f"unknown --mixers {unknown}; choose from {list(training.VARIANTS)}")
+    for name in ("seq_len", "batch"):
+        values = getattr(args, name)
+        values = values if isinstance(values, list) else [values]
+        if any(v is not None and v < 1 for v in values):
+            parser.error(f"{flag(name)} must be ≥ 1, got {getattr(args, name)}")
+    if args.max_steps is not None and args.max_steps < 0:
+        parser.error(f"--max-steps must be ≥ 0, got {args.max_steps}")
+    seconds = training.DEFAULT_SECONDS if args.train_seconds is None else args.train_seconds
+    if seconds <= 0:
+        parser.error(f"--train-seconds must be > 0, got {seconds:g}")
+    if args.timeout < seconds + 60:
+        parser.error(f"--timeout {args.timeout:g} s leaves a worker no time to compile and "
+                     f"evaluate beyond --train-seconds {seconds:g} s: give at least "
+                     f"{seconds + 60:g}")  # fmt: skip
+
+
+def matplotlib_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def main(args) -> int:
@@ -444,6 +509,7 @@ def main(args) -> int:
         parser.error("--time-budget must be > 0")
     if args.retry_failed and not args.resume:
         parser.error("--retry-failed goes with --resume")
+    check_train_arguments(args, parser)
     if args.report:
         return report_main(args)
 
@@ -481,7 +547,7 @@ def main(args) -> int:
         )
     if args.isolate is None:
         args.isolate = "process" if device == "cuda" else "none"
-    if device == "cpu" and suite.name == "quick" and args.threads is None:
+    if device == "cpu" and suite.name in ("quick", "train") and args.threads is None:
         args.threads = 1  # tiny shapes: one thread avoids the thread pool's wake-up noise
     if args.threads and args.isolate == "none":
         torch.set_num_threads(args.threads)
@@ -562,6 +628,8 @@ def main(args) -> int:
         key = report.row_key(new)
         rows[:] = [r for r in rows if report.row_key(r) != key]  # a retried row replaces its own
         rows.append(new)
+        if suite.kind == "train":
+            training.add_ratios(rows)
 
     cache_mode = None if args.isolate == "none" else "shared" if args.triton_cache else "fresh"
     progress = report.Progress(len(cases), f"bench {suite.name}", enabled=not args.quiet)
@@ -569,7 +637,8 @@ def main(args) -> int:
     try:
         with stop_on_signals():
             for index, (case, items) in enumerate(cases):
-                if stop_at is not None and time.monotonic() >= stop_at:
+                # a case that needs more than the time left (a training run) waits for --resume
+                if stop_at is not None and time.monotonic() + case.get("needs_s", 0) >= stop_at:
                     break
                 label = f"{case['op']} {case['mode'] or ''} L={case['chunk'] or 'default'}"
                 if progress.bar is None and progress.enabled:  # a log shows what was running
@@ -606,7 +675,10 @@ def main(args) -> int:
     )
     timing = "do_bench medians" if device == "cuda" else f"perf_counter medians of {args.repeats}"
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
-    if suite.kind in ("decode", "varlen"):
+    if suite.kind == "train":
+        print("\n" + training.SUMMARY.format(dtype=dtype))
+        print(training.table(rows))
+    elif suite.kind in ("decode", "varlen"):
         from linrnn.bench import decode, varlen
 
         module = decode if suite.kind == "decode" else varlen
@@ -622,15 +694,15 @@ def main(args) -> int:
         print(report.bench_table(rows))
     from linrnn.bench import compare
 
-    ratios = compare.text(rows)
+    ratios = compare.text(rows) if suite.kind != "train" else ""
     if ratios:
         print("\n" + ratios)
     failed = [r for r in rows if r["library"] == "linrnn" and not _ok_status(r["status"])]
     final = json.loads(path.read_text())
     md = path.with_suffix(".md")
     md.write_text(report.markdown(final))
-    if args.plots:
-        _plots(final, path)
+    if args.plots or (suite.kind == "train" and matplotlib_installed()):
+        _plots(final, path)  # the train suite's loss curves whenever matplotlib is there
     if args.save_cache:
         from linrnn.bench import autotune
 

@@ -1,7 +1,7 @@
 """Plots of a bench report (matplotlib, the optional ``plots`` extra): per family, runtime
 against sequence length (linrnn solid in the family's colour, peers dashed) and grouped bars
 of linrnn against each peer at one shape (forward, forward+backward, memory); memory and time
-against the chunk size; and a roofline chart. Each function
+against the chunk size; a roofline chart; and the train suite's loss curves. Each function
 takes the report's rows and writes a PNG; :func:`make_plots` writes every plot the rows allow
 and returns their paths."""
 
@@ -315,6 +315,78 @@ def roofline_chart(rows: list[dict], spec: dict | None, out_dir: Path) -> list[P
     return [path]
 
 
+MIXER_FAMILY = {"mlstm_exp": "mlstm", "mlstm_sig": "mlstm", "delta_net": "delta_rule",
+                "gated_delta_net": "gated_delta_rule"}  # fmt: skip
+
+
+def smooth(values: list, beta: float = 0.9) -> list:
+    """Bias-corrected exponential moving average (the per-step loss is noisy)."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, start=1):
+        avg = beta * avg + (1 - beta) * v
+        out.append(avg / (1 - beta**i))
+    return out
+
+
+def loss_curves(rows: list[dict], out_dir: Path, machine: dict | None = None) -> list[Path]:
+    """The train suite's loss curves: one PNG per shape, the training loss of every mixer
+    (EMA 0.9, solid) and its validation loss (dashed, dots at the evaluations) against the step
+    and against the training time; softmax in black, each linear mixer in its family's
+    colour."""
+    by_shape = defaultdict(list)
+    for r in rows:
+        if r.get("suite") == "train" and (r.get("curve") or {}).get("loss"):
+            by_shape[r["shape"]].append(r)
+    if not by_shape:
+        return []
+    plt = _pyplot()
+    device = (machine or {}).get("gpu") or (machine or {}).get("device") or ""
+    paths, styles = [], ("-", "--", ":")
+    for shape, rs in by_shape.items():
+        fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+        low, high, seen = math.inf, -math.inf, defaultdict(int)
+        for r in rs:
+            loss = smooth([float(v) for v in r["curve"]["loss"]])
+            family = MIXER_FAMILY.get(r["op"], r.get("family") or r["op"])
+            color = "black" if r["op"] == "softmax" else FAMILY_COLORS.get(family, "0.5")
+            ls = styles[seen[color] % len(styles)]
+            seen[color] += 1
+            tps = r.get("tokens_per_s")
+            label = r["op"] if tps is None else f"{r['op']} ({tps:,.0f} tok/s)"
+            by_step.plot(r["curve"]["step"], loss, lw=1.2, color=color, ls=ls, label=label)
+            by_time.plot(r["curve"]["time_s"], loss, lw=1.2, color=color, ls=ls)
+            evals = r.get("evals") or []
+            val = [e["val"] for e in evals]
+            if val:
+                style = {"ls": "--", "marker": ".", "lw": 0.8, "color": color, "alpha": 0.7}
+                by_step.plot([e["step"] for e in evals], val, **style)
+                by_time.plot([e["time_s"] for e in evals], val, **style)
+            low = min(low, *loss, *val)
+            high = max(high, loss[min(len(loss) - 1, max(len(loss) // 10, 1))], *val)
+        if math.isfinite(low) and math.isfinite(high):
+            by_step.set_ylim(max(low - 0.1, 0.0), max(high, low + 0.5) + 0.1)
+        r0 = rs[0]
+        model = r0.get("model") or {}
+        fig.suptitle(
+            f"byte-level LM, width {model.get('d_model')}, blocks {model.get('layers')}, "
+            f"{shape} ({r0.get('tokens_per_step') or '?'} tokens per step), {r0.get('dtype')}, "
+            f"{device}: training loss (EMA 0.9, solid), validation (dashed)",
+            fontsize=10,
+        )
+        by_step.set_xlabel("step")
+        by_time.set_xlabel("training time (s, first step excluded)")
+        by_step.set_ylabel("cross-entropy (nats / byte)")
+        for ax in (by_step, by_time):
+            ax.grid(alpha=0.3)
+        by_step.legend(fontsize=7)
+        fig.tight_layout()
+        path = Path(out_dir) / f"loss-curves-{shape}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
 def make_plots(report: dict, out_dir: Path) -> list[Path]:
     """Every plot the report's rows allow, as PNGs in ``out_dir``."""
     out_dir = Path(out_dir)
@@ -326,4 +398,5 @@ def make_plots(report: dict, out_dir: Path) -> list[Path]:
         *peer_bars(rows, out_dir),
         *memory_vs_chunk(rows, out_dir),
         *roofline_chart(rows, report.get("gpu_spec"), out_dir),
+        *loss_curves(rows, out_dir, report.get("machine")),
     ]

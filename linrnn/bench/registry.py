@@ -306,8 +306,9 @@ class Suite:
     of ``family_shapes`` replaces them for that family. ``modes`` are tried in order (a mode no
     backend runs on the device is skipped); ``chunk_sizes`` None means the op's default.
     ``fwdbwd`` False times the forward only; ``initial_state`` passes a state (decoding).
-    ``kind`` "decode" and "varlen" are run by :mod:`linrnn.bench.decode` and
-    :mod:`linrnn.bench.varlen`. ``families`` limits the linrnn ops, and the peers by the op
+    ``kind`` "decode", "varlen" and "train" are run by :mod:`linrnn.bench.decode`,
+    :mod:`linrnn.bench.varlen` and :mod:`linrnn.bench.training` (the train suite's shapes
+    are ``B<batch>-T<length>`` ids). ``families`` limits the linrnn ops, and the peers by the op
     they match (None: every family)."""
 
     name: str
@@ -323,7 +324,7 @@ class Suite:
     initial_state: bool = False
     backend: str | None = None  # force a backend
     note: str = ""
-    kind: str = "ops"  # "ops": the op × mode sweep; "decode" and "varlen": their own tasks
+    kind: str = "ops"  # "ops": the op × mode sweep; "decode", "varlen", "train": their own tasks
     docs: int = 8  # varlen: documents packed into the shape's T tokens
 
     def shapes_for(self, family: str, device: str) -> tuple:
@@ -461,6 +462,23 @@ SUITES = {
             note="fla's peer compiles its chunk kernels per layout for minutes; in parts with "
             "--resume --time-budget (scripts/gpu_runbook.sh varlen: --ops linrnn, then --ops "
             "peers)",
+        ),
+        Suite(
+            "train",
+            "whole-model training tokens/s: the byte-level LM of linrnn.train (width 512, 6 "
+            "blocks, 4 heads, 19-25 M parameters) with every mixer, softmax attention (torch "
+            "SDPA) first as the baseline; 65,536 tokens per step (B=8 at T=8192; --seq-len "
+            "2048: B=32), bf16 autocast; step time, tokens/s and the ratio to softmax's, peak "
+            "memory, loss curves (PNG) and validation loss; --mixers, --seq-len, --batch, "
+            "--train-seconds",
+            shapes=("B8-T8192",),
+            cpu_shapes=("B4-T64",),
+            modes=("chunk",),
+            peers=False,
+            kind="train",
+            note="one worker per mixer (~20 s of training plus start-up and compilation): "
+            "11 mixers may not fit one time-limited call; --resume --time-budget runs the rest "
+            "(scripts/gpu_runbook.sh train)",
         ),
     )
 }

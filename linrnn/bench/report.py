@@ -363,8 +363,10 @@ def _run_line(i: int, run: dict) -> str:
 def markdown(rep: dict) -> str:
     """The report as Markdown: the runs it came from, then per family a table of fwd+bwd / fwd
     ms (one line per linrnn op × mode and per peer, one column per shape), then every row in
-    detail (decode and varlen reports: the detail table only)."""
+    detail (decode and varlen reports: the detail table only; the train suite's rows: their
+    own table, :func:`linrnn.bench.training.markdown_lines`)."""
     rows = rep.get("bench", [])
+    trained = [r for r in rows if r.get("suite") == "train"]
     runs = runs_of(rep)
     used = sorted({r.get("run") or 0 for r in rows}) or [len(runs) - 1]
     lines = [f"## linrnn bench: {rep.get('suite')}", ""]
@@ -378,6 +380,13 @@ def markdown(rep: dict) -> str:
         )
     if not rep.get("complete", True):
         lines.append("\nIncomplete: the last run stopped before its plan was done.")
+    if trained:
+        from linrnn.bench import training
+
+        lines += training.markdown_lines(trained)
+        rows = [r for r in rows if r.get("suite") != "train"]
+        if not rows:
+            return "\n".join([*lines, ""])
     if rows and not any("layout" in r or "step_ms" in r for r in rows):  # not decode, varlen
         lines += ["", PIVOT_NOTE]
         for family in dict.fromkeys(r["family"] for r in rows):
