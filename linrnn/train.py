@@ -327,7 +327,7 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def _optimizer(model: CausalLM, cfg: TrainConfig, fused: bool) -> torch.optim.Optimizer:
+def make_optimizer(model: CausalLM, cfg: TrainConfig, fused: bool) -> torch.optim.Optimizer:
     """AdamW (β = 0.9, 0.95); weight decay on the matrices, not on norms, biases, gates'
     vectors or the embedding."""
     embed = {id(model.embed.weight)}
@@ -445,7 +445,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
         train_data, val_data = split_documents(train_data), split_documents(val_data)
     model_cfg = model_config(cfg)
     model = CausalLM(model_cfg, device=device)
-    opt = _optimizer(model, cfg, fused=device.type == "cuda")
+    opt = make_optimizer(model, cfg, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     gen = torch.Generator().manual_seed(cfg.seed)
     history = {"config": asdict(cfg), "model": asdict(model_cfg), "device": str(device),

@@ -137,6 +137,39 @@ def test_float16(family, mode):
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float16, mode=mode, chunk_size=16)
 
 
+@pytest.mark.parametrize("family", ["linear_attn_norm", "simple_gla", "mlstm_exp", "mlstm_sig"])
+def test_chunk_states_stored_in_16_bit(family, monkeypatch):
+    """The chunk states and their gradients are stored in the inputs' 16-bit dtype
+    (``config.chunk_state_dtype``; docs/DESIGN.md §6.2): every reader casts them to that dtype
+    for its products, so the output, the final state and the gradients of q, k, v and the
+    initial state are bitwise those of fp32 storage; the gate gradients, whose chunk-end value
+    ⟨dC, C⟩ then reads C rounded, stay within 1.5× fp32 storage's error against fp64."""
+    import linrnn.engine.scalar as scalar
+
+    fam = FAMILIES[family]
+    B, T, H, K, V = 1, 80, 2, 32, 32
+    inputs = fam.build(B, T, H, K, V, False)
+    h0 = fam.make_state(B, H, K, V, torch.float32)
+    _, _, ref = run_with_grads(fam, _on(inputs), _on(h0), torch.float64, backend="torch",
+                               mode="reference")  # fmt: skip
+    runs = {}
+    for store in ("16-bit", "fp32"):
+        if store == "fp32":
+            monkeypatch.setattr(scalar, "chunk_state_dtype", lambda dtype: torch.float32)
+        runs[store] = run_with_grads(fam, _on(inputs), _on(h0), torch.float16, backend="triton",
+                                     mode="chunk", chunk_size=16)  # fmt: skip
+    (o16, s16, g16), (o32, s32, g32) = runs["16-bit"], runs["fp32"]
+    assert torch.equal(o16, o32)
+    assert all(torch.equal(a, b) for a, b in zip(s16, s32))
+    assert set(g16) == set(g32)
+    for n in g16:
+        if n in ("q", "k", "v") or n.startswith("h0"):
+            assert torch.equal(g16[n], g32[n]), n
+        else:  # a gate
+            err16, err32 = rel_err(g16[n], ref[n]), rel_err(g32[n], ref[n])
+            assert err16 <= 1.5 * err32 + 1e-6, (n, err16, err32)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_decay_gradient_long_sequence_fp16(mode):
     """The log-decay gradient sums q·dq − k·dk over the sequence, terms that largely cancel, so

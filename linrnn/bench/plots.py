@@ -23,6 +23,16 @@ def _pyplot():
     return plt
 
 
+def _save(fig, out_dir, name: str, beside: bool = False) -> Path:
+    """Write ``fig`` to ``out_dir/name`` (120 dpi; ``beside``: a legend beside the axes kept in
+    the image) and close it."""
+    fig.tight_layout()
+    path = Path(out_dir) / name
+    fig.savefig(path, dpi=120, **({"bbox_inches": "tight"} if beside else {}))
+    _pyplot().close(fig)
+    return path
+
+
 def _ok(rows, key):
     return [r for r in rows if r.get(key) is not None and r.get("status") == "ok"]
 
@@ -147,11 +157,7 @@ def runtime_vs_length(rows: list[dict], out_dir: Path, key: str = "fwdbwd_ms") -
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
                       frameon=False)  # fmt: skip
         fig.suptitle(f"{family}: {what} time against T (linrnn solid, peers dashed)", fontsize=11)
-        fig.tight_layout()
-        path = Path(out_dir) / f"runtime-vs-T-{family}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(fig, out_dir, f"runtime-vs-T-{family}.png"))
     return paths
 
 
@@ -224,11 +230,7 @@ def peer_bars(rows: list[dict], out_dir: Path, shape: str | None = None) -> list
             ax.set_xlim(0, max([*vals, 1e-9]) * 1.25)
             ax.grid(True, axis="x", alpha=0.3)
         fig.suptitle(f"{family} at {pick} (bf16; shorter is better)", fontsize=11)
-        fig.tight_layout()
-        path = Path(out_dir) / f"bars-{family}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(fig, out_dir, f"bars-{family}.png"))
     return paths
 
 
@@ -275,11 +277,7 @@ def memory_vs_chunk(rows: list[dict], out_dir: Path) -> list[Path]:
     for ax in (ax_m, ax_t):
         if ax.lines:
             ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    path = Path(out_dir) / "memory-vs-chunk.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")  # legend beside the axes
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out_dir, "memory-vs-chunk.png", beside=True)]
 
 
 def roofline_chart(rows: list[dict], spec: dict | None, out_dir: Path) -> list[Path]:
@@ -308,11 +306,7 @@ def roofline_chart(rows: list[dict], spec: dict | None, out_dir: Path) -> list[P
            ylabel="achieved TFLOP/s (forward)")  # fmt: skip
     ax.set_title("roofline")
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    path = Path(out_dir) / "roofline.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")  # legend beside the axes
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out_dir, "roofline.png", beside=True)]
 
 
 MIXER_FAMILY = {"mlstm_exp": "mlstm", "mlstm_sig": "mlstm", "delta_net": "delta_rule",
@@ -379,11 +373,7 @@ def loss_curves(rows: list[dict], out_dir: Path, machine: dict | None = None) ->
         for ax in (by_step, by_time):
             ax.grid(alpha=0.3)
         by_step.legend(fontsize=7)
-        fig.tight_layout()
-        path = Path(out_dir) / f"loss-curves-{shape}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(fig, out_dir, f"loss-curves-{shape}.png"))
     return paths
 
 

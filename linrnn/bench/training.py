@@ -105,11 +105,11 @@ def train_case(case: dict, item: dict) -> dict:
     from linrnn.models import CausalLM
     from linrnn.train import (
         TrainConfig,
-        _optimizer,
         evaluate,
         get_batch,
         load_bytes,
         lr_at,
+        make_optimizer,
         model_config,
         resolve_device,
         train_step,
@@ -131,7 +131,7 @@ def train_case(case: dict, item: dict) -> dict:
     train_data, val_data = load_bytes(cfg.data, cfg.val_fraction)
     lm_cfg = model_config(cfg, backend=case["backend"], chunk_size=case["chunk"])
     model = CausalLM(lm_cfg, device=device)
-    opt = _optimizer(model, cfg, fused=device.type == "cuda")
+    opt = make_optimizer(model, cfg, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     gen = torch.Generator().manual_seed(cfg.seed)
     cuda = device.type == "cuda"

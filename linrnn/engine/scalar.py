@@ -30,7 +30,7 @@ from linrnn.engine.host_math import cdiv, next_pow2
 
 # What forward() saves for backward(): the inputs (contiguous; initial states fp32), the outputs,
 # the gate rows (b: chunk-local cumulative log decay, a: log input gate) and the kernels' tables
-# (chunk states in the inputs' dtype: :data:`linrnn.engine.config.chunk_state_dtype`).
+# (chunk states in the inputs' dtype: :func:`linrnn.engine.config.chunk_state_dtype`).
 INPUTS = ("q", "k", "v", "g", "gi", "S0", "n0", "m0")
 OUTPUTS = ("o", "S_T", "n_T")
 PRODUCED = ("b", "a", "states", "ns", "mc", "den", "m_row")

@@ -60,9 +60,15 @@ EXTRA_SHAPES = {"mamba2": ("B4-T4096-H1-HV8-K128-V64",)}
 # Every op × each of its modes with Triton kernels (chunk and fused_chunk; the delta rule's
 # chunk and recurrent).
 OP_MODES = [(name, mode) for name, op in registry.OPS.items() for mode in op.kernel_modes()]
+
+
+def shapes_of(op: str) -> tuple:
+    """The shapes one op runs at: the grouped or plain pair, and its extra shapes."""
+    return (GROUPED_SHAPES if registry.OPS[op].grouped else SHAPES) + EXTRA_SHAPES.get(op, ())
+
+
 CASES = [(name, mode, dtype, shape) for name, mode in OP_MODES for dtype in TOLERANCE
-         for shape in (GROUPED_SHAPES if registry.OPS[name].grouped else SHAPES)
-         + EXTRA_SHAPES.get(name, ())]  # fmt: skip
+         for shape in shapes_of(name)]  # fmt: skip
 PREFIX_T = 32  # steps of the prefix whose final state is the initial state
 REFERENCE_MAX_T = 512  # longer shapes take the fp64 chunk engine (the loop would take seconds)
 
@@ -205,7 +211,7 @@ def task_errors(op: str, mode: str, dtype: str, device: str = "cuda") -> dict:
     and the seconds it took under ``"seconds"``."""
     t0 = time.perf_counter()
     out: dict = {}
-    for shape in GROUPED_SHAPES if registry.OPS[op].grouped else SHAPES:
+    for shape in shapes_of(op):
         try:
             with nan_poisoned_empty():
                 out[shape] = matrix_errors(op, mode, dtype, shape, device)
@@ -236,8 +242,8 @@ def results(request) -> dict:
             try:
                 by_shape = future.result()
             except Exception as exc:  # a worker died: its cases fail
-                shapes = GROUPED_SHAPES if registry.OPS[task[0]].grouped else SHAPES
-                by_shape = {shape: f"worker: {type(exc).__name__}: {exc}" for shape in shapes}
+                by_shape = {shape: f"worker: {type(exc).__name__}: {exc}"
+                            for shape in shapes_of(task[0])}  # fmt: skip
             seconds = by_shape.pop("seconds", float("nan"))
             print(f"matrix {' '.join(task)}: {seconds:.0f} s (done at "
                   f"{time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
