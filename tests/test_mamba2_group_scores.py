@@ -39,9 +39,11 @@ class Counted:
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    """16-wide tiles for the group kernels and the per-head kernels they replace; returns the
-    launch counts of the group kernels."""
+    """16-wide tiles for the group kernels and the per-head kernels they replace, groups of 4
+    heads on the group path (below its threshold by default); returns the launch counts of
+    the group kernels."""
     monkeypatch.setattr(scalar, "SCORE_TILES", {"out": TILE, "dv": TILE})
+    monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)
     for name in ("out_fwd", "dv_bwd"):
         monkeypatch.setitem(config.TILES, name, TILE)
     counts = {}
@@ -124,6 +126,7 @@ def _config(B, T, H, groups, N, P, L=None, **kw):
         ((2, 8192, 64, 8, 128, 64), {}, 8),
         ((1, 256, 64, 1, 128, 64), {}, 1),  # too few programs: the per-head kernels
         ((8, 8192, 64, 32, 128, 64), {}, 0),  # groups of 2
+        ((8, 8192, 32, 8, 128, 64), {}, 0),  # groups of 4: the per-head kernels are faster
         ((8, 8192, 64, 1, 128, 64), dict(chunk_size=256), 0),  # four row tiles per chunk
         ((8, 8192, 64, 1, 128, 64), dict(stabilize=True), 0),
         ((8, 8192, 64, 1, 128, 64), dict(normalizer="sum"), 0),
@@ -136,3 +139,14 @@ def test_group_path_choice(shape, kw, hpp):
     G, N, P = shape[2] // shape[3], shape[4], shape[5]
     assert scalar._group_scores(c, G, N, P, "out") == hpp
     assert scalar._group_scores(c, G, N, P, "dv") == hpp
+
+
+def test_unrolled_heads_are_bounded():
+    """The per-head dq/dk kernels unroll their loop over a program's heads: never more than
+    UNROLLED_MAX_HEADS of them (a 64-head group unrolled took minutes to compile), while the
+    group kernels' loops take the whole group."""
+    assert scalar.heads_per_program(64, 10**6) == scalar.UNROLLED_MAX_HEADS == 4
+    assert scalar.heads_per_program(6, 10**6) == 3  # the largest divisor within the bound
+    assert scalar.heads_per_program(64, 100) == 4  # 100·16 programs reach 1024
+    assert scalar.heads_per_program(64, 10) == 1  # too few programs at any split
+    assert scalar.score_heads_per_program(64, 10**6) == 64

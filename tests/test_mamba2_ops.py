@@ -406,8 +406,8 @@ def test_triton_modes(case, backend):
 def test_triton_group_sums(hpp, backend, monkeypatch):
     """The chunk path's dq and dk kernels sum a group's value heads themselves (dB, dC): the
     whole group of 4 heads in one program, or two programs of 2 whose partial sums the host
-    adds; every output and gradient against the fp64 loop. (Groups of 4 take the group
-    kernels unless their threshold is raised, as here.)"""
+    adds; every output and gradient against the fp64 loop. (The group kernels' threshold is
+    set above 4 here, whatever its default.)"""
     from linrnn.engine import scalar
 
     used = []
@@ -455,6 +455,7 @@ def test_triton_large_groups(case, backend, monkeypatch):
     names = ("dscores_kernel", "dq_group_kernel", "dk_group_kernel")
     monkeypatch.setattr(scalar, "group", type("Group", (), {n: Counted(n) for n in names}))
     monkeypatch.setattr(scalar, "GROUP_TILES", (16, 16, 16))
+    monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)  # (groups of 4 below it by default)
     monkeypatch.setattr(scalar, "heads_per_program", lambda G, programs: pytest.fail("HPP path"))
     Bsz, T, H, G, N, P, packed = case
     _check_triton(("chunk", Bsz, T, H, G, N, P, 32, packed, True), backend)

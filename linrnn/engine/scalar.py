@@ -359,7 +359,7 @@ def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, 
 # and the normalizer (and its state), the output and dv take group_scores_kernels (the scores
 # q·kᵀ once for several heads) and dq and dk take group_kernels (the intra-chunk gradient
 # matrix once per group and chunk) instead of the intra-chunk products per value head.
-GROUP_MIN_HEADS = 4
+GROUP_MIN_HEADS = 8
 
 # (time tile, depth tile, output tile) of the three group kernels (dq and dk read the gradient
 # matrix in the tiles dscores_kernel writes), and (num_warps, num_stages) of dscores_kernel and
@@ -422,12 +422,23 @@ def _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c):
 GROUP_MIN_PROGRAMS = 1024
 
 
+# The per-head dq and dk kernels unroll their loop over a program's heads (tl.static_range): at
+# most this many, since an unrolled loop over a 64-head group (Mamba2's G = 1 at width 4096) takes
+# minutes to compile. Larger groups go through group_kernels (GROUP_MIN_HEADS) where they can.
+UNROLLED_MAX_HEADS = 4
+
+
 def heads_per_program(G: int, programs: int) -> int:
-    """HPP, the value heads one dq/dk program sums: the largest divisor of the group size G
-    whose grid (``programs`` per whole group, times G / HPP) has ≥ :data:`GROUP_MIN_PROGRAMS`
-    programs; 1 where none has."""
+    """HPP, the value heads one dq/dk program sums: the largest divisor of the group size G,
+    at most :data:`UNROLLED_MAX_HEADS`, whose grid (``programs`` per whole group, times
+    G / HPP) has ≥ :data:`GROUP_MIN_PROGRAMS` programs; 1 where none has."""
+    return _split_group(G, programs, UNROLLED_MAX_HEADS)
+
+
+def _split_group(G: int, programs: int, most: int) -> int:
+    """The largest divisor of G, at most ``most``, that keeps ≥ GROUP_MIN_PROGRAMS programs."""
     for parts in range(1, G + 1):
-        if G % parts == 0 and programs * parts >= GROUP_MIN_PROGRAMS:
+        if G % parts == 0 and G // parts <= most and programs * parts >= GROUP_MIN_PROGRAMS:
             return G // parts
     return 1
 
@@ -457,13 +468,9 @@ def _group_scores(c: ChunkConfig, G: int, K: int, V: int, name: str) -> int:
 
 
 def score_heads_per_program(G: int, programs: int) -> int:
-    """HPP of the group kernels: the largest divisor of the group size G whose grid
-    (``programs`` per whole group, times G / HPP) has ≥ :data:`GROUP_MIN_PROGRAMS` programs;
-    1 where none has (the rule of :func:`heads_per_program`)."""
-    for parts in range(1, G + 1):
-        if G % parts == 0 and programs * parts >= GROUP_MIN_PROGRAMS:
-            return G // parts
-    return 1
+    """HPP of the group kernels (whose loops over heads are not unrolled): the rule of
+    :func:`heads_per_program` with no bound on HPP."""
+    return _split_group(G, programs, G)
 
 
 def _group_out(q, k, v, b, a, states, o, c: ChunkConfig, skip):
