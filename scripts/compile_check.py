@@ -86,6 +86,8 @@ def _calls(linrnn, torch, F):
                 yield (linrnn.mamba2, (x, pre(B, T, HM), -torch.rand(HM).requires_grad_(),
                                        k, q), dict(kw, D=pre(HM), dt_bias=pre(HM),
                                                    dt_softplus=True))  # fmt: skip
+                if mode == "chunk":
+                    yield from _mamba2_large_groups(linrnn, torch, x, pre, k, q, kw)
                 if mode == "fused_chunk":  # the delta rule has no fused_chunk kernel
                     continue
                 HV = 2 * H  # grouped value heads
@@ -96,6 +98,26 @@ def _calls(linrnn, torch, F):
                 yield (linrnn.delta_rule, (q, k, vg, beta), dkw)
                 yield (linrnn.gated_delta_rule, (q, k, vg, decay(B, T, HV), beta), dkw)
         yield from _delta_head_dims(linrnn, torch, F, dt)
+
+
+def _mamba2_large_groups(linrnn, torch, x, pre, Bm, Cm, kw):
+    """Mamba2 with all its heads in one B/C group, on the output and dv kernels that share a
+    group's scores (group_scores_kernels), at chunks of one and of two row tiles, with and
+    without D. Those take several heads per program only where the grid is large; forced here
+    for these calls."""
+    from linrnn.engine import scalar
+
+    HM = x.shape[2]
+    real = scalar.score_heads_per_program
+    scalar.score_heads_per_program = lambda G, programs: G
+    try:
+        for L, D in ((16, pre(HM)), (128, pre(HM)), (128, None)):
+            args = (x, pre(*x.shape[:3]), -torch.rand(HM).requires_grad_(), Bm[:, :, :1],
+                    Cm[:, :, :1])  # fmt: skip
+            yield (linrnn.mamba2, args, dict(kw, chunk_size=L, D=D, dt_bias=pre(HM),
+                                             dt_softplus=True))  # fmt: skip
+    finally:
+        scalar.score_heads_per_program = real
 
 
 def _delta_head_dims(linrnn, torch, F, dt):

@@ -406,7 +406,8 @@ def test_triton_modes(case, backend):
 def test_triton_group_sums(hpp, backend, monkeypatch):
     """The chunk path's dq and dk kernels sum a group's value heads themselves (dB, dC): the
     whole group of 4 heads in one program, or two programs of 2 whose partial sums the host
-    adds; every output and gradient against the fp64 loop."""
+    adds; every output and gradient against the fp64 loop. (The group kernels' threshold is
+    set above 4 here, whatever its default.)"""
     from linrnn.engine import scalar
 
     used = []
@@ -416,8 +417,49 @@ def test_triton_group_sums(hpp, backend, monkeypatch):
         return hpp
 
     monkeypatch.setattr(scalar, "heads_per_program", fixed)
+    monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 5)
     _check_triton(("chunk", 2, 21, 8, 2, 16, 8, 8, False, True), backend)
     assert used == [4, 4]  # dq and dk, each with groups of H / G = 4 heads
+
+
+LARGE_GROUP_CASES = [
+    # B, T, H, G, N, P, packed: chunks of 32 rows in two tiles of 16, some cut short
+    (1, 60, 8, 2, 32, 32, True),
+    (2, 50, 8, 1, 32, 16, False),
+]
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+@pytest.mark.parametrize("case", LARGE_GROUP_CASES, ids=lambda c: f"H{c[2]}-G{c[3]}-packed{c[6]}")
+def test_triton_large_groups(case, backend, monkeypatch):
+    """Groups of 4 and 8 value heads per B/C group take the group kernels (dB and dC through
+    one intra-chunk gradient matrix per group and chunk): each launched once per backward, the
+    per-head dq/dk kernels never; every output and gradient against the fp64 loop, packed
+    sequences and initial states too. Tiles of 16 so that a chunk has several row, column and
+    K tiles (the off-diagonal tiles, the sums over tiles)."""
+    from linrnn.engine import group_kernels, scalar
+
+    launched = []
+
+    class Counted:
+        def __init__(self, name):
+            self.name, self.kernel = name, getattr(group_kernels, name)
+
+        def __getitem__(self, grid):
+            def launch(**kw):
+                launched.append(self.name)
+                return self.kernel[grid](**kw)
+
+            return launch
+
+    names = ("dscores_kernel", "dq_group_kernel", "dk_group_kernel")
+    monkeypatch.setattr(scalar, "group", type("Group", (), {n: Counted(n) for n in names}))
+    monkeypatch.setattr(scalar, "GROUP_TILES", (16, 16, 16))
+    monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)  # (groups of 4 below it by default)
+    monkeypatch.setattr(scalar, "heads_per_program", lambda G, programs: pytest.fail("HPP path"))
+    Bsz, T, H, G, N, P, packed = case
+    _check_triton(("chunk", Bsz, T, H, G, N, P, 32, packed, True), backend)
+    assert launched == list(names)
 
 
 def _check_triton(case, backend):

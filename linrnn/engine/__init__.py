@@ -30,7 +30,11 @@ Host side (plain Python and PyTorch):
 Kernels (Triton):
 
 * ``triton_common``        @triton.jit helpers every kernel file shares.
-* ``scalar_kernels``       scalar gates: chunk states fwd/bwd, output, dq, dk, dv, normalizer bwd.
+* ``scalar_kernels``       scalar gates: chunk states fwd/bwd, output, dq, dk, dv, normalizer bwd;
+  ``group_kernels``        their dq and dk for large head groups (Mamba2): the intra-chunk
+                           gradient matrix once per group and chunk.
+  ``group_scores_kernels``  the output and dv for large q/k groups (Mamba2): a chunk's scores
+                           q·kᵀ formed once for several value heads of a group.
 * ``vector_kernels``       per-channel gates: chunk states fwd/bwd, output, dq, dk, dv (sub-chunk
                            forms), on the helpers of ``vector_common``;
   ``vector_scores_kernels``  the stored intra-chunk scores and the fast chunks (gk-only calls),

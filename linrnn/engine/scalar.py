@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from linrnn.engine import fused_kernels as fused
+from linrnn.engine import group_kernels as group
+from linrnn.engine import group_scores_kernels as gsk
 from linrnn.engine import scalar_kernels as kern
 from linrnn.engine.config import ChunkConfig, chunk_state_dtype, prepare_state
 from linrnn.engine.gate_grads import final_grads, gate_grads, rows
@@ -153,14 +155,17 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
     o = torch.empty_like(v, dtype=q.dtype)
     den = torch.empty(BH, T, **f32) if c.norm else None
     m_row = torch.empty(BH, T, **f32) if c.stab else None
-    BQ, BD, BO, launch = c.tiles("out_fwd", K, V)
-    NQ = cdiv(L, BQ)
-    kern.out_fwd_kernel[(NT * NQ, cdiv(V, BO), BH)](
-        q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
-        chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ, scale=c.scale,
-        eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip, HAS_SKIP=skip is not None,
-        **gates, **launch,
-    )  # fmt: skip
+    if _group_scores(c, G, K, V, "out") > 1:
+        _group_out(q, k, v, b, a, states, o, c, skip)
+    else:
+        BQ, BD, BO, launch = c.tiles("out_fwd", K, V)
+        NQ = cdiv(L, BQ)
+        kern.out_fwd_kernel[(NT * NQ, cdiv(V, BO), BH)](
+            q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
+            chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ,
+            scale=c.scale, eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip,
+            HAS_SKIP=skip is not None, **gates, **launch,
+        )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
     tables = dict(states=states, ns=ns, mc=mc, den=den, m_row=m_row)
     return o, S_T, n_T, m_T, tables
@@ -261,7 +266,8 @@ def _norm_rows(do, o, den, m_row, c: ChunkConfig):
 def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     """The state gradients (states_bwd_kernel), then dq, dk and dv (one kernel each). With
     grouped heads (G > 1) the dq and dk kernels sum a group's value heads themselves
-    (:func:`heads_per_program`)."""
+    (:func:`heads_per_program`), large groups through one intra-chunk gradient matrix per
+    group and chunk (:func:`group_path`)."""
     q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
     states, ns, mc, m_row = s["states"], s["ns"], s["mc"], s["m_row"]
     T, K = q.shape[1], q.shape[3]
@@ -289,6 +295,38 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     )  # fmt: skip
 
     flags.update(HAS_IGATE=a is not None)
+    if group_path(G, c):
+        dq, dk, q_dq, k_dk = _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c)
+    else:
+        dq, dk, q_dq, k_dk = _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row,
+                                    R_A, R_D, G, flags, c)  # fmt: skip
+    skip = s.get("skip")  # (absent where the custom ops rebuild the saved tensors)
+    if _group_scores(c, G, K, V, "dv") > 1:
+        dv, dskip = _group_dv(q, k, v, b, a, do, dstates, c, skip)
+    else:
+        BS, BD, BO, launch = c.tiles("dv_bwd", K, V)
+        nS, nV = cdiv(L, BS), cdiv(V, BO)
+        dv = torch.empty_like(v)
+        dskip = torch.zeros(BH, NT * nS * nV, **f32) if skip is not None else None
+        kern.dv_bwd_kernel[(NT * nS, nV, BH)](
+            k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
+            chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ,
+            scale=c.scale, BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip,
+            dskip=dskip, HAS_SKIP=skip is not None, **flags, **launch,
+        )  # fmt: skip
+    if dskip is not None:  # Σ over the batch rows and tiles of each head
+        dskip = dskip.view(-1, H, dskip.shape[1]).double().sum((0, 2)).float()
+    bnd = bnd.sum(-1) if c.has_decay else None
+    return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd, dskip
+
+
+def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, flags, c):
+    """dq, dk (a group's value heads summed in the kernels, :func:`heads_per_program`) and the
+    identity products q·dq, k·dk per value head ``[B·H, T]`` (None without their gate)."""
+    T, K = q.shape[1], q.shape[3]
+    H, V = v.shape[2], v.shape[3]
+    BH, NT, L = c.rows, c.NT, c.L
+    f32 = dict(device=q.device, dtype=torch.float32)
     gates = c.has_decay or c.has_igate
     BQ, BD, BO, launch = c.tiles("dq_bwd", V, K)
     nQ, nK = cdiv(L, BQ), cdiv(K, BO)
@@ -311,24 +349,71 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
         NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None, HPP=HPP,
         **flags, **launch,
     )  # fmt: skip
-    BS, BD, BO, launch = c.tiles("dv_bwd", K, V)
-    nS, nV = cdiv(L, BS), cdiv(V, BO)
-    dv = torch.empty_like(v)
-    skip = s.get("skip")  # (absent where the custom ops rebuild the saved tensors)
-    dskip = torch.zeros(BH, NT * nS * nV, **f32) if skip is not None else None
-    kern.dv_bwd_kernel[(NT * nS, nV, BH)](
-        k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
-        chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ, scale=c.scale,
-        BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip, dskip=dskip,
-        HAS_SKIP=skip is not None, **flags, **launch,
-    )  # fmt: skip
     dq, dk = _group_sum(dq, q), _group_sum(dk, k)
-    if dskip is not None:  # Σ over the batch rows and tiles of each head
-        dskip = dskip.view(-1, H, dskip.shape[1]).double().sum((0, 2)).float()
     k_dk = _tile_sum(k_part) if gates else None
     q_dq = _tile_sum(q_part) if c.has_decay else None
-    bnd = bnd.sum(-1) if c.has_decay else None
-    return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd, dskip
+    return dq, dk, q_dq, k_dk
+
+
+# From this many value heads per q/k head on (Mamba2's large B/C groups), without the max state
+# and the normalizer (and its state), the output and dv take group_scores_kernels (the scores
+# q·kᵀ once for several heads) and dq and dk take group_kernels (the intra-chunk gradient
+# matrix once per group and chunk) instead of the intra-chunk products per value head.
+GROUP_MIN_HEADS = 8
+
+# (time tile, depth tile, output tile) of the three group kernels (dq and dk read the gradient
+# matrix in the tiles dscores_kernel writes), and (num_warps, num_stages) of dscores_kernel and
+# of the dq and dk kernels: sizes whose sm_90 builds (Mamba2's K = 128, V = 64, L = 128, bf16)
+# keep their tiles in registers (64-row tiles on 8 warps do too, at fewer blocks per SM).
+GROUP_TILES = (32, 64, 64)
+GROUP_LAUNCH = {"dscores": (4, 2), "dq_dk": (8, 2)}
+
+
+def group_path(G: int, c: ChunkConfig) -> bool:
+    """Whether a call's dq and dk go through group_kernels (:data:`GROUP_MIN_HEADS`)."""
+    return G >= GROUP_MIN_HEADS and not (c.stab or c.norm or c.track_n)
+
+
+def _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c):
+    """:func:`_dq_dk` of :func:`group_path` calls (group_kernels): the intra-chunk gradient
+    matrix M once per group and chunk (in q's dtype), then dq and dk per q/k head. The scores
+    q·k that the gate gradients' intra parts need are formed inside dscores_kernel."""
+    B, T, HK, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    BH, NT, L = c.rows, c.NT, c.L
+    f32 = dict(device=q.device, dtype=torch.float32)
+    gates = c.has_decay or c.has_igate
+    t, d, o = GROUP_TILES
+    fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
+    BQ, BD, BK, BO = fit(t, L), fit(d, V), fit(d, K), fit(o, K)
+    NQ, nK = cdiv(L, BQ), cdiv(K, BO)
+    launch = {name: dict(num_warps=nw, num_stages=ns) for name, (nw, ns) in GROUP_LAUNCH.items()}
+    flags = dict(HAS_DECAY=b is not None, DOT_PREC=c.prec, VARLEN=c.varlen)
+    sizes = dict(chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT)
+    dm = torch.empty(B * HK, NT, L, L, device=q.device, dtype=q.dtype)
+    # per-tile intra parts of q·dq (by key tile) and k·dk (by query tile); the first K tile of
+    # the dq and dk kernels reads the slots of the tiles on and below the diagonal
+    qdq_in = torch.empty(NQ, BH, T, **f32) if c.has_decay else None
+    kdk_in = torch.empty(NQ, BH, T, **f32) if gates else None
+    group.dscores_kernel[(NT * NQ * NQ, B * HK)](
+        do=do, v=v, q=q, k=k, g=b, gi=a, dm=dm, qdq=qdq_in, kdk=kdk_in, NQ=NQ, scale=c.scale,
+        BQ=BQ, BD=BD, BK=BK, HAS_IGATE=a is not None, **sizes, **flags, **launch["dscores"],
+    )  # fmt: skip
+    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
+    dq = torch.empty_like(q)
+    group.dq_group_kernel[(NT * NQ, nK, B * HK)](
+        do=do, q=q, k=k, h=states, g=b, dm=dm, dq=dq, qdq=q_part, qdq_in=qdq_in, NQ=NQ,
+        scale=c.scale, BQ=BQ, BD=BD, BO=BO, **sizes, **flags, **launch["dq_dk"],
+    )  # fmt: skip
+    k_part = torch.empty(nK, BH, T, **f32) if gates else None
+    dk = torch.empty_like(k)
+    group.dk_group_kernel[(NT * NQ, nK, B * HK)](
+        v=v, q=q, k=k, dh=dstates, g=b, gi=a, dm=dm, dk=dk, kdk=k_part, kdk_in=kdk_in, NS=NQ,
+        BS=BQ, BD=BD, BO=BO, HAS_IGATE=a is not None, **sizes, **flags, **launch["dq_dk"],
+    )  # fmt: skip
+    q_dq = _tile_sum(q_part) if c.has_decay else None
+    k_dk = _tile_sum(k_part) if gates else None
+    return dq, dk, q_dq, k_dk
 
 
 # The dq and dk kernels sum all value heads of a group in one program when that still gives at
@@ -337,14 +422,91 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
 GROUP_MIN_PROGRAMS = 1024
 
 
+# The per-head dq and dk kernels unroll their loop over a program's heads (tl.static_range): at
+# most this many, since an unrolled loop over a 64-head group (Mamba2's G = 1 at width 4096) takes
+# minutes to compile. Larger groups go through group_kernels (GROUP_MIN_HEADS) where they can.
+UNROLLED_MAX_HEADS = 4
+
+
 def heads_per_program(G: int, programs: int) -> int:
-    """HPP, the value heads one dq/dk program sums: the largest divisor of the group size G
-    whose grid (``programs`` per whole group, times G / HPP) has ≥ :data:`GROUP_MIN_PROGRAMS`
-    programs; 1 where none has."""
+    """HPP, the value heads one dq/dk program sums: the largest divisor of the group size G,
+    at most :data:`UNROLLED_MAX_HEADS`, whose grid (``programs`` per whole group, times
+    G / HPP) has ≥ :data:`GROUP_MIN_PROGRAMS` programs; 1 where none has."""
+    return _split_group(G, programs, UNROLLED_MAX_HEADS)
+
+
+def _split_group(G: int, programs: int, most: int) -> int:
+    """The largest divisor of G, at most ``most``, that keeps ≥ GROUP_MIN_PROGRAMS programs."""
     for parts in range(1, G + 1):
-        if G % parts == 0 and programs * parts >= GROUP_MIN_PROGRAMS:
+        if G % parts == 0 and G // parts <= most and programs * parts >= GROUP_MIN_PROGRAMS:
             return G // parts
     return 1
+
+
+# The output and dv kernels of large groups (group_scores_kernels): per kernel (time tile, depth
+# tile, V tile, num_warps, num_stages), each clipped to the problem. A chunk may span at most two
+# time tiles (the scores a program holds), so these kernels take L ≤ 2 × the time tile.
+SCORE_TILES = {"out": (64, 32, 64, 8, 2), "dv": (64, 32, 64, 8, 2)}
+
+
+def group_tiles(c: ChunkConfig, name: str, K: int, V: int):
+    """(time tile, depth tile, V tile, launch options) of group kernel ``name``."""
+    t, d, o, nw, ns = SCORE_TILES[name]
+    fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
+    return fit(t, c.L), fit(d, K), fit(o, V), dict(num_warps=nw, num_stages=ns)
+
+
+def _group_scores(c: ChunkConfig, G: int, K: int, V: int, name: str) -> int:
+    """HPP, the value heads one program of group kernel ``name`` serves from one set of
+    scores, where that path applies (mode "chunk", a group of ≥ :data:`GROUP_MIN_HEADS` value
+    heads, no max state, no normalizer, chunks of at most two time tiles); 0 where it does not,
+    1 where too few programs would share (the per-head kernels then)."""
+    BT, _, BO, _ = group_tiles(c, name, K, V)
+    if c.fused or c.stab or c.norm or G < GROUP_MIN_HEADS or c.L > 2 * BT:
+        return 0
+    return score_heads_per_program(G, c.NT * cdiv(c.L, BT) * cdiv(V, BO) * (c.rows // G))
+
+
+def score_heads_per_program(G: int, programs: int) -> int:
+    """HPP of the group kernels (whose loops over heads are not unrolled): the rule of
+    :func:`heads_per_program` with no bound on HPP."""
+    return _split_group(G, programs, G)
+
+
+def _group_out(q, k, v, b, a, states, o, c: ChunkConfig, skip):
+    """The output o from the chunk states by group_out_kernel (docs/DESIGN.md §11)."""
+    T, K, H, V = q.shape[1], q.shape[3], v.shape[2], v.shape[3]
+    G = H // q.shape[2]
+    BQ, BD, BO, launch = group_tiles(c, "out", K, V)
+    NQ = cdiv(c.L, BQ)
+    HPP = _group_scores(c, G, K, V, "out")
+    gsk.group_out_kernel[(c.NT * NQ, cdiv(V, BO), c.rows // HPP)](
+        q=q, k=k, v=v, h=states, g=b, gi=a, o=o, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V,
+        L=c.L, NT=c.NT, NQ=NQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, HPP=HPP, TWO=NQ > 1,
+        HAS_DECAY=b is not None, HAS_IGATE=a is not None, DOT_PREC=c.prec, VARLEN=c.varlen,
+        skip=skip, HAS_SKIP=skip is not None, **launch,
+    )  # fmt: skip
+
+
+def _group_dv(q, k, v, b, a, do, dstates, c: ChunkConfig, skip):
+    """(dv, dskip) by group_dv_kernel; dskip as dv_bwd_kernel stores it (None without skip)."""
+    T, K, H, V = q.shape[1], q.shape[3], v.shape[2], v.shape[3]
+    G = H // q.shape[2]
+    BS, BD, BO, launch = group_tiles(c, "dv", K, V)
+    nS, nV = cdiv(c.L, BS), cdiv(V, BO)
+    HPP = _group_scores(c, G, K, V, "dv")
+    dv = torch.empty_like(v)
+    dskip = None
+    if skip is not None:
+        dskip = torch.zeros(c.rows, c.NT * nS * nV, device=v.device, dtype=torch.float32)
+    gsk.group_dv_kernel[(c.NT * nS, nV, c.rows // HPP)](
+        k=k, q=q, do=do, dh=dstates, g=b, gi=a, dv=dv, chunks=c.CHUNKS, T=T, H=H, G=G, K=K,
+        V=V, L=c.L, NT=c.NT, NS=nS, scale=c.scale, BS=BS, BD=BD, BO=BO, HPP=HPP, TWO=nS > 1,
+        HAS_DECAY=b is not None, HAS_IGATE=a is not None, DOT_PREC=c.prec, VARLEN=c.varlen,
+        v=v if skip is not None else None, skip=skip, dskip=dskip, HAS_SKIP=skip is not None,
+        **launch,
+    )  # fmt: skip
+    return dv, dskip
 
 
 def _group_grad(x, slots: int):
