@@ -65,6 +65,28 @@ def _subchunk(L: int) -> int:
     return next(c for c in range(min(16, L), 0, -1) if L % c == 0)
 
 
+def causal_product(A: Tensor, v: Tensor, dim: int = -2) -> Tensor:
+    """``A @ v`` for a causal (lower-triangular) ``A [.., L, L]`` that keeps causality when v has
+    non-finite rows: a dense product multiplies the masked zeros of ``A`` with every row of
+    ``v``, and 0·NaN = NaN would carry a late row's NaN to every earlier output. The product
+    takes v with its non-finite entries zeroed and adds, per column, NaN from the first
+    non-finite row on (a cumulative sum of NaN and exact zeros: earlier rows are unchanged
+    bitwise). ``dim``: v's row dimension for :func:`poison`."""
+    fin = torch.isfinite(v)
+    return (A @ torch.where(fin, v, 0.0)) + poison(fin, dim)
+
+
+def poison(fin: Tensor, dim: int) -> Tensor:
+    """Exact zeros up to the first False of ``fin`` along ``dim``, NaN from there on."""
+    return torch.where(fin, 0.0, float("nan")).cumsum(dim)
+
+
+def _causal_where(A: Tensor, mask: Tensor) -> Tensor:
+    """``A`` with its entries outside ``mask`` set to 0 (not multiplied: a NaN score there, from
+    a later key, must not reach an earlier row)."""
+    return torch.where(mask, A, 0.0)
+
+
 def chunk(
     q: Tensor,
     k: Tensor,
@@ -95,21 +117,41 @@ def chunk(
     # stabilized form ĩ = −∞ keeps the max state unchanged.
     # q is scaled inside the engine, folded into its decay factors.
     qc, kc, vc = _to_chunks(q, N, L), _to_chunks(k, N, L), _to_chunks(v, N, L)
+    # Non-finite values (garbage in right padding) must reach only later outputs: the products
+    # take v with them zeroed, and NaN is added back causally, within each chunk to the rows
+    # from the bad one on (v_bad) and to the chunk's state contribution (its last row).
+    fin = torch.isfinite(vc)
+    vc, v_bad = torch.where(fin, vc, 0.0), poison(fin, 3)  # [B, H, N, L, V]
     gc = _to_chunks(g, N, L)
     gic = None if gi is None else _to_chunks(gi, N, L, NINF if stabilize else 0.0)
     b = gc.cumsum(3)  # [B, H, N, L(, K)] within-chunk cumulative log decay
-    if not vector and (not _runtime.host_reads_ok() or float(b.detach().amin()) < -_PRECISE_BELOW):
-        # Strong scalar decays: differences of large cumulative sums lose absolute precision in
-        # fp32 (ulp(480) = 3e-5), so form the scalar log-space weights in fp64 (cheap: the
-        # gates are [B, H, N, L]) and cast after exp.
+    if not _runtime.host_reads_ok() or float(b.detach().amin()) < -_PRECISE_BELOW:
+        # Strong decays: differences of large cumulative sums lose absolute precision in fp32
+        # (ulp(480) = 3e-5, and the weights that matter are exp of small differences of such
+        # sums), so form the log-space weights in fp64 (the gates are [B, H, N, L(, K)]) and
+        # cast after exp.
         b = gc.double().cumsum(3)
         gic = None if gic is None else gic.double()
         m0 = None if m0 is None else m0.double()
     if vector:
-        o, S = _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale)
-        return _from_chunks(o, T), None, S, None
-    o, m_rows, S, m_T = _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale)
+        o, S = _vector(qc, kc, vc, v_bad, gc, b, gv, gic, u, S0, N, L, scale)
+        return _from_chunks(o + v_bad, T), None, S, None
+    o, m_rows, S, m_T = _scalar(qc, kc, vc, v_bad, b, gic, stabilize, S0, m0, N, L, scale)
+    o = o + v_bad
     return _from_chunks(o, T), (None if m_rows is None else _from_chunks(m_rows, T)), S, m_T
+
+
+def max_state_normalize(num: Tensor, den: Tensor, m: Tensor, eps: float) -> Tensor:
+    """mLSTM-exp's output ``num / (max(|den|, exp(−m)) + eps)`` without forming ``exp(−m)``,
+    which overflows for ``m < −88`` in fp32 (a strongly negative input gate) and then makes
+    autograd's gradients 0·inf = NaN. Only ``e = exp(−|m|) ≤ 1`` is formed: the floor is ``e``
+    for ``m ≥ 0`` and ``1/e`` below, where the quotient is ``num·e / (1 + eps·e)``."""
+    e = torch.exp(-m.abs())
+    pos = m >= 0
+    mag = den.abs()
+    above = torch.where(pos, mag > e, mag * e > 1)
+    below = torch.where(pos, num / (e + eps), num * (e / (1 + eps * e)))
+    return torch.where(above, num / (mag + eps), below)
 
 
 def _scan(
@@ -139,6 +181,8 @@ def _scan_parallel(log_decay: Tensor, U: Tensor, S0: Tensor | None) -> tuple[Ten
     (scalar) or ``[B, H, N, K, 1]`` (per key dimension)."""
     N = U.shape[2]
     scalar = log_decay.shape[-2] == 1
+    fin = torch.isfinite(U)
+    U = torch.where(fin, U, 0.0)
     ld = (log_decay[..., 0, 0] if scalar else log_decay[..., 0]).double()  # [B, H, N(, K)]
     zero = torch.zeros_like(ld[:, :, :1])
     # Only chunk 0 can have a log decay of −∞ (mLSTM-exp without an initial max state), and it
@@ -154,6 +198,9 @@ def _scan_parallel(log_decay: Tensor, U: Tensor, S0: Tensor | None) -> tuple[Ten
         log_w = D[:, :, :, None, :] - D[:, :, None, 1:, :]  # [B, H, N + 1, N, K]
         w = torch.exp(torch.where(causal[..., None], log_w, NINF)).to(U.dtype)
         out = torch.einsum("bhnjk,bhjkv->bhnkv", w, U)
+    # (the products took U with non-finite entries zeroed: a NaN in a later chunk's U must not
+    # reach an earlier state through a masked weight; NaN is added back causally)
+    out = out + torch.cat([torch.zeros_like(U[:, :, :1]), poison(fin, 2)], dim=2)
     if S0 is not None:  # exp(D_n) with the true (possibly −∞) decays
         c0 = torch.exp(torch.cat([zero, ld.cumsum(2)], dim=2)).to(U.dtype)
         out = out + (c0[..., None, None] if scalar else c0[..., None]) * S0[:, :, None]
@@ -168,7 +215,7 @@ _PRECISE_BELOW = 16.0
 _FACTOR_LIMIT = 60.0
 
 
-def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale):
+def _scalar(qc, kc, vc, v_bad, b, gic, stabilize, S0, m0, N, L, scale):
     """Scalar (or no) decay per head and step; optional log input gate and stabilizer; q is
     not yet scaled. The log-space tensors (b, gic, m) may be fp64 while q, k, v are fp32:
     weights are cast after ``exp``.
@@ -187,7 +234,7 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale):
     # Key weights to the chunk end, exp(b_L − b_s + log ι_s − max) ≤ 1, and the chunk's
     # contribution to the state, U = Σ_s w_s k_s v_sᵀ, scaled by exp(max) afterwards.
     k_w = kc * exp(a - a_max[..., None])[..., None]  # [B, H, N, L, K]
-    U = k_w.transpose(-1, -2) @ vc  # [B, H, N, K, V]
+    U = k_w.transpose(-1, -2) @ vc + v_bad[..., -1:, :]  # [B, H, N, K, V]
     m_loc = b_end + a_max  # [B, H, N]: log of the largest key weight to the chunk end
     if stabilize:
         m_all = _max_scan(b_end, m_loc, m0)  # [B, H, N + 1]: entering each chunk, then m_T
@@ -219,17 +266,17 @@ def _scalar(qc, kc, vc, b, gic, stabilize, S0, m0, N, L, scale):
             # the A operand is q_inter · exp(A): apply exp(A) to A·v instead (both factors
             # bounded: a strong decay at a chunk's first step makes exp(b_r) underflow and
             # exp(A) overflow although their product is bounded)
-            A = (q_inter @ k_w.transpose(-1, -2)) * tril
+            A = _causal_where(q_inter @ k_w.transpose(-1, -2), tril)
             o = torch.addcmul(o, exp(a_max)[..., None, None], A @ vc)
         else:
-            A = ((qc * (exp(log_q_fac) * scale)[..., None]) @ k_w.transpose(-1, -2)) * tril
-            o = o.add_(A @ vc)
+            A = (qc * (exp(log_q_fac) * scale)[..., None]) @ k_w.transpose(-1, -2)
+            o = o.add_(_causal_where(A, tril) @ vc)
     else:  # exact log space: log D_rs = log_q_r + a_s, masked before exp
         log_D = log_q[..., :, None] + a[..., None, :]  # [B, H, N, L, L]
-        idx = torch.arange(L, device=qc.device)
-        log_D.masked_fill_(idx[:, None] < idx[None, :], NINF)
+        causal = _causal(L, False, qc.device)
+        log_D.masked_fill_(~causal, NINF)
         A = (qc @ kc.transpose(-1, -2)).mul_(scale) * exp(log_D)
-        o = o.add_(A @ vc)
+        o = o.add_(_causal_where(A, causal) @ vc)
     if stabilize:
         m_rows, m_T = m_rows.to(dt), m_T.to(dt)
     return o, m_rows, S, m_T
@@ -252,17 +299,22 @@ def _max_scan(b_end, m_loc, m0):
     return torch.stack(m_in, dim=2)
 
 
-def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
+def _vector(qc, kc, vc, v_bad, gc, b, gv, gic, u, S0, N, L, scale):
     """Decay per key dimension (GLA, RWKV6), optional decay over V (gv), optional exclusive
     form with bonus u (RWKV6), optional log input gate; q is not yet scaled."""
     exclusive = u is not None
+    dt = qc.dtype
+    exp = lambda x: torch.exp(x).to(dt)  # noqa: E731  (the log-space tensors may be fp64)
     b_end = b[..., -1, :]  # [B, H, N, K]
-    bq = b - gc if exclusive else b  # query-side cumulative decay
+    # The query side's exclusive cumulative decay is the inclusive one read one row up (b − g
+    # would round: b_r − g_r ≠ b_{r−1} in fp32, and exp(bq_r − b_{r−1}), exactly 1, would carry
+    # ulp(b_r) of error, 1e-3 relative once b reaches −1e4 under strong decays).
+    bq = torch.cat([torch.zeros_like(b[..., :1, :]), b[..., :-1, :]], dim=-2) if exclusive else b
     # exp(bq) · scale in one pass over [.., L, K] (exp(bq + log scale) for scale > 0; traced,
     # the product: inductor fuses it, and a branch on a symbolic scale would pin its value).
     one_pass = not _runtime.tracing() and scale > 0
-    q_dec = qc * (torch.exp(bq + math.log(scale)) if one_pass else torch.exp(bq) * scale)
-    cv = None if gv is None else _to_chunks(gv, N, L).cumsum(3)  # [B, H, N, L, V]
+    q_dec = qc * (exp(bq + math.log(scale)) if one_pass else exp(bq) * scale)
+    cv = None if gv is None else _to_chunks(gv, N, L).to(b.dtype).cumsum(3)  # [B, H, N, L, V]
     # Fast path: when the whole chunk decays by at most exp(−_FACTOR_LIMIT) in every
     # dimension, exp(bq_r − b_s) = exp(bq_r) · exp(−b_s) with both factors bounded, and the
     # decay folds into the operands of one L×L matmul (GLA's first-level chunking).
@@ -272,37 +324,38 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
         and (cv is None or float(-cv[..., -1, :].detach().amin()) <= _FACTOR_LIMIT)
     )
     # The per-chunk state decay, over K (and V with gv): [B, H, N, K, 1 or V].
-    decay = torch.exp(b_end)[..., :, None]
+    decay = exp(b_end)[..., :, None]
     if cv is not None:
         cv_end = cv[..., -1, :]  # [B, H, N, V]
-        decay = decay * torch.exp(cv_end)[..., None, :]
+        decay = decay * exp(cv_end)[..., None, :]
     if fast:
         log_k = -b if gic is None else gic[..., None] - b
-        kw_T = (kc * torch.exp(log_k)).transpose(-1, -2)  # k·exp(−b_s) ≤ exp(_FACTOR_LIMIT)
+        kw_T = (kc * exp(log_k)).transpose(-1, -2)  # k·exp(−b_s) ≤ exp(_FACTOR_LIMIT)
         # v·exp(−c_s), bounded the same way; the weight to the chunk end is then `decay`.
-        v_hat = vc if cv is None else vc * torch.exp(-cv)
-        U = (kw_T @ v_hat) * decay
+        v_hat = vc if cv is None else vc * exp(-cv)
+        U = (kw_T @ v_hat) * decay + v_bad[..., -1:, :]
     else:
         log_k = b_end[..., None, :] - b  # [B, H, N, L, K]
         if gic is not None:
             log_k = log_k + gic[..., None]
-        kw_T = (kc * torch.exp(log_k)).transpose(-1, -2)
-        U = kw_T @ (vc if cv is None else vc * torch.exp(cv_end[..., None, :] - cv))
+        kw_T = (kc * exp(log_k)).transpose(-1, -2)
+        U = kw_T @ (vc if cv is None else vc * exp(cv_end[..., None, :] - cv))
+        U = U + v_bad[..., -1:, :]
     log_d = b_end[..., :, None] if cv is None else None  # (gv: the loop, also when traced)
     states, S = _scan(decay, U, S0, log_d)
     o = q_dec @ states  # inter-chunk part
 
     if fast:
-        A = (q_dec @ kw_T) * _tril(L, exclusive, qc)
+        A = _causal_where(q_dec @ kw_T, _tril(L, exclusive, qc))
         if exclusive:
             # The bonus q_r·(u ⊙ k_r) on the diagonal, added in place (A is a fresh product).
             bonus = torch.einsum("bhnlk,hk->bhnl", qc * kc, u * scale)
             A.diagonal(dim1=-2, dim2=-1).add_(bonus)
         if cv is None:
             return o.add_(A @ vc), S
-        return o.add_(A @ v_hat) * torch.exp(cv), S
+        return o.add_(A @ v_hat) * exp(cv), S
     if cv is not None:
-        o = o * torch.exp(cv)
+        o = o * exp(cv)
     qc = qc * scale
 
     # Otherwise secondary chunking: L = ns sub-chunks of c steps.
@@ -311,7 +364,7 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
     sub = lambda x: x.reshape(*x.shape[:3], ns, c, *x.shape[4:])  # noqa: E731
     qs, ks, bqs, bks = sub(qc), sub(kc), sub(bq), sub(b)  # [B, H, N, ns, c, K]
     if gic is not None:
-        ks = ks * torch.exp(sub(gic))[..., None]  # ι_s ≤ 1 here (non-stabilized)
+        ks = ks * exp(sub(gic))[..., None]  # ι_s ≤ 1 here (non-stabilized)
     pi, pj = torch.tril_indices(ns, ns, -1, device=qc.device)  # sub-chunk pairs j < i
     A_pair, A_diag = _intra_vector(qs, ks, bqs, bks, pi, pj, exclusive, u)
     vs = sub(vc)  # [.., ns, c, V]
@@ -328,26 +381,26 @@ def _vector(qc, kc, vc, gc, b, gv, gic, u, S0, N, L, scale):
     p_v = torch.cat([torch.zeros_like(ends_v[..., :1, :]), ends_v[..., :-1, :]], dim=-2)
     log_vgrow = p_v[..., :, None, :] - cvs  # [.., ns, c, V], ≥ 0: within one sub-chunk
     if _runtime.host_reads_ok() and float(log_vgrow.detach().amax()) <= _FACTOR_LIMIT:
-        o_intra = (A_diag @ (vs * torch.exp(log_vgrow))) * torch.exp(-log_vgrow)
+        o_intra = (A_diag @ (vs * exp(log_vgrow))) * exp(-log_vgrow)
     else:
         causal = _causal(c, exclusive, qc.device)
         log_vdiag = cvs[..., :, None, :] - cvs[..., None, :, :]  # [.., ns, c, c, V]
-        wv_diag = torch.exp(torch.where(causal[..., None], log_vdiag, NINF))
+        wv_diag = exp(torch.where(causal[..., None], log_vdiag, NINF))
         o_intra = (A_diag[..., None] * vs[..., None, :, :] * wv_diag).sum(-2)  # [.., ns, c, V]
     if len(pi):  # exp(c_r − p_i) · exp(p_i − e_j) · exp(e_j − c_s), every factor ≤ 1
-        v_hat = vs * torch.exp(ends_v[..., :, None, :] - cvs)  # [.., ns, c, V]
-        w_pair = torch.exp(p_v.index_select(-2, pi) - ends_v.index_select(-2, pj))[
+        v_hat = vs * exp(ends_v[..., :, None, :] - cvs)  # [.., ns, c, V]
+        w_pair = exp(p_v.index_select(-2, pi) - ends_v.index_select(-2, pj))[
             ..., None, :
         ]  # [.., P, 1, V]
         o_pair = (A_pair @ v_hat.index_select(-3, pj)) * w_pair
         o_off = torch.zeros_like(o_intra).index_add(-3, pi, o_pair)
-        o_intra = o_intra + o_off * torch.exp(cvs - p_v[..., :, None, :])
+        o_intra = o_intra + o_off * exp(cvs - p_v[..., :, None, :])
     return o + o_intra.reshape(*o.shape), S
 
 
 def _tril(L: int, strict: bool, like: Tensor) -> Tensor:
-    """Causal mask as a float [L, L] (multiplying is cheaper than masked_fill on CPU)."""
-    return torch.ones(L, L, dtype=like.dtype, device=like.device).tril(-1 if strict else 0)
+    """Causal mask as a bool [L, L], for :func:`_causal_where`."""
+    return _causal(L, strict, like.device)
 
 
 def _causal(c: int, exclusive: bool, device) -> Tensor:
@@ -368,13 +421,14 @@ def _intra_vector(qs, ks, bqs, bks, pi, pj, exclusive, u):
     with an explicit ``[c, c, K]`` weight (strong decays, e.g. −30 per step).
     """
     c = qs.shape[-2]
+    exp = lambda x: torch.exp(x).to(qs.dtype)  # noqa: E731  (bqs, bks may be fp64)
     ends = bks[..., :, -1, :]  # [.., ns, K]
     p = torch.cat([torch.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], dim=-2)  # [.., ns, K]
-    q_hat = qs * torch.exp(bqs - p[..., :, None, :])  # [.., ns, c, K]
+    q_hat = qs * exp(bqs - p[..., :, None, :])  # [.., ns, c, K]
     A_pair = None
     if len(pi):
-        k_hat = ks * torch.exp(ends[..., :, None, :] - bks)  # [.., ns, c, K]
-        w_pair = torch.exp(p.index_select(-2, pi) - ends.index_select(-2, pj))  # [.., P, K]
+        k_hat = ks * exp(ends[..., :, None, :] - bks)  # [.., ns, c, K]
+        w_pair = exp(p.index_select(-2, pi) - ends.index_select(-2, pj))  # [.., P, K]
         A_pair = (q_hat.index_select(-3, pi) * w_pair[..., None, :]) @ k_hat.index_select(
             -3, pj
         ).transpose(-1, -2)  # [.., P, c, c]
@@ -382,12 +436,13 @@ def _intra_vector(qs, ks, bqs, bks, pi, pj, exclusive, u):
     causal = _causal(c, exclusive, qs.device)
     log_grow = p[..., :, None, :] - bks  # [.., ns, c, K], ≥ 0: within one sub-chunk
     if _runtime.host_reads_ok() and float(log_grow.detach().amax()) <= _FACTOR_LIMIT:
-        A_diag = q_hat @ (ks * torch.exp(log_grow)).transpose(-1, -2)
+        A_diag = q_hat @ (ks * exp(log_grow)).transpose(-1, -2)
         A_diag = torch.where(causal, A_diag, 0.0)
     else:
         log_diag = bqs[..., :, None, :] - bks[..., None, :, :]  # [.., ns, c(r), c(s), K]
-        w_diag = torch.exp(torch.where(causal[..., None], log_diag, NINF))
+        w_diag = exp(torch.where(causal[..., None], log_diag, NINF))
         A_diag = (qs[..., :, None, :] * ks[..., None, :, :] * w_diag).sum(-1)  # [.., ns, c, c]
+        A_diag = _causal_where(A_diag, causal)
     if exclusive:
         bonus = (qs * u[None, :, None, None, None, :] * ks).sum(-1)  # [.., ns, c]
         A_diag = A_diag + torch.diag_embed(bonus)

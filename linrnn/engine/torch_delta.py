@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linrnn.engine.torch_chunk import _from_chunks, _to_chunks
+from linrnn.engine.torch_chunk import _from_chunks, _to_chunks, causal_product
 
 NINF = float("-inf")
 
@@ -95,5 +95,8 @@ def chunk(
     S_in, vn = torch.stack(states, dim=2), torch.stack(news, dim=2)
 
     qd = qc if decay is None else decay * qc
-    o = qd @ S_in + (qc @ kc.transpose(-1, -2) * gamma) @ vn
+    # Masked with where and a causal product (torch_chunk.causal_product): a non-finite value at
+    # a late step reaches only the outputs from its step on.
+    scores = torch.where(causal, qc @ kc.transpose(-1, -2) * gamma, 0.0)
+    o = qd @ S_in + causal_product(scores, vn)
     return _from_chunks(scale * o, T), S

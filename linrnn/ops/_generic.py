@@ -187,12 +187,10 @@ def run(
         if normalizer == "sum":
             out = num / (den + eps)
         else:  # mlstm: max(|q·n|, exp(−m)), the floor is exp(−0) = 1 without the stabilizer
-            mag = den.abs()
-            if stabilize:
-                mag = torch.maximum(mag, torch.exp(-m_seq)[..., None])
+            if stabilize:  # (exp(−m) overflows for m < −88: no positive exponent formed)
+                out = torch_chunk.max_state_normalize(num, den, m_seq[..., None], eps)
             else:
-                mag = mag.clamp_min(1)
-            out = num / (mag + eps)
+                out = num / (den.abs().clamp_min(1) + eps)
     n_T = S[..., V].contiguous() if track_n else None
     return _out(out, q.dtype), (S[..., :V].contiguous() if track_n else S, n_T, m_T)
 

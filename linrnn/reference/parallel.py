@@ -69,14 +69,21 @@ def parallel(
 
     qs = q * scale
     A = (qs[:, :, None] * k[:, None] * exp(log_w)).sum(-1)  # [B, T, S, H]
+    # Causal under non-finite inputs: the masked scores are set to 0 (a NaN key at s must not
+    # reach rows t < s through 0·NaN), and the products over s take v with its non-finite
+    # entries zeroed, NaN being added back from their step on (exact zeros before it).
+    A = torch.where(causal[..., 0], A, 0.0)
+    fin = torch.isfinite(v)
+    v_bad = torch.where(fin, 0.0, float("nan")).cumsum(1)  # [B, T, H, V]
+    v_ok = torch.where(fin, v, 0.0)
     kw = k * exp(log_end)  # [B, T, H, K]
     if gv is None:
-        o = torch.einsum("btsh,bshv->bthv", A, v)
+        o = torch.einsum("btsh,bshv->bthv", A, v_ok) + v_bad
         S = torch.einsum("bshk,bshv->bhkv", kw, v)
     else:
         c = gv.to(lg).cumsum(1)  # [B, T, H, V]
         w_v = exp(torch.where(causal, c[:, :, None] - c[:, None, :], ninf))
-        o = torch.einsum("btsh,bshv,btshv->bthv", A, v, w_v)
+        o = torch.einsum("btsh,bshv,btshv->bthv", A, v_ok, w_v) + v_bad
         S = torch.einsum("bshk,bshv->bhkv", kw, v * exp(c[:, -1:] - c))
     if exclusive:
         o = o + (qs * u * k).sum(-1, keepdim=True) * v
