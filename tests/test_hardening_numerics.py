@@ -96,9 +96,12 @@ def check_causal_non_finite(
     chunk_size=16,
 ):  # fmt: skip
     """Outputs before t0 are unchanged when an input of ``names`` is NaN or inf at t0 (value
-    checks off, so that non-finite gates get in): bitwise for q, k, v. A gate at t0 may also
-    change which exact form a chunk takes (the engine picks it from a bound of the gates), so
-    there the earlier outputs are held to the fp64 reference instead."""
+    checks off, so that non-finite gates get in): bitwise for q, k, v, and for every input in
+    the step-by-step modes. In the chunked modes a gate at t0 may also change which exact form
+    a chunk takes (the engine picks it from a bound of the gates), so there the earlier outputs
+    are held to the fp64 reference, as tightly as the clean run of the same mode meets it (the
+    strong mLSTM gates make some outputs ill-conditioned: |n·q| near the floor exp(−m) leaves
+    fp32 errors near 1e-3 in any mode, NaN or not)."""
     fam = _family(name)
     B, H = 1, 2
     inputs64 = _on(fam.build(B, T, H, K, V, extreme))
@@ -118,11 +121,15 @@ def check_causal_non_finite(
                     f"{where} made earlier outputs non-finite (first at step "
                     f"{int(early.flatten(2).any(-1).any(0).nonzero()[0])})"
                 )
-                if which in ("q", "r", "k", "v"):
+                if which in ("q", "r", "k", "v") or mode in STEPWISE_MODES:
                     assert torch.equal(o_bad[:, :t0], o[:, :t0]), where
-                else:
+                else:  # no less accurate than the clean run of the same mode
                     ref = fam.call(inputs64, mode="reference", backend="torch")[0]
-                    assert_close(where, o_bad[:, :t0], ref[:, :t0], torch.float32, 5.0)
+                    assert_close(where, o_bad[:, :t0], ref[:, :t0], torch.float32, 5.0,
+                                 same_dtype_ref=o[:, :t0])  # fmt: skip
+
+
+STEPWISE_MODES = ("reference", "recurrent")  # no chunk form chosen from the gates
 
 
 def _torch_modes(name):
