@@ -16,9 +16,9 @@ and k (no stored score matrix).
 * ``dscores_kernel`` — M ([B·HK, NT, L, L] in q's dtype, the tiles on and below the diagonal:
   the dq and dk kernels cast it to that dtype for their products anyway), and per value head
   the tile's row and column sums of M^h∘(q·k).
-* ``dq_group_kernel``, ``dk_group_kernel`` — the inter-chunk parts per head (with their parts of
-  q·dq, k·dk, to which the first K tile adds dscores_kernel's sums) summed over the group, plus
-  the one product with M.
+* ``dqk_group_kernel`` — dq or dk: the inter-chunk parts per head (with their parts of q·dq,
+  k·dk, to which the first K tile adds dscores_kernel's sums) summed over the group, plus the
+  one product with M (Mᵀ for dk).
 """
 
 from __future__ import annotations
@@ -92,16 +92,23 @@ def dscores_kernel(
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NQ"])
-def dq_group_kernel(
-    do, q, k, h, g, dm, dq, qdq, qdq_in, chunks, T, H, G, K, V, L, NT, NQ, scale,
-    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
-    DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+def dqk_group_kernel(
+    x, a, b, st, g, gi, dm, out, part, part_in, chunks, T, H, G, K, V, L, NT, NQ, scale,
+    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, DK: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, DOT_PREC: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (chunks × query tiles, K tiles, B·HK): dq [B, T, HK, K] of one query tile, the sum
-    over the group of scale·e^h_r do^h_r C^hᵀ plus Σ_s dm_rs k_s (dm in the query tiles of
-    :func:`dscores_kernel`, BQ its tile). ``HAS_DECAY``: per value head this K tile's part of
-    q·dq at qdq [K tiles, B·H, T], the first K tile's with the intra-chunk row sums of
-    dscores_kernel (qdq_in) added."""
+    """Grid (chunks × row tiles, K tiles, B·HK): one row tile (rows r, BQ the tile of
+    :func:`dscores_kernel`) of
+
+    * dq [B, T, HK, K] (``DK`` false: x = do, a = q, b = k, st = the chunk states h): the sum
+      over the group of scale·e^h_r do^h_r C^hᵀ, plus Σ_{s≤r} dm_rs k_s;
+    * dk [B, T, HK, K] (``DK``: x = v, a = k, b = q, st = their gradients dh): the sum over the
+      group of w^h_r v^h_r dC^hᵀ, w^h_r = exp(b_L − b_r + a_r), plus Σ_{s≥r} dm_sr q_s.
+
+    With a gate (``HAS_DECAY``; for dk also ``HAS_IGATE``): per value head this K tile's part
+    of a·out (q·dq, k·dk) at part [K tiles, B·H, T], the first K tile's with the intra-chunk
+    sums of dscores_kernel (part_in: its row sums for dq, column sums for dk) added."""
     i_cq, i_k, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
@@ -112,99 +119,56 @@ def dq_group_kernel(
     i_b, i_hk = i_p // HK, i_p % HK
     qk = (i_b * T * HK + i_hk) * K
     rows = tl.num_programs(2) * G  # B·H
+    # the partner tiles of the intra-chunk terms: keys up to the diagonal one (dq), queries
+    # from the diagonal one on (dk)
+    if DK:
+        p_lo, p_hi = r0, c1
+    else:
+        p_lo, p_hi = c0, r0 + 1
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
-    if HAS_DECAY:
-        b_q = _tile(q + qk, o_r, o_k, HK * K, m_r, m_k).to(tl.float32)
+    if HAS_DECAY or HAS_IGATE:
+        b_a = _tile(a + qk, o_r, o_k, HK * K, m_r, m_k).to(tl.float32)
     for j in range(G):
         i_h = i_hk * G + j
         i_bh = i_b * H + i_h
-        p_do = do + (i_b * T * H + i_h) * V
-        p_h = h + (i_bh * NT + i_c) * K * V
+        p_x = x + (i_b * T * H + i_h) * V
+        p_st = st + (i_bh * NT + i_c) * K * V
         b_int = tl.zeros([BQ, BO], dtype=tl.float32)
         for d0 in range(0, V, BD):
             o_d = d0 + tl.arange(0, BD)
             m_d = o_d < V
-            b_do = _tile(p_do, o_r, o_d, H * V, m_r, m_d)  # [BQ, BD]
-            b_s = _state_tile(p_h, o_d, o_k, 1, V, m_d, m_k)  # C_cᵀ [BD, BO]
-            b_int += tl.dot(b_do, b_s.to(b_do.dtype), input_precision=DOT_PREC)
-        if HAS_DECAY:
+            b_x = _tile(p_x, o_r, o_d, H * V, m_r, m_d)  # [BQ, BD]
+            b_s = _state_tile(p_st, o_d, o_k, 1, V, m_d, m_k)  # C_cᵀ or dC_c+1ᵀ [BD, BO]
+            b_int += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
+        if DK:
+            if HAS_DECAY or HAS_IGATE:
+                lw = tl.zeros([BQ], dtype=tl.float32)
+                if HAS_DECAY:
+                    lw += tl.load(g + i_bh * T + c1 - 1) - _vec(g + i_bh * T, o_r, m_r)
+                if HAS_IGATE:
+                    lw += _vec(gi + i_bh * T, o_r, m_r)
+                b_int *= tl.exp(tl.where(m_r, lw, float("-inf")))[:, None]  # w_r ≤ 1
+        elif HAS_DECAY:
             b_int *= (scale * tl.exp(_vec(g + i_bh * T, o_r, m_r)))[:, None]
-            part = tl.sum(b_q * b_int, 1)
-            if i_k == 0:  # the intra-chunk parts, one per key tile up to the diagonal
-                for s0 in range(c0, r0 + 1, BQ):
-                    i_j = (s0 - c0) // BQ
-                    part += _vec(qdq_in + (i_j * rows + i_bh) * T, o_r, m_r)
-            tl.store(qdq + (i_k * rows + i_bh) * T + o_r, part, mask=m_r)
         else:
             b_int *= scale
+        if HAS_DECAY or HAS_IGATE:
+            b_part = tl.sum(b_a * b_int, 1)
+            if i_k == 0:  # the intra-chunk parts, one per partner tile
+                for s0 in range(p_lo, p_hi, BQ):
+                    i_j = (s0 - c0) // BQ
+                    b_part += _vec(part_in + (i_j * rows + i_bh) * T, o_r, m_r)
+            tl.store(part + (i_k * rows + i_bh) * T + o_r, b_part, mask=m_r)
         b_acc += b_int
-    base = dm + (i_p * NT + i_c) * L * L - c0 * (L + 1)
-    for s0 in range(c0, r0 + 1, BQ):  # the key tiles up to the diagonal one
+    base = dm + (i_p * NT + i_c) * L * L - c0 * (L + 1)  # dm's tiles by absolute tokens
+    for s0 in range(p_lo, p_hi, BQ):
         o_s = s0 + tl.arange(0, BQ)
         m_s = o_s < c1
-        b_k = _tile(k + qk, o_s, o_k, HK * K, m_s, m_k)  # [BQ, BO]
-        b_m = _tile(base, o_r, o_s, L, m_r, m_s)  # [BQ (r), BQ (s)]
-        b_acc += tl.dot(b_m.to(b_k.dtype), b_k, input_precision=DOT_PREC)
-    p_dq = dq + qk + o_r.to(tl.int64)[:, None] * HK * K + o_k[None, :]
-    tl.store(p_dq, b_acc.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
-
-
-@triton.jit(do_not_specialize=["T", "NT", "NS"])
-def dk_group_kernel(
-    v, q, k, dh, g, gi, dm, dk, kdk, kdk_in, chunks, T, H, G, K, V, L, NT, NS,
-    BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
-    HAS_IGATE: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-):  # fmt: skip
-    """Grid (chunks × key tiles, K tiles, B·HK): dk [B, T, HK, K] of one key tile, the sum over
-    the group of w^h_s v^h_s dC^hᵀ plus Σ_r dm_rs q_r (dm in the tiles of
-    :func:`dscores_kernel`, BS its tile). With a gate: per value head this K tile's part of k·dk
-    at kdk [K tiles, B·H, T], the first K tile's with the intra-chunk column sums of
-    dscores_kernel (kdk_in) added."""
-    i_cs, i_k, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_c, c0, c1, _i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
-    if s0 >= c1:
-        return
-    o_k = i_k * BO + tl.arange(0, BO)
-    m_k = o_k < K
-    HK = H // G
-    i_b, i_hk = i_p // HK, i_p % HK
-    qk = (i_b * T * HK + i_hk) * K
-    rows = tl.num_programs(2) * G  # B·H
-    b_acc = tl.zeros([BS, BO], dtype=tl.float32)
-    if HAS_DECAY or HAS_IGATE:
-        b_kf = _tile(k + qk, o_s, o_k, HK * K, m_s, m_k).to(tl.float32)
-    for j in range(G):
-        i_h = i_hk * G + j
-        i_bh = i_b * H + i_h
-        p_v = v + (i_b * T * H + i_h) * V
-        p_dh = dh + (i_bh * NT + i_c) * K * V
-        b_int = tl.zeros([BS, BO], dtype=tl.float32)
-        for d0 in range(0, V, BD):
-            o_d = d0 + tl.arange(0, BD)
-            m_d = o_d < V
-            b_v = _tile(p_v, o_s, o_d, H * V, m_s, m_d)  # [BS, BD]
-            b_s = _state_tile(p_dh, o_d, o_k, 1, V, m_d, m_k)  # dC_c+1ᵀ [BD, BO]
-            b_int += tl.dot(b_v, b_s.to(b_v.dtype), input_precision=DOT_PREC)
-        if HAS_DECAY or HAS_IGATE:
-            lw = tl.zeros([BS], dtype=tl.float32)
-            if HAS_DECAY:
-                lw += tl.load(g + i_bh * T + c1 - 1) - _vec(g + i_bh * T, o_s, m_s)
-            if HAS_IGATE:
-                lw += _vec(gi + i_bh * T, o_s, m_s)
-            b_int *= tl.exp(tl.where(m_s, lw, float("-inf")))[:, None]  # w_s ≤ 1
-            part = tl.sum(b_kf * b_int, 1)
-            if i_k == 0:  # the intra-chunk parts, one per query tile from the diagonal on
-                for r0 in range(s0, c1, BS):
-                    i_i = (r0 - c0) // BS
-                    part += _vec(kdk_in + (i_i * rows + i_bh) * T, o_s, m_s)
-            tl.store(kdk + (i_k * rows + i_bh) * T + o_s, part, mask=m_s)
-        b_acc += b_int
-    base = dm + (i_p * NT + i_c) * L * L - c0 * (L + 1)
-    for r0 in range(s0, c1, BS):  # the query tiles from the diagonal one on
-        o_r = r0 + tl.arange(0, BS)
-        m_r = o_r < c1
-        b_q = _tile(q + qk, o_r, o_k, HK * K, m_r, m_k)  # [BS, BO]
-        b_mt = _tile_t(base, o_r, o_s, L, m_r, m_s)  # [BS (s), BS (r)]
-        b_acc += tl.dot(b_mt.to(b_q.dtype), b_q, input_precision=DOT_PREC)
-    p_dk = dk + qk + o_s.to(tl.int64)[:, None] * HK * K + o_k[None, :]
-    tl.store(p_dk, b_acc.to(dk.dtype.element_ty), mask=m_s[:, None] & m_k[None, :])
+        b_b = _tile(b + qk, o_s, o_k, HK * K, m_s, m_k)  # [BQ, BO]
+        if DK:
+            b_m = _tile_t(base, o_s, o_r, L, m_s, m_r)  # dm_sr [BQ (r), BQ (s)]
+        else:
+            b_m = _tile(base, o_r, o_s, L, m_r, m_s)  # dm_rs [BQ (r), BQ (s)]
+        b_acc += tl.dot(b_m.to(b_b.dtype), b_b, input_precision=DOT_PREC)
+    p_out = out + qk + o_r.to(tl.int64)[:, None] * HK * K + o_k[None, :]
+    tl.store(p_out, b_acc.to(out.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])

@@ -400,16 +400,17 @@ def _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c):
         BQ=BQ, BD=BD, BK=BK, HAS_IGATE=a is not None, **sizes, **flags, **launch["dscores"],
     )  # fmt: skip
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
-    dq = torch.empty_like(q)
-    group.dq_group_kernel[(NT * NQ, nK, B * HK)](
-        do=do, q=q, k=k, h=states, g=b, dm=dm, dq=dq, qdq=q_part, qdq_in=qdq_in, NQ=NQ,
-        scale=c.scale, BQ=BQ, BD=BD, BO=BO, **sizes, **flags, **launch["dq_dk"],
-    )  # fmt: skip
     k_part = torch.empty(nK, BH, T, **f32) if gates else None
-    dk = torch.empty_like(k)
-    group.dk_group_kernel[(NT * NQ, nK, B * HK)](
-        v=v, q=q, k=k, dh=dstates, g=b, gi=a, dm=dm, dk=dk, kdk=k_part, kdk_in=kdk_in, NS=NQ,
-        BS=BQ, BD=BD, BO=BO, HAS_IGATE=a is not None, **sizes, **flags, **launch["dq_dk"],
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    grid = (NT * NQ, nK, B * HK)
+    tiles = dict(NQ=NQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, **sizes, **flags, **launch["dq_dk"])
+    group.dqk_group_kernel[grid](
+        x=do, a=q, b=k, st=states, g=b, gi=None, dm=dm, out=dq, part=q_part, part_in=qdq_in,
+        DK=False, HAS_IGATE=False, **tiles,
+    )  # fmt: skip
+    group.dqk_group_kernel[grid](
+        x=v, a=k, b=q, st=dstates, g=b, gi=a, dm=dm, out=dk, part=k_part, part_in=kdk_in,
+        DK=True, HAS_IGATE=a is not None, **tiles,
     )  # fmt: skip
     q_dq = _tile_sum(q_part) if c.has_decay else None
     k_dk = _tile_sum(k_part) if gates else None
