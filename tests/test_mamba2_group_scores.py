@@ -42,7 +42,8 @@ def small_tiles(monkeypatch):
     """16-wide tiles for the group kernels and the per-head kernels they replace, groups of 4
     heads on the group path (below its threshold by default); returns the launch counts of
     the group kernels."""
-    monkeypatch.setattr(scalar, "SCORE_TILES", {"out": TILE, "dv": TILE})
+    monkeypatch.setitem(scalar.GROUP_SCORE_TILES, "out", TILE)
+    monkeypatch.setitem(scalar.GROUP_SCORE_TILES, "dv", TILE)
     monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)
     for name in ("out_fwd", "dv_bwd"):
         monkeypatch.setitem(config.TILES, name, TILE)

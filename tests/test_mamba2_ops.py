@@ -454,7 +454,7 @@ def test_triton_large_groups(case, backend, monkeypatch):
 
     names = ("dscores_kernel", "dqk_group_kernel")
     monkeypatch.setattr(scalar, "group", type("Group", (), {n: Counted(n) for n in names}))
-    monkeypatch.setattr(scalar, "GROUP_TILES", (16, 16, 16))
+    monkeypatch.setitem(scalar.GROUP_TILES, "dq_dk", (16, 16, 16, 8, 2))
     monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)  # (groups of 4 below it by default)
     monkeypatch.setattr(scalar, "heads_per_program", lambda G, programs: pytest.fail("HPP path"))
     Bsz, T, H, G, N, P, packed = case

@@ -314,6 +314,18 @@ SCORE_TILES = {
 }
 
 
+# Mamba2's large B/C groups (scalar gates, linrnn.engine.scalar, docs/DESIGN.md §11). The output
+# and dv kernels (group_scores_kernels): per kernel (time tile, depth tile, V tile, num_warps,
+# num_stages), each clipped to the problem; a chunk may span at most two time tiles (the scores
+# a program holds), so these kernels take L ≤ 2 × the time tile.
+GROUP_SCORE_TILES = {"out": (64, 32, 64, 8, 2), "dv": (64, 32, 64, 8, 2)}
+# dB and dC (group_kernels): (time tile, depth tile, K tile, num_warps, num_stages) of
+# dscores_kernel and of dqk_group_kernel, sizes whose sm_90 builds (Mamba2's K = 128, V = 64,
+# L = 128, bf16) keep their tiles in registers (64-row tiles on 8 warps do too, at fewer blocks
+# per SM). The gradient matrix is read in the tiles dscores_kernel writes: dq_dk's first three
+# entries size all three kernels; dscores' own give only its launch.
+GROUP_TILES = {"dscores": (32, 64, 64, 4, 2), "dq_dk": (32, 64, 64, 8, 2)}
+
 # --------------------------------------------------------------------------------------------
 # The delta rule's chunk path (linrnn.engine.delta)
 
@@ -335,6 +347,15 @@ DELTA_MAX_CHUNK = 128
 # copy of its chunk tiles over all of K overflows shared memory.
 DELTA_TILES = {"wy": (16, 64, 2, 2), "wy_long": (16, 16, 8, 1), "walk": (128, 8192, 4, 1)}
 DELTA_MAX_K = 256
+
+# The delta rule backward's own kernels (delta_bwd_kernels), sized to compile for sm_90 without
+# register spills (ptxas -v at K = V = 128 and 256, L = 64 and 128): dv_local (largest V tile,
+# num_warps); walk (largest V tile, fp32 state elements per program: with the K blocks this
+# sets the V tile, halved again for 128-row chunks, num_warps); wy (K and V tile, num_warps) for
+# chunks of up to 64 rows, wy_long above. The walk and the WY kernel run one pipeline stage: a
+# second (or Triton's default third) copy of their per-chunk tiles over the whole K does not fit
+# in sm_90's 227 KiB of shared memory at fp32 or K = 256 (compile_check reports the size).
+DELTA_BWD_TILES = {"dv_local": (128, 8), "walk": (64, 8192, 4), "wy": (64, 4), "wy_long": (32, 8)}
 
 
 def delta_chunk_size(value, K: int, V: int, *, family: str = "delta_rule", dtype=None,

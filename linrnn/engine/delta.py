@@ -22,6 +22,7 @@ from linrnn.engine import delta_bwd_kernels as bk
 from linrnn.engine import delta_kernels as dk
 from linrnn.engine import scalar_kernels as sk
 from linrnn.engine.config import (
+    DELTA_BWD_TILES,
     DELTA_MAX_K,
     DELTA_TILES,
     ChunkConfig,
@@ -149,16 +150,6 @@ def forward(q, k, v, beta, g, S0, cfg: DeltaConfig):
     return (o, S_T), saved
 
 
-# The backward's own kernels (delta_bwd_kernels), sized to compile for sm_90 without register
-# spills (ptxas -v at K = V = 128 and 256, L = 64 and 128): dv_local (largest V tile,
-# num_warps); walk (largest V tile, fp32 state elements per program: with the K blocks this
-# sets the V tile, halved again for 128-row chunks, num_warps); wy (K and V tile, num_warps) for
-# chunks of up to 64 rows, wy_long above. The walk and the WY kernel run one pipeline stage: a
-# second (or Triton's default third) copy of their per-chunk tiles over the whole K does not fit
-# in sm_90's 227 KiB of shared memory at fp32 or K = 256 (compile_check reports the size).
-BWD_TILES = {"dv_local": (128, 8), "walk": (64, 8192, 4), "wy": (64, 4), "wy_long": (32, 8)}
-
-
 def backward(saved: dict, cfg: DeltaConfig, do, dS_T):
     """The gradients ``(dq, dk, dv, dbeta, dg, dS0)`` of one chunk call from what
     :func:`forward` saved, the cotangent of o and that of the final state (dS_T may be None);
@@ -210,7 +201,7 @@ def _group_sum(x, G: int, dtype):
 def _dv_local(q, k, do, b, cfg: DeltaConfig, sizes, flags):
     """dy = scale·Mᵀ dO ``[B, T, HV, V]`` in do's dtype (dv_local_kernel)."""
     K, V, L = sizes["K"], sizes["V"], sizes["L"]
-    BO, nw = BWD_TILES["dv_local"]
+    BO, nw = DELTA_BWD_TILES["dv_local"]
     BS, BD, BV = _tile(L, 64), _tile(K, 64), _tile(V, BO)
     NS = cdiv(L, BS)
     dy = torch.empty(*do.shape, device=do.device, dtype=do.dtype)
@@ -229,7 +220,7 @@ def _walk_bwd(q, k, beta, b, A, do, dy, states, S_T, dS_T, cfg: DeltaConfig, siz
     decay); dy becomes Aᵀ dvn."""
     K, V = sizes["K"], sizes["V"]
     f32 = dict(device=do.device, dtype=torch.float32)
-    BO, elems, nw = BWD_TILES["walk"]
+    BO, elems, nw = DELTA_BWD_TILES["walk"]
     BK = _tile(K, 64)
     NB = cdiv(K, BK)
     BV = _tile(V, max(16, min(BO, elems // (NB * BK), elems // 2 // cfg.BL)))
@@ -293,7 +284,7 @@ def _wy_bwd(k, v, vn, beta, b, states, dy, dk, cfg: DeltaConfig, sizes, flags):
     decay)."""
     B, T, HV = beta.shape
     f32 = dict(device=v.device, dtype=torch.float32)
-    BO, nw = BWD_TILES["wy" if cfg.BL <= 64 else "wy_long"]
+    BO, nw = DELTA_BWD_TILES["wy" if cfg.BL <= 64 else "wy_long"]
     dv = torch.empty_like(v)
     dbeta = torch.empty(B, T, HV, **f32)
     db = torch.empty(cfg.rows, T, **f32) if flags["HAS_DECAY"] else None

@@ -24,7 +24,13 @@ from linrnn.engine import fused_kernels as fused
 from linrnn.engine import group_kernels as group
 from linrnn.engine import group_scores_kernels as gsk
 from linrnn.engine import scalar_kernels as kern
-from linrnn.engine.config import ChunkConfig, chunk_state_dtype, prepare_state
+from linrnn.engine.config import (
+    GROUP_SCORE_TILES,
+    GROUP_TILES,
+    ChunkConfig,
+    chunk_state_dtype,
+    prepare_state,
+)
 from linrnn.engine.gate_grads import final_grads, gate_grads, rows
 from linrnn.engine.host_math import cdiv, next_pow2
 
@@ -361,13 +367,6 @@ def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, 
 # matrix once per group and chunk) instead of the intra-chunk products per value head.
 GROUP_MIN_HEADS = 8
 
-# (time tile, depth tile, output tile) of the three group kernels (dq and dk read the gradient
-# matrix in the tiles dscores_kernel writes), and (num_warps, num_stages) of dscores_kernel and
-# of the dq and dk kernels: sizes whose sm_90 builds (Mamba2's K = 128, V = 64, L = 128, bf16)
-# keep their tiles in registers (64-row tiles on 8 warps do too, at fewer blocks per SM).
-GROUP_TILES = (32, 64, 64)
-GROUP_LAUNCH = {"dscores": (4, 2), "dq_dk": (8, 2)}
-
 
 def group_path(G: int, c: ChunkConfig) -> bool:
     """Whether a call's dq and dk go through group_kernels (:data:`GROUP_MIN_HEADS`)."""
@@ -383,11 +382,11 @@ def _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c):
     BH, NT, L = c.rows, c.NT, c.L
     f32 = dict(device=q.device, dtype=torch.float32)
     gates = c.has_decay or c.has_igate
-    t, d, o = GROUP_TILES
+    t, d, o, *_ = GROUP_TILES["dq_dk"]
     fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
     BQ, BD, BK, BO = fit(t, L), fit(d, V), fit(d, K), fit(o, K)
     NQ, nK = cdiv(L, BQ), cdiv(K, BO)
-    launch = {name: dict(num_warps=nw, num_stages=ns) for name, (nw, ns) in GROUP_LAUNCH.items()}
+    launch = {name: dict(num_warps=e[3], num_stages=e[4]) for name, e in GROUP_TILES.items()}
     flags = dict(HAS_DECAY=b is not None, DOT_PREC=c.prec, VARLEN=c.varlen)
     sizes = dict(chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT)
     dm = torch.empty(B * HK, NT, L, L, device=q.device, dtype=q.dtype)
@@ -444,15 +443,9 @@ def _split_group(G: int, programs: int, most: int) -> int:
     return 1
 
 
-# The output and dv kernels of large groups (group_scores_kernels): per kernel (time tile, depth
-# tile, V tile, num_warps, num_stages), each clipped to the problem. A chunk may span at most two
-# time tiles (the scores a program holds), so these kernels take L ≤ 2 × the time tile.
-SCORE_TILES = {"out": (64, 32, 64, 8, 2), "dv": (64, 32, 64, 8, 2)}
-
-
 def group_tiles(c: ChunkConfig, name: str, K: int, V: int):
     """(time tile, depth tile, V tile, launch options) of group kernel ``name``."""
-    t, d, o, nw, ns = SCORE_TILES[name]
+    t, d, o, nw, ns = GROUP_SCORE_TILES[name]
     fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
     return fit(t, c.L), fit(d, K), fit(o, V), dict(num_warps=nw, num_stages=ns)
 
