@@ -31,6 +31,8 @@ LAYERS = {
     "mamba2_groups": lambda **kw: Mamba2(
         D, 4, expand=1, state_size=6, n_groups=2, conv_size=3, conv_bias=False, **kw
     ),
+    # a skip weight per channel (mamba_ssm's D_has_hdim)
+    "mamba2_d_per_channel": lambda **kw: Mamba2(D, 2, state_size=8, D_has_hdim=True, **kw),
 }
 
 
@@ -68,7 +70,8 @@ def layer_reference(layer, x):
     xs, B, C = xBC[..., : H * P], xBC[..., H * P : H * P + G * N], xBC[..., H * P + G * N :]
     y, _ = mamba2_recurrent(
         xs.reshape(Bsz, T, H, P), dt, -layer.A_log.exp(), B.reshape(Bsz, T, G, N),
-        C.reshape(Bsz, T, G, N), D=layer.D, dt_bias=layer.dt_bias, dt_softplus=True,
+        C.reshape(Bsz, T, G, N), D=layer.D.reshape(H, -1) if layer.D.numel() > H else layer.D,
+        dt_bias=layer.dt_bias, dt_softplus=True,
     )  # fmt: skip
     h = (y.reshape(Bsz, T, H * P) * F.silu(z)).reshape(Bsz, T, G, -1)
     h = h / (h.pow(2).mean(-1, keepdim=True) + layer.norm.eps).sqrt()

@@ -143,6 +143,20 @@ def test_optional_parts_absent():
     compare(got, ref)
 
 
+@pytest.mark.parametrize("mode", ["reference", "recurrent", "parallel", "chunk"])
+def test_per_channel_skip(mode):
+    """D [H, P] (mamba_ssm's D_has_hdim): y_t += D ⊙ x_t per head and channel, with its
+    gradient, in every PyTorch mode."""
+    Bsz, T, H, G, N, P = 2, 21, 4, 2, 6, 5
+    inputs = build(Bsz, T, H, G, N, P)
+    inputs["D"] = torch.randn(H, P, dtype=F64)
+    h0 = torch.randn(Bsz, H, N, P, dtype=F64)
+    ref = with_grads(loop, inputs, h0)
+    got = with_grads(op, inputs, h0, mode=mode, chunk_size=8, backend="torch", dt_softplus=True)
+    assert got[2]["D"].shape == (H, P)
+    compare(got, ref)
+
+
 @pytest.mark.parametrize("softplus", [True, False], ids=["softplus", "linear"])
 @pytest.mark.parametrize("mode", ["chunk", "parallel", "recurrent"])
 def test_strong_decays_fp64(mode, softplus):
@@ -462,9 +476,11 @@ def test_triton_large_groups(case, backend, monkeypatch):
     assert launched == ["dscores_kernel", "dqk_group_kernel", "dqk_group_kernel"]  # dq, dk
 
 
-def _check_triton(case, backend):
+def _check_triton(case, backend, per_channel_skip=False):
     mode, Bsz, T, H, G, N, P, L, packed, strong = case
     inputs = build(Bsz, T, H, G, N, P, strong=strong)
+    if per_channel_skip:
+        inputs["D"] = torch.randn(H, P, dtype=F64)
     inputs = {n: x.float().double().to(DEVICE) for n, x in inputs.items()}
     cu = [0, T // 3, T] if packed else None
     nseq = 2 if packed else Bsz
@@ -580,6 +596,14 @@ def test_triton_reads_groups(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["triton"])
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+def test_triton_per_channel_skip(mode, backend):
+    """D [H, P] on the Triton paths (the chunk engine's skip term is per head: a per-channel
+    D is added outside its kernels)."""
+    _check_triton((mode, 2, 29, 4, 2, 16, 8, 16, False, False), backend, per_channel_skip=True)
+
+
+@pytest.mark.parametrize("backend", ["triton"])
 def test_triton_steps_and_compile(backend):
     """The Triton recurrent step after a Triton chunk prefill equals the fp64 loop, and the
     chunk op and the step (B, C grouped: H = 2, G = 1) under torch.compile(fullgraph=True)
@@ -644,6 +668,8 @@ def _bad(**change):
         (_bad(A=torch.tensor([-1.0, 0.5, -1.0, -1.0], dtype=F64)), {}, ValueError,
          r"A must be ≤ 0 .* maximum is 0.5"),
         (_bad(D=torch.randn(3, dtype=F64)), {}, ValueError, r"D must have shape \[H\]"),
+        (_bad(D=torch.randn(4, 4, dtype=F64)), {}, ValueError,
+         r"D must have shape \[H, P\] = \(4, 3\), got \(4, 4\)"),
         (_bad(dt_bias=torch.randn(1, 4, dtype=F64)), {}, ValueError, r"dt_bias must have shape"),
         (_bad(dt=torch.randn(1, 6, 3, dtype=F64)), {}, ValueError, r"dt must have shape"),
         (_bad(dt=torch.full((1, 6, 4), math.nan, dtype=F64)), {}, ValueError,

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linrnn import _validation
 from linrnn.layers.common import Mixer, check_divisible, upcast
 from linrnn.layers.conv import ShortConvolution
 from linrnn.ops import mamba2
@@ -57,6 +58,8 @@ class Mamba2(Mixer):
         dt_min, dt_max, dt_init_floor: ``dt_bias = softplus⁻¹(dt)`` with dt log-uniform in
             ``[dt_min, dt_max]`` (1e-3, 0.1), floored at dt_init_floor (1e-4).
         norm_eps: epsilon of the gated RMSNorm.
+        D_has_hdim: a skip weight per channel (D of ``d_inner`` entries, used as ``[H, P]``)
+            instead of one per head (mamba_ssm's option of that name; False).
         layer_idx: this layer's key in a :class:`~linrnn.layers.Cache`.
         mode, chunk_size, backend: passed to the op.
     """
@@ -76,6 +79,7 @@ class Mamba2(Mixer):
         dt_max: float = 0.1,
         dt_init_floor: float = 1e-4,
         norm_eps: float = 1e-5,
+        D_has_hdim: bool = False,
         layer_idx: int = 0,
         mode: str = "chunk",
         chunk_size: int | None = None,
@@ -110,7 +114,8 @@ class Mamba2(Mixer):
         self.conv1d = ShortConvolution(self.conv_dim, conv_size, "silu", conv_bias, **kw)
         self.A_log = nn.Parameter(torch.empty(num_heads, **kw))
         self.dt_bias = nn.Parameter(torch.empty(num_heads, **kw))
-        self.D = nn.Parameter(torch.empty(num_heads, **kw))
+        self.D_has_hdim = _validation.flag("D_has_hdim", D_has_hdim)
+        self.D = nn.Parameter(torch.empty(self.d_inner if self.D_has_hdim else num_heads, **kw))
         self.norm = GatedRMSNorm(self.d_inner, n_groups, norm_eps, **kw)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False, **kw)
         self.reset_ssm()
@@ -138,7 +143,8 @@ class Mamba2(Mixer):
         A = -torch.exp(upcast(self.A_log))  # fp32 for 16-bit parameters, fp64 kept
         y, state = self.call_op(
             mamba2, xs.unflatten(-1, (H, P)), dt, A, B.unflatten(-1, (G, N)),
-            C.unflatten(-1, (G, N)), D=self.D, dt_bias=self.dt_bias, dt_softplus=True,
+            C.unflatten(-1, (G, N)), D=self.D.view(H, P) if self.D_has_hdim else self.D,
+            dt_bias=self.dt_bias, dt_softplus=True,
             initial_state=entry.get("state"), **self.op_kwargs(x, packing, want_state),
         )  # fmt: skip
         y = self.norm(y.flatten(-2), z)

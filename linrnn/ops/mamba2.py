@@ -85,7 +85,8 @@ def mamba2(
         A: ``[H]`` finite and ≤ 0 (Mamba2: ``−exp(A_log)``); used in fp32 (fp64 for fp64 x).
         B, C: ``[B, T, G, N]`` in x's dtype, H a multiple of G: head h reads group
             ``h // (H / G)`` (B are the keys, C the queries).
-        D: ``[H]`` skip connection, or None.
+        D: skip connection ``[H]``, or ``[H, P]`` per channel (mamba_ssm's ``D_has_hdim``),
+            or None.
         dt_bias: ``[H]`` added to dt, or None.
         dt_softplus: Δ = softplus(dt + dt_bias); else Δ = dt + dt_bias, which must be ≥ 0.
         {common}
@@ -122,7 +123,11 @@ def mamba2(
     # D·x inside the engine's kernels; traced calls take the generic path (PyTorch gate ops).
     fused = dt_softplus and not _runtime.tracing()
     if r.backend == "triton" and r.mode == "chunk" and fused:
-        o, S = _triton_chunk(x, dt, A, B, C, D, dt_bias, S0, offsets, r.chunk_size)
+        # (a per-channel D is added below: the kernels' skip term is one scalar per head)
+        skip = D if D is not None and D.dim() == 1 else None
+        o, S = _triton_chunk(x, dt, A, B, C, skip, dt_bias, S0, offsets, r.chunk_size)
+        if D is not None and skip is None:
+            o = _add_skip(o, D, x)
         return o, (S if output_final_state else None)
     v, g, gi = gates(x, dt, A, dt_bias, dt_softplus)
     o, (S, _, _) = _generic.run(
@@ -130,9 +135,15 @@ def mamba2(
         backend=r.backend, chunk_size=chunk_size,
     )  # fmt: skip
     if D is not None:
-        cdt = compute_dtype(x)
-        o = (o.to(cdt) + D.to(cdt)[:, None] * x.to(cdt)).to(x.dtype)
+        o = _add_skip(o, D, x)
     return o, (S if output_final_state else None)
+
+
+def _add_skip(o, D, x):
+    """o + D·x in fp32 (fp64 for fp64 x), rounded once to x's dtype; D ``[H]`` or ``[H, P]``."""
+    cdt = compute_dtype(x)
+    Dc = D.to(cdt)
+    return (o.to(cdt) + (Dc[:, None] if D.dim() == 1 else Dc) * x.to(cdt)).to(x.dtype)
 
 
 def _triton_chunk(x, dt, A, B, C, D, dt_bias, S0, offsets, chunk_size):
@@ -172,13 +183,18 @@ def gates(x, dt, A, dt_bias, dt_softplus: bool):
 
 
 def check_gates(x, dt, A, D, dt_bias, dt_softplus, shape):
-    """Validate dt ``[B, T, H]``, A (≤ 0), D and dt_bias ``[H]``, dt_softplus; returns them."""
+    """Validate dt ``[B, T, H]``, A (≤ 0), D (``[H]`` or ``[H, P]``) and dt_bias ``[H]``,
+    dt_softplus; returns them."""
     Bsz, T, H = shape
     check.flag("dt_softplus", dt_softplus)
     dt = check.gate("dt", dt, (Bsz, T, H), x, layout="[B, T, H]")
     A = _nonpositive("A", check.gate("A", A, (H,), x, layout="[H]"))
     if D is not None:
-        D = check.gate("D", D, (H,), x, layout="[H]")
+        D = check.tensor("D", D)
+        if D.dim() == 2:  # per channel (mamba_ssm's D_has_hdim)
+            D = check.gate("D", D, (H, x.shape[3]), x, layout="[H, P]")
+        else:
+            D = check.gate("D", D, (H,), x, layout="[H] (or [H, P])")
     if dt_bias is not None:
         dt_bias = check.gate("dt_bias", dt_bias, (H,), x, layout="[H]")
     return dt, A, D, dt_bias

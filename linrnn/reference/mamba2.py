@@ -43,7 +43,7 @@ def mamba2_recurrent(
         write = delta[:, t, :, None, None] * Bh[:, t, :, :, None] * x[:, t, :, None, :]
         h = decay[..., None, None] * h + write
         y = torch.einsum("bhn,bhnp->bhp", Ch[:, t], h)
-        if D is not None:
-            y = y + D[:, None] * x[:, t]
+        if D is not None:  # [H] or per channel [H, P]
+            y = y + (D[:, None] if D.dim() == 1 else D) * x[:, t]
         ys.append(y)
     return torch.stack(ys, dim=1), h
