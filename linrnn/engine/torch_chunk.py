@@ -261,7 +261,7 @@ def _scalar(qc, kc, vc, v_bad, b, gic, stabilize, S0, m0, N, L, scale):
         else (math.inf, math.inf)
     )
     if fac_max <= _FACTOR_LIMIT:
-        tril = _tril(L, False, qc)
+        tril = _causal(L, False, qc.device)
         if not stabilize and a_top <= _FACTOR_LIMIT:
             # the A operand is q_inter · exp(A): apply exp(A) to A·v instead (both factors
             # bounded: a strong decay at a chunk's first step makes exp(b_r) underflow and
@@ -346,7 +346,7 @@ def _vector(qc, kc, vc, v_bad, gc, b, gv, gic, u, S0, N, L, scale):
     o = q_dec @ states  # inter-chunk part
 
     if fast:
-        A = _causal_where(q_dec @ kw_T, _tril(L, exclusive, qc))
+        A = _causal_where(q_dec @ kw_T, _causal(L, exclusive, qc.device))
         if exclusive:
             # The bonus q_r·(u ⊙ k_r) on the diagonal, added in place (A is a fresh product).
             bonus = torch.einsum("bhnlk,hk->bhnl", qc * kc, u * scale)
@@ -396,11 +396,6 @@ def _vector(qc, kc, vc, v_bad, gc, b, gv, gic, u, S0, N, L, scale):
         o_off = torch.zeros_like(o_intra).index_add(-3, pi, o_pair)
         o_intra = o_intra + o_off * exp(cvs - p_v[..., :, None, :])
     return o + o_intra.reshape(*o.shape), S
-
-
-def _tril(L: int, strict: bool, like: Tensor) -> Tensor:
-    """Causal mask as a bool [L, L], for :func:`_causal_where`."""
-    return _causal(L, strict, like.device)
 
 
 def _causal(c: int, exclusive: bool, device) -> Tensor:
