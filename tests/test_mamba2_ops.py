@@ -468,12 +468,26 @@ def test_triton_large_groups(case, backend, monkeypatch):
 
     names = ("dscores_kernel", "dqk_group_kernel")
     monkeypatch.setattr(scalar, "group", type("Group", (), {n: Counted(n) for n in names}))
+    monkeypatch.setitem(scalar.GROUP_TILES, "dscores", (16, 16, 16, 4, 2))
     monkeypatch.setitem(scalar.GROUP_TILES, "dq_dk", (16, 16, 16, 8, 2))
     monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)  # (groups of 4 below it by default)
     monkeypatch.setattr(scalar, "heads_per_program", lambda G, programs: pytest.fail("HPP path"))
     Bsz, T, H, G, N, P, packed = case
     _check_triton(("chunk", Bsz, T, H, G, N, P, 32, packed, True), backend)
     assert launched == ["dscores_kernel", "dqk_group_kernel", "dqk_group_kernel"]  # dq, dk
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+def test_group_tiles_share_the_time_tile(backend, monkeypatch):
+    """dq and dk read the gradient matrix in dscores_kernel's tiles: GROUP_TILES entries with
+    different time tiles are refused by name, not run."""
+    from linrnn.engine import scalar
+
+    monkeypatch.setitem(scalar.GROUP_TILES, "dscores", (16, 16, 16, 4, 2))
+    monkeypatch.setitem(scalar.GROUP_TILES, "dq_dk", (32, 16, 16, 8, 2))
+    monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)
+    with pytest.raises(ValueError, match=r"dscores and dq_dk need one time tile, got 16 and 32"):
+        _check_triton(("chunk", 1, 40, 4, 1, 16, 8, 32, False, False), backend)
 
 
 def _check_triton(case, backend, per_channel_skip=False):

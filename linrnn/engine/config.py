@@ -319,11 +319,11 @@ SCORE_TILES = {
 # num_stages), each clipped to the problem; a chunk may span at most two time tiles (the scores
 # a program holds), so these kernels take L ≤ 2 × the time tile.
 GROUP_SCORE_TILES = {"out": (64, 32, 64, 8, 2), "dv": (64, 32, 64, 8, 2)}
-# dB and dC (group_kernels): (time tile, depth tile, K tile, num_warps, num_stages) of
-# dscores_kernel and of dqk_group_kernel, sizes whose sm_90 builds (Mamba2's K = 128, V = 64,
-# L = 128, bf16) keep their tiles in registers (64-row tiles on 8 warps do too, at fewer blocks
-# per SM). The gradient matrix is read in the tiles dscores_kernel writes: dq_dk's first three
-# entries size all three kernels; dscores' own give only its launch.
+# dB and dC (group_kernels): per kernel (time tile, V depth tile, K tile, num_warps,
+# num_stages): dscores_kernel's K tile is the depth of its scores C·Bᵀ, dqk_group_kernel's the
+# K columns of its output. Sizes whose sm_90 builds (Mamba2's K = 128, V = 64, L = 128, bf16)
+# keep their tiles in registers (64-row tiles on 8 warps do too, at fewer blocks per SM). The
+# two time tiles must be equal: dq and dk read the gradient matrix in dscores_kernel's tiles.
 GROUP_TILES = {"dscores": (32, 64, 64, 4, 2), "dq_dk": (32, 64, 64, 8, 2)}
 
 # --------------------------------------------------------------------------------------------

@@ -382,9 +382,11 @@ def _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c):
     BH, NT, L = c.rows, c.NT, c.L
     f32 = dict(device=q.device, dtype=torch.float32)
     gates = c.has_decay or c.has_igate
-    t, d, o, *_ = GROUP_TILES["dq_dk"]
+    (t, ds, ks, *_), (t_qk, d, o, *_) = GROUP_TILES["dscores"], GROUP_TILES["dq_dk"]
+    if t != t_qk:  # dq and dk read the gradient matrix in the tiles dscores_kernel writes
+        raise ValueError(f"GROUP_TILES: dscores and dq_dk need one time tile, got {t} and {t_qk}")
     fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
-    BQ, BD, BK, BO = fit(t, L), fit(d, V), fit(d, K), fit(o, K)
+    BQ, BO = fit(t, L), fit(o, K)
     NQ, nK = cdiv(L, BQ), cdiv(K, BO)
     launch = {name: dict(num_warps=e[3], num_stages=e[4]) for name, e in GROUP_TILES.items()}
     flags = dict(HAS_DECAY=b is not None, DOT_PREC=c.prec, VARLEN=c.varlen)
@@ -396,13 +398,15 @@ def _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c):
     kdk_in = torch.empty(NQ, BH, T, **f32) if gates else None
     group.dscores_kernel[(NT * NQ * NQ, B * HK)](
         do=do, v=v, q=q, k=k, g=b, gi=a, dm=dm, qdq=qdq_in, kdk=kdk_in, NQ=NQ, scale=c.scale,
-        BQ=BQ, BD=BD, BK=BK, HAS_IGATE=a is not None, **sizes, **flags, **launch["dscores"],
+        BQ=BQ, BD=fit(ds, V), BK=fit(ks, K), HAS_IGATE=a is not None, **sizes, **flags,
+        **launch["dscores"],
     )  # fmt: skip
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
     k_part = torch.empty(nK, BH, T, **f32) if gates else None
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     grid = (NT * NQ, nK, B * HK)
-    tiles = dict(NQ=NQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, **sizes, **flags, **launch["dq_dk"])
+    tiles = dict(NQ=NQ, scale=c.scale, BQ=BQ, BD=fit(d, V), BO=BO, **sizes, **flags,
+                 **launch["dq_dk"])  # fmt: skip
     group.dqk_group_kernel[grid](
         x=do, a=q, b=k, st=states, g=b, gi=None, dm=dm, out=dq, part=q_part, part_in=qdq_in,
         DK=False, HAS_IGATE=False, **tiles,
