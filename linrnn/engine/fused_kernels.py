@@ -42,8 +42,8 @@ import triton.language as tl
 
 from linrnn.engine.triton_common import (
     _bounds,
-    _denominator,
     _dot_n,
+    _inv_denominator,
     _log_weights,
     _start_state,
     _tile,
@@ -269,7 +269,7 @@ def fused_fwd_kernel(
             if NORM != 0:
                 b_den = _dot_n(b_q, b_n, DOT_PREC) * e_r + tl.sum(b_p, 1)
                 b_den *= scale
-                b_o = b_o / _denominator(b_den, b_mr, eps, NORM)[:, None]
+                b_o = b_o * _inv_denominator(b_den, b_mr, eps, NORM)[0][:, None]
                 tl.store(den + i_bh * T + o_t, b_den, mask=m_t & ((o_t * 0 + i_v) == 0))
             if HAS_MAX:
                 tl.store(m_row + i_bh * T + o_t, b_mr, mask=m_t & ((o_t * 0 + i_v) == 0))

@@ -8,7 +8,8 @@ pass over time per (sequence, head, tile) with the state in registers, for every
 β_t = exp(gv_t) (per value channel), ι_t = exp(gi_t) (a log input gate). mLSTM-exp
 (``STABILIZE``) keeps the max state m_t = max(g_t + m_{t-1}, gi_t) and scales every term by
 exp(−m_t). ``NORM`` picks the normalizer of the output (0 none, 1 sum, 2 mLSTM with a sigmoid
-gate, 3 mLSTM with the max state; see ``_denominator``), which tracks n_t = α_t n_{t-1} + ι_t k_t.
+gate, 3 mLSTM with the max state; see ``_inv_denominator``), which tracks
+n_t = α_t n_{t-1} + ι_t k_t.
 
 * ``recurrent_fwd_kernel``      grid (V tiles, N·H): the forward, the whole key dimension held.
 * ``recurrent_bwd_kernel_dq``   grid (K tiles, N·H), S recomputed walking forward:
@@ -38,7 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _denominator, _start_state
+from linrnn.engine.triton_common import _inv_denominator, _start_state
 
 
 @triton.jit
@@ -246,7 +247,7 @@ def recurrent_fwd_kernel(
             b_den = tl.sum(b_q * b_n) * scale
             if STORE_DEN:
                 tl.store(den + rid, b_den, mask=i_v == 0)
-            b_o = b_o / _denominator(b_den, b_m, eps, NORM)
+            b_o = b_o * _inv_denominator(b_den, b_m, eps, NORM)[0]
         tl.store(o + p_v + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
     _store_state(ht, b_h, i_nh, o_k, o_v, m_k, m_v, K, V)
     if TRACK_N:

@@ -51,13 +51,14 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.triton_common import (
-    NORM_MAX1,
+    NORM_MAXM,
     NORM_NONE,
     NORM_SUM,
     _bounds,
+    _causal_dot,
     _chunk_rows,
-    _denominator,
     _dot_n,
+    _inv_denominator,
     _log_weights,
     _start_state,
     _state_tile,
@@ -210,11 +211,12 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
         b_p = b_p * b_A[:, None] + b_dd[:, None]
     b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
     causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
-    b_p *= _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+    w = _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+    b_p = tl.where(causal, b_p * w, 0.0)  # not b_p·w: a later key's NaN score times 0
     if DEN:
         b_den += tl.sum(b_p, 1)
     b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BQ, BO]
-    b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    b_acc = _causal_dot(b_acc, b_p, b_z, causal, DOT_PREC)
     for s0 in range(c0, r0, BQ):
         o_s = s0 + tl.arange(0, BQ)
         m_s = o_s < c1
@@ -293,7 +295,7 @@ def out_fwd_kernel(
     first = m_r & ((o_r * 0 + i_v) == 0)  # the per-row values, from the first V tile
     if NORM != NORM_NONE:
         b_den *= scale
-        b_acc = b_acc / _denominator(b_den, b_mr, eps, NORM)[:, None]
+        b_acc = b_acc * _inv_denominator(b_den, b_mr, eps, NORM)[0][:, None]
         tl.store(den + i_bh * T + o_r, b_den, mask=first)
     if HAS_MAX:
         tl.store(m_row + i_bh * T + o_r, b_mr, mask=first)
@@ -412,20 +414,16 @@ def norm_bwd_kernel(
         b_h = _tile(o + base, o_t, o_v, H * V, m_t, m_v).to(tl.float32)
         dot += tl.sum(b_do * b_h, 1)
     b_den = _vec(den + i_bh * T, o_t, m_t)
+    b_mr = _vec(m_row + i_bh * T, o_t, m_t) if NORM == NORM_MAXM else tl.zeros([BT], tl.float32)
+    inv, above = _inv_denominator(b_den, b_mr, eps, NORM)
     if NORM == NORM_SUM:
-        p = b_den + eps
         slope = tl.full([BT], 1.0, tl.float32)
     else:
-        if NORM == NORM_MAX1:
-            floor = tl.full([BT], 1.0, tl.float32)
-        else:
-            floor = tl.exp(-_vec(m_row + i_bh * T, o_t, m_t))
-        p = tl.maximum(tl.abs(b_den), floor) + eps
-        slope = tl.where(tl.abs(b_den) > floor, tl.where(b_den >= 0, 1.0, -1.0), 0.0)
-    tl.store(ra + i_bh * T + o_t, 1.0 / p, mask=m_t)
-    tl.store(rd + i_bh * T + o_t, -dot / p * slope, mask=m_t)
+        slope = tl.where(above, tl.where(b_den >= 0, 1.0, -1.0), 0.0)
+    tl.store(ra + i_bh * T + o_t, inv, mask=m_t)
+    tl.store(rd + i_bh * T + o_t, -dot * inv * slope, mask=m_t)
     if HAS_MAX:
-        tl.store(dm_row + i_bh * T + o_t, -dot * eps / p, mask=m_t)
+        tl.store(dm_row + i_bh * T + o_t, -dot * eps * inv, mask=m_t)
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])

@@ -1,7 +1,8 @@
 """The @triton.jit helpers every kernel file of the engine shares (scalar, vector, fused and
 recurrent kernels): block loads with int64 row offsets, a walking program's chunk range, a chunk's
-bounds and row tile, the starting state of a walk, the normalizer's denominator and the
-intra-chunk weights of scalar gates. Kernel files import them from here, never from each other.
+bounds and row tile, the starting state of a walk, the normalizer's denominator, the causal
+product of a diagonal tile and the intra-chunk weights of scalar gates. Kernel files import them
+from here, never from each other.
 """
 
 from __future__ import annotations
@@ -79,15 +80,47 @@ def _dot_n(b_x, b_n, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _denominator(b_den, b_mr, eps, NORM: tl.constexpr):
-    """The normalizer's denominator from den = scale·q·n: den + eps (sum), max(|den|, 1) + eps
-    (mLSTM, sigmoid gate) or max(|den|, exp(−m_r)) + eps (mLSTM, max state)."""
+def _inv_denominator(b_den, b_mr, eps, NORM: tl.constexpr):
+    """(1/P, above) for the normalizer's denominator P = f(den) + eps, den = scale·q·n: f(den) =
+    den (sum), max(|den|, 1) (mLSTM, sigmoid gate) or max(|den|, exp(−m_r)) (mLSTM, max state);
+    ``above``: |den| is above the floor (f'(den) = sign(den) there, 0 below; always for the sum).
+
+    exp(−m_r) is never formed: it overflows fp32 for m_r < −88 (input gates below −88), and
+    P = inf then made the backward's 0·inf NaN. Only e = exp(−|m_r|) ≤ 1 is: the floor is e for
+    m_r ≥ 0 and 1/e below, where 1/P = e / (1 + eps·e) (the PyTorch path's
+    ``max_state_normalize``)."""
     if NORM == NORM_SUM:
-        return b_den + eps
+        return 1.0 / (b_den + eps), b_den == b_den
     elif NORM == NORM_MAX1:
-        return tl.maximum(tl.abs(b_den), 1.0) + eps
+        above = tl.abs(b_den) > 1.0
+        return 1.0 / (tl.maximum(tl.abs(b_den), 1.0) + eps), above
     else:
-        return tl.maximum(tl.abs(b_den), tl.exp(-b_mr)) + eps
+        e = tl.exp(-tl.abs(b_mr))
+        pos = b_mr >= 0
+        mag = tl.abs(b_den)
+        above = tl.where(pos, mag > e, mag * e > 1.0)
+        below = tl.where(pos, 1.0 / (e + eps), e / (1.0 + eps * e))
+        return tl.where(above, 1.0 / (mag + eps), below), above
+
+
+@triton.jit
+def _causal_dot(b_acc, b_p, b_z, causal, DOT_PREC: tl.constexpr):
+    """b_acc + (b_p on ``causal``)·b_z [R, O] for a product whose rows of z may lie after some
+    rows of p: a diagonal tile, p [R, S] over the step pairs (r, s), z [S, O] the steps s,
+    ``causal`` [R, S] true where s ≤ r. A non-finite entry of z (garbage in right padding) must
+    reach only the rows at or after its own step, as in the recurrence, but the product would
+    multiply it by the masked zeros of every earlier row (0·NaN = NaN). So z's non-finite
+    entries are zeroed for the product and the rows at or after a step with one are set to NaN
+    (every column of such a row; later chunks get NaN through the state in the affected columns
+    only). Masked entries of p are replaced by zeros (``where``), never multiplied, for the same
+    reason (a later key's NaN score). Earlier rows are bitwise those of the clean product."""
+    fin = tl.abs(b_z.to(tl.float32)) < float("inf")  # false for NaN and ±inf
+    b_zc = tl.where(fin, b_z, 0.0).to(b_z.dtype)
+    b_pc = tl.where(causal, b_p, 0.0).to(b_z.dtype)
+    b_acc += tl.dot(b_pc, b_zc, input_precision=DOT_PREC)
+    bad_s = tl.max(tl.where(fin, 0, 1), 1)  # [S]: step s has a non-finite entry
+    bad_r = tl.max(tl.where(causal, bad_s[None, :], 0), 1)  # [R]: some s ≤ r does
+    return tl.where(bad_r[:, None] > 0, float("nan"), b_acc)
 
 
 @triton.jit
