@@ -125,11 +125,12 @@ def chunk(
     gc = _to_chunks(g, N, L)
     gic = None if gi is None else _to_chunks(gi, N, L, NINF if stabilize else 0.0)
     b = gc.cumsum(3)  # [B, H, N, L(, K)] within-chunk cumulative log decay
-    if not _runtime.host_reads_ok() or float(b.detach().amin()) < -_PRECISE_BELOW:
+    if not _runtime.host_reads_ok() or not float(b.detach().amin()) >= -_PRECISE_BELOW:
         # Strong decays: differences of large cumulative sums lose absolute precision in fp32
         # (ulp(480) = 3e-5, and the weights that matter are exp of small differences of such
         # sums), so form the log-space weights in fp64 (the gates are [B, H, N, L(, K)]) and
-        # cast after exp.
+        # cast after exp. A non-finite gate (a NaN minimum) takes this path too: every choice
+        # of form treats NaN as the unsafe side, so garbage in padding costs no accuracy.
         b = gc.double().cumsum(3)
         gic = None if gic is None else gic.double()
         m0 = None if m0 is None else m0.double()
