@@ -27,7 +27,10 @@ exponent is ≤ 0 (b is non-increasing within a chunk).
      of BD columns.
 
   Forward substitution cancels as it goes; a power series of N (Σ (−N)ⁿ) would sum terms far
-  larger than A itself (e.g. with equal keys) and lose it to rounding.
+  larger than A itself (e.g. with equal keys) and lose it to rounding. A non-finite key, value,
+  β or gate at a late step (garbage in right padding) stays in its own and later rows, as in
+  the recurrence: forward substitution sums earlier rows by ``where`` and the diagonal blocks'
+  products are causal (triton_common._causal_dot).
 * ``walk_fwd_kernel`` — the chunks of one sequence in order: stores each chunk's entering state
   and vn, and the final state. The whole key dimension of the state (≤ 256) is held in up to
   four blocks of BK rows (``NKB``), since vn needs all of S0's rows.
@@ -43,7 +46,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _bounds, _state_tile, _tile, _tile_t, _vec, _walk
+from linrnn.engine.triton_common import (
+    _bounds,
+    _causal_dot,
+    _state_tile,
+    _tile,
+    _tile_t,
+    _vec,
+    _walk,
+)
 
 # The WY kernel holds a chunk as NB ≤ 4 block rows of BS rows each (BL = NB·BS): block row i
 # has token rows r_i, their mask m_i, β_i, the log decays g_i; the lower blocks of N and of its
@@ -68,12 +79,23 @@ def _n_block(kk, beta_r, g_r, g_s, m_r, m_s, BS: tl.constexpr, DIAG: tl.constexp
 
 
 @triton.jit
-def _fs_step(b_y, at_t):
+def _fs_step(b_y, o_i, t):
     """One row of forward substitution for the strictly lower part y of (I + n)⁻¹, y starting
-    as −n: y_t = −n_t − Σ_{s<t} n_ts y_s (rows s < t of y final; row t of −n is 0 at s ≥ t)."""
+    as −n: y_t = −n_t − Σ_{s<t} n_ts y_s (rows s < t of y final; row t of −n is 0 at s ≥ t).
+    The sum takes rows s < t by ``where``: a later row's non-finite n (garbage in right
+    padding) times row t's zero there would be NaN."""
+    at_t = (o_i == t)[:, None]
     row = tl.sum(tl.where(at_t, b_y, 0.0), 0)  # −n_t
-    row += tl.sum(row[:, None] * b_y, 0)
+    row += tl.sum(tl.where((o_i < t)[:, None], row[:, None] * b_y, 0.0), 0)
     return tl.where(at_t, row[None, :], b_y)
+
+
+@triton.jit
+def _tri_dot(b_acc, x, z, BS: tl.constexpr, DOT_PREC: tl.constexpr):
+    """b_acc + x z for a diagonal block x (lower triangular) and z of its own rows: a causal
+    product (_causal_dot), so a later row's non-finite z reaches no earlier row."""
+    o_i = tl.arange(0, BS)
+    return _causal_dot(b_acc, x, z, o_i[:, None] >= o_i[None, :], DOT_PREC)
 
 
 @triton.jit
@@ -87,6 +109,12 @@ def _unit(b_y, BS: tl.constexpr):
 def _mm(a, b):
     """a b in fp32 ("ieee")."""
     return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _xmm(x, z, BS: tl.constexpr):
+    """x z in fp32 ("ieee") for a diagonal block x of A and z of its block row (_tri_dot)."""
+    return _tri_dot(tl.zeros([BS, BS], dtype=tl.float32), x, z, BS, "ieee")
 
 
 @triton.jit
@@ -112,30 +140,33 @@ def _put(p_y, r, o_d, s_y, m, m_d, y):
 @triton.jit
 def _wu_part(p_x, p_y, D, s_x, s_y, r1, r2, r3, r4, m1, m2, m3, m4, f1, f2, f3, f4,
              x11, x21, x22, x31, x32, x33, x41, x42, x43, x44,
-             NB: tl.constexpr, BD: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+             NB: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr,
+             DOT_PREC: tl.constexpr):  # fmt: skip
     """y = A diag(f) x over D columns in tiles of BD, block row by block row:
-    y_i = Σ_{j≤i} x_ij (f_j ⊙ x_j) (x at p_x, row stride s_x; y at p_y, row stride s_y)."""
+    y_i = Σ_{j≤i} x_ij (f_j ⊙ x_j) (x at p_x, row stride s_x; y at p_y, row stride s_y); the
+    diagonal blocks' products are causal (:func:`_tri_dot`)."""
+    zero = tl.zeros([BS, BD], dtype=tl.float32)
     for d0 in range(0, D, BD):
         o_d = d0 + tl.arange(0, BD)
         m_d = o_d < D
         y1 = _scaled(p_x, r1, o_d, s_x, m1, m_d, f1)
-        _put(p_y, r1, o_d, s_y, m1, m_d, tl.dot(x11, y1, input_precision=DOT_PREC))
+        _put(p_y, r1, o_d, s_y, m1, m_d, _tri_dot(zero, x11, y1, BS, DOT_PREC))
         if NB > 1:
             y2 = _scaled(p_x, r2, o_d, s_x, m2, m_d, f2)
             o2 = tl.dot(x21, y1, input_precision=DOT_PREC)
-            o2 = tl.dot(x22, y2, o2, input_precision=DOT_PREC)
+            o2 = _tri_dot(o2, x22, y2, BS, DOT_PREC)
             _put(p_y, r2, o_d, s_y, m2, m_d, o2)
         if NB > 2:
             y3 = _scaled(p_x, r3, o_d, s_x, m3, m_d, f3)
             y4 = _scaled(p_x, r4, o_d, s_x, m4, m_d, f4)
             o3 = tl.dot(x31, y1, input_precision=DOT_PREC)
             o3 = tl.dot(x32, y2, o3, input_precision=DOT_PREC)
-            o3 = tl.dot(x33, y3, o3, input_precision=DOT_PREC)
+            o3 = _tri_dot(o3, x33, y3, BS, DOT_PREC)
             _put(p_y, r3, o_d, s_y, m3, m_d, o3)
             o4 = tl.dot(x41, y1, input_precision=DOT_PREC)
             o4 = tl.dot(x42, y2, o4, input_precision=DOT_PREC)
             o4 = tl.dot(x43, y3, o4, input_precision=DOT_PREC)
-            o4 = tl.dot(x44, y4, o4, input_precision=DOT_PREC)
+            o4 = _tri_dot(o4, x44, y4, BS, DOT_PREC)
             _put(p_y, r4, o_d, s_y, m4, m_d, o4)
 
 
@@ -202,33 +233,32 @@ def wy_fwd_kernel(
         y33 = -_n_block(kk33, be3, g3, g3, m3, m3, BS, True, HAS_DECAY)
         y44 = -_n_block(kk44, be4, g4, g4, m4, m4, BS, True, HAS_DECAY)
     for t in range(1, BS):
-        at_t = (o_i == t)[:, None]
-        y11 = _fs_step(y11, at_t)
+        y11 = _fs_step(y11, o_i, t)
         if NB > 1:
-            y22 = _fs_step(y22, at_t)
+            y22 = _fs_step(y22, o_i, t)
         if NB > 2:
-            y33 = _fs_step(y33, at_t)
-            y44 = _fs_step(y44, at_t)
+            y33 = _fs_step(y33, o_i, t)
+            y44 = _fs_step(y44, o_i, t)
     x11 = _unit(y11, BS)
 
     # Block forward substitution: x_ij = −x_ii Σ_{j≤m<i} n_im x_mj, block row by block row
     if NB > 1:
         x22 = _unit(y22, BS)
         n21 = _n_block(kk21, be2, g2, g1, m2, m1, BS, False, HAS_DECAY)
-        x21 = -_mm(x22, _mm(n21, x11))
+        x21 = -_xmm(x22, _mm(n21, x11), BS)
     if NB > 2:
         x33 = _unit(y33, BS)
         x44 = _unit(y44, BS)
         n31 = _n_block(kk31, be3, g3, g1, m3, m1, BS, False, HAS_DECAY)
         n32 = _n_block(kk32, be3, g3, g2, m3, m2, BS, False, HAS_DECAY)
-        x32 = -_mm(x33, _mm(n32, x22))
-        x31 = -_mm(x33, _mm(n31, x11) + _mm(n32, x21))
+        x32 = -_xmm(x33, _mm(n32, x22), BS)
+        x31 = -_xmm(x33, _mm(n31, x11) + _mm(n32, x21), BS)
         n41 = _n_block(kk41, be4, g4, g1, m4, m1, BS, False, HAS_DECAY)
         n42 = _n_block(kk42, be4, g4, g2, m4, m2, BS, False, HAS_DECAY)
         n43 = _n_block(kk43, be4, g4, g3, m4, m3, BS, False, HAS_DECAY)
-        x43 = -_mm(x44, _mm(n43, x33))
-        x42 = -_mm(x44, _mm(n42, x22) + _mm(n43, x32))
-        x41 = -_mm(x44, _mm(n41, x11) + _mm(n42, x21) + _mm(n43, x31))
+        x43 = -_xmm(x44, _mm(n43, x33), BS)
+        x42 = -_xmm(x44, _mm(n42, x22) + _mm(n43, x32), BS)
+        x41 = -_xmm(x44, _mm(n41, x11) + _mm(n42, x21) + _mm(n43, x31), BS)
 
     # A: the lower blocks and the zeros above them
     _a_block(p_a, x11, r1, m1, o1, L)
@@ -255,11 +285,11 @@ def wy_fwd_kernel(
     else:
         f1, f2, f3, f4 = be1, be2, be3, be4
     _wu_part(p_k, w + (i_b * T * H + i_h) * K, K, HK * K, H * K, r1, r2, r3, r4, m1, m2, m3,
-             m4, f1, f2, f3, f4, x11, x21, x22, x31, x32, x33, x41, x42, x43, x44, NB, BD,
+             m4, f1, f2, f3, f4, x11, x21, x22, x31, x32, x33, x41, x42, x43, x44, NB, BS, BD,
              DOT_PREC)  # fmt: skip
     _wu_part(v + (i_b * T * H + i_h) * V, u + (i_b * T * H + i_h) * V, V, H * V, H * V, r1,
              r2, r3, r4, m1, m2, m3, m4, be1, be2, be3, be4, x11, x21, x22, x31, x32, x33,
-             x41, x42, x43, x44, NB, BD, DOT_PREC)  # fmt: skip
+             x41, x42, x43, x44, NB, BS, BD, DOT_PREC)  # fmt: skip
 
 
 # The walk holds the state's K rows in up to four blocks of BK rows (b_h1 … b_h4, the ones past

@@ -25,7 +25,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _chunk_rows, _log_weights, _state_tile, _tile, _tile_t, _vec
+from linrnn.engine.triton_common import (
+    _causal_dot,
+    _chunk_rows,
+    _log_weights,
+    _state_tile,
+    _tile,
+    _tile_t,
+    _vec,
+)
 
 
 @triton.jit
@@ -112,9 +120,10 @@ def group_out_kernel(
                        BQ, BO, BD, DOT_PREC)  # fmt: skip
         b_acc *= tl.exp(b_br)[:, None]
         b_ar = _gate(gi, i_bh, T, o_r, m_r, BQ, HAS_IGATE)
-        b_w = b_p0 * _log_weights(b_br, b_br, b_ar, b_m, causal, HAS_DECAY, HAS_IGATE, False)
+        b_w = _log_weights(b_br, b_br, b_ar, b_m, causal, HAS_DECAY, HAS_IGATE, False)
+        b_w = tl.where(causal, b_p0 * b_w, 0.0)  # not b_p0·w: a later key's NaN score times 0
         b_vr = _tile(p_v, o_r, o_v, H * V, m_r, m_v)  # [BQ, BO]
-        b_acc += tl.dot(b_w.to(b_vr.dtype), b_vr, input_precision=DOT_PREC)
+        b_acc = _causal_dot(b_acc, b_w, b_vr, causal, DOT_PREC)
         if TWO:
             if r0 > c0:
                 b_bs = _gate(g, i_bh, T, o_s, m_s, BQ, HAS_DECAY)
