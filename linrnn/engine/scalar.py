@@ -114,10 +114,14 @@ def backward_skip(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
 def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig | None = None) -> torch.Tensor:
     """Chunk-local cumulative sum of the log decays, [B·H, T] fp32."""
     x = rows(g)
-    if c is not None and c.varlen:  # chunk starts from the table; differences of fp64 sums
-        cs = F.pad(x.double().cumsum(-1), (1, 0))
-        return (cs[:, 1:] - cs[:, c.tok_start]).float().contiguous()
     BH, T = x.shape
+    if c is not None and c.varlen:
+        # each chunk's tokens zero padded to L and summed alone, as without packing (not as
+        # differences of one sum over the pack: a non-finite gate in one sequence made every
+        # later sequence's sums NaN, and the rounding differed from separate calls)
+        idx = c.tok_chunk * L + (torch.arange(T, device=x.device) - c.tok_start)
+        y = x.new_zeros(BH, c.NT * L).index_copy_(1, idx, x)
+        return y.view(BH, c.NT, L).cumsum(-1).view(BH, c.NT * L).index_select(1, idx)
     NT = cdiv(T, L)
     if NT * L > T:
         x = F.pad(x, (0, NT * L - T))
