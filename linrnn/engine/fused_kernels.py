@@ -42,6 +42,7 @@ import triton.language as tl
 
 from linrnn.engine.triton_common import (
     _bounds,
+    _causal_dot,
     _dot_n,
     _inv_denominator,
     _log_weights,
@@ -250,7 +251,6 @@ def fused_fwd_kernel(
             m_t = o_t < c1
             b_q = _tile(p_q, o_t, o_k, HK * K, m_t, m_k)  # [BT, BK]
             b_kt = _tile_t(p_k, o_t, o_k, HK * K, m_t, m_k)  # [BK, BT]
-            b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             b_b, b_a, b_last = _gates(g, gi, i_bh * T, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
             causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
             b_mr = tl.zeros([BT], dtype=tl.float32)
@@ -263,8 +263,12 @@ def fused_fwd_kernel(
                 e_r = tl.exp(b_b)
             b_o = tl.dot(b_q, b_C.to(b_q.dtype), input_precision=DOT_PREC) * e_r[:, None]
             b_p = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
-            b_p *= _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
-            b_o += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+            w_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+            b_p = tl.where(causal, b_p * w_d, 0.0)  # not b_p·w_d: a later key's NaN score times 0
+            # A later step's NaN v must not reach earlier rows. v loaded for _causal_dot alone: it
+            # reads the tile elementwise, and the state update's tile is a dot operand (§6.6).
+            b_vd = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            b_o = _causal_dot(b_o, b_p, b_vd, causal, DOT_PREC)
             b_o *= scale
             if NORM != 0:
                 b_den = _dot_n(b_q, b_n, DOT_PREC) * e_r + tl.sum(b_p, 1)
@@ -276,7 +280,8 @@ def fused_fwd_kernel(
             p = p_o + o_t.to(tl.int64)[:, None] * H * V + o_v[None, :]
             tl.store(p, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
-            # The state leaving the chunk.
+            # The state leaving the chunk, from raw v (loaded after a store: not merged with b_vd).
+            b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             if HAS_MAX:
                 m_next = b_last + tl.maximum(b_m, tl.load(cmax + i_bh * NT + i_c))
                 decay = tl.exp(b_last + b_m - m_next)

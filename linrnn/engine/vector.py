@@ -234,7 +234,7 @@ class _SlowChunks:
     backward queued since (the GPU keeps working meanwhile, so nothing idles), and leaves the two
     launches out if no chunk is slow. While a CUDA graph is captured there is no flag (the launches
     stay). The criterion is the kernels' own: a chunk is fast iff span < CHUNK_SPAN, so a NaN span
-    counts as slow."""
+    counts as slow (a non-finite gate gives +inf, vector_cumsum_kernels)."""
 
     def __init__(self, spans):
         any_slow = (~(spans < CHUNK_SPAN)).any()

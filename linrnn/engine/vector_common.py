@@ -38,6 +38,13 @@ forward (q, k, v) gates K (depth) and V (output, gv); dq (dh, v, k) gates V and 
 the transposed pairs (``REV``). RWKV6's exclusive form uses a strict mask and puts u on the
 diagonal (i = j) of whichever dimension carries the decay. Token tensors and gate cumsums are
 ``[B, T, H, D]`` with row stride H·D, pointers already at (b, h).
+
+Non-finite inputs (garbage in right padding) reach no earlier row of a diagonal tile
+(docs/DESIGN.md §6.1): masks are ``where``s, never products; its products P·Z take Z with
+non-finite entries zeroed and set the paired rows to NaN (triton_common._causal_dot,
+:func:`_out_log`); a non-finite gate makes a span +inf, so no reference point formed from a
+later row is used (the log-space forms keep a gate's NaN in its own and later rows). The
+off-diagonal products need nothing: every key there precedes every row.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _state_tile, _tile, _tile_t
+from linrnn.engine.triton_common import _causal_dot, _state_tile, _tile, _tile_t
 
 
 @triton.jit
@@ -174,6 +181,7 @@ def _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, ar,
     column j of P (loaded with ``P_MEM``, else taken from the [BT, BT] tile b_p)."""
     z_j, e = _walk_row(p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, o_t, o_o, m_o, sO, REV,
                        EXCL)  # fmt: skip
+    z_j = tl.where(tl.abs(z_j) < float("inf"), z_j, 0.0)  # non-finite: :func:`_out_log`
     if P_MEM:  # column j of the stored P (diagonal included)
         p_j = _p_col(p_y, o_t, m_t, t0, j, n_t, sD, REV)
     else:
@@ -194,17 +202,23 @@ def _span_ref(p_gx, p_gk, o_t, m_t, o_c, m_c, s_c):
     """A diagonal tile's reference point for its channels o_c: z ([BC]), the middle of the range
     of every G^X and G^K value of the tile's valid rows, and the widest channel's range (a
     scalar), so that every G^X_i − z and z − G^K_j lies within ±range/2. Also the two gate
-    tiles ([BT, BC] fp32)."""
+    tiles ([BT, BC] fp32). A non-finite gate (garbage at a later step) makes the range +inf: a
+    z from it would reach every row, so the tile takes the log-space form, whose masked
+    exponents keep the gate in its own and later rows."""
     m = m_t[:, None] & m_c[None, :]
     gx = _tile(p_gx, o_t, o_c, s_c, m_t, m_c)
     gk = _tile(p_gk, o_t, o_c, s_c, m_t, m_c)
-    top = tl.maximum(tl.max(tl.where(m, gx, float("-inf")), 0),
-                     tl.max(tl.where(m, gk, float("-inf")), 0))  # fmt: skip
-    bot = tl.minimum(tl.min(tl.where(m, gx, float("inf")), 0),
-                     tl.min(tl.where(m, gk, float("inf")), 0))  # fmt: skip
-    top = tl.where(m_c, top, 0.0)
-    bot = tl.where(m_c, bot, 0.0)
-    return 0.5 * (top + bot), tl.max(top - bot, 0), gx, gk
+    ok = m & (tl.abs(gx) < float("inf")) & (tl.abs(gk) < float("inf"))  # false for NaN
+    top = tl.maximum(tl.max(tl.where(ok, gx, float("-inf")), 0),
+                     tl.max(tl.where(ok, gk, float("-inf")), 0))  # fmt: skip
+    bot = tl.minimum(tl.min(tl.where(ok, gx, float("inf")), 0),
+                     tl.min(tl.where(ok, gk, float("inf")), 0))  # fmt: skip
+    seen = top >= bot  # a valid channel with a finite value
+    top = tl.where(seen, top, 0.0)
+    bot = tl.where(seen, bot, 0.0)
+    bad = tl.sum(ok.to(tl.int32)) < tl.sum(m.to(tl.int32))
+    span = tl.where(bad, float("inf"), tl.max(top - bot, 0))
+    return 0.5 * (top + bot), span, gx, gk
 
 
 @triton.jit
@@ -316,8 +330,8 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
             else:
                 b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
                 b_p += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PREC)
-    if not VEC_D:
-        b_p = tl.where(pair | same, b_p, 0.0)
+    # also the gated forms': a later key's NaN times a masked weight 0 is NaN off the pairs
+    b_p = tl.where(pair | same, b_p, 0.0)
     return b_p, pair, same
 
 
@@ -327,7 +341,11 @@ def _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair,
              UNROLL: tl.constexpr, P_MEM: tl.constexpr):  # fmt: skip
     """The output-gated diagonal Σ_j P_ij Z_j[o] E^O_ij[o] in fp32 log space: the walk over
     the BT rows of Z (``UNROLL``: unrolled) or (``BLOCK``, the interpreter's fallback) the
-    [BT, BT, BO] block. [BT, BO] fp32."""
+    [BT, BT, BO] block. A non-finite entry of Z reaches only the rows paired with its own
+    (as :func:`triton_common._causal_dot`): zeroed in the sum (P_ij·0·NaN would be NaN in
+    every row), those rows set to NaN. [BT, BO] fp32."""
+    b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o).to(tl.float32)  # [BT, BO]
+    fin = tl.abs(b_z) < float("inf")  # false for NaN and ±inf
     if not BLOCK:
         ar = tl.arange(0, BT)
         t0 = tl.min(o_t, 0)
@@ -343,10 +361,11 @@ def _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair,
                 b_out = _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j,
                                   ar, o_t, o_o, m_o, sO, sD, REV, EXCL, P_MEM)  # fmt: skip
     else:
-        b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
         e = _pair_gate(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, pair, same, REV, EXCL)
-        b_out = tl.sum(b_p[:, :, None] * b_z.to(tl.float32)[None, :, :] * e, 1)
-    return b_out
+        b_out = tl.sum(b_p[:, :, None] * tl.where(fin, b_z, 0.0)[None, :, :] * e, 1)
+    bad_j = tl.max(tl.where(fin, 0, 1), 1)  # [BT]: row j of Z has a non-finite entry
+    bad_i = tl.max(tl.where(pair | same, bad_j[None, :], 0), 1)  # [BT]: paired with one
+    return tl.where(bad_i[:, None] > 0, float("nan"), b_out)
 
 
 @triton.jit
@@ -358,8 +377,8 @@ def _out_fast(b_p, p_z, p_u, gx, gk, z, o_t, m_t, o_o, m_o, sO, pair, same, REV:
     m = m_t[:, None] & m_o[None, :]
     f_r, f_c = _span_factors(gx, gk, z, m, REV)
     b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
-    b_pp = tl.where(pair, b_p, 0.0)
-    b_out = f_r * _dot32(b_pp, b_z.to(tl.float32) * f_c, DOT_PREC)
+    # fp32 operands as _dot32's; a later row's non-finite Z must not reach earlier rows
+    b_out = f_r * _causal_dot(tl.zeros_like(f_r), b_p, b_z.to(tl.float32) * f_c, pair, DOT_PREC)
     if EXCL:
         b_u = tl.load(p_u + o_o, mask=m_o, other=0.0).to(tl.float32)
         p_ii = tl.sum(tl.where(same, b_p, 0.0), 1)  # [BT]
@@ -392,9 +411,10 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
         else:
             b_out = _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair,
                              same, BT, REV, EXCL, BLOCK, UNROLL, P_MEM)  # fmt: skip
-    else:
+    else:  # a later row's non-finite Z must not reach earlier rows (P's masked zeros)
         b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
-        b_out = tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+        b_acc = tl.zeros([BT, b_z.shape[1]], dtype=tl.float32)
+        b_out = _causal_dot(b_acc, b_p, b_z, pair | same, DOT_PREC)
     return b_out
 
 

@@ -16,7 +16,8 @@ a cumsum and two slices).
 kernels read as G^X or G^K in that chunk (the inclusive sums, and the exclusive form's 0 at
 the chunk start): ``[NT, B·H]`` fp32, zero-filled by the caller, raised by each channel tile
 with an atomic max. A chunk whose span is small is formed as one product around its middle
-(vector_scores_kernels' fast chunks).
+(vector_scores_kernels' fast chunks). A non-finite sum (a NaN or inf gate) makes the span +inf:
+that middle would carry it to the chunk's earlier rows, the sub-chunk forms do not.
 
 ``GATE_QK`` also stores the gated queries and keys that the walking state kernels and the
 stored-scores apply kernels take into their products, in the inputs' dtype, computed as
@@ -60,6 +61,7 @@ def chunk_cumsum_kernel(
     if not EXCL:
         top = tl.full([BD], float("-inf"), tl.float32)
     bot = tl.full([BD], float("inf"), tl.float32)
+    bad = tl.zeros([BD], dtype=tl.int32)  # non-finite sums seen (a NaN or inf gate)
     for j in range(0, tl.cdiv(c1 - c0, BT)):  # row tiles from the chunk's start
         o_t = c0 + j * BT + tl.arange(0, BT)
         m_t = o_t < c1
@@ -71,8 +73,10 @@ def chunk_cumsum_kernel(
         # the tile's last row, as stored (a full tile's; a partial one ends the chunk)
         carry = tl.sum(tl.where((tl.arange(0, BT) == BT - 1)[:, None], inc, 0.0), 0)
         if HAS_SPAN:
-            top = tl.maximum(top, tl.max(tl.where(m, inc, float("-inf")), 0))
-            bot = tl.minimum(bot, tl.min(tl.where(m, inc, float("inf")), 0))
+            ok = m & (tl.abs(inc) < float("inf"))  # false for NaN and ±inf
+            top = tl.maximum(top, tl.max(tl.where(ok, inc, float("-inf")), 0))
+            bot = tl.minimum(bot, tl.min(tl.where(ok, inc, float("inf")), 0))
+            bad += tl.sum(tl.where(ok, 0, m.to(tl.int32)), 0)
         g_x = inc
         if EXCL:
             tl.debug_barrier()  # this tile's inc rows, stored by other threads, are visible
@@ -93,4 +97,6 @@ def chunk_cumsum_kernel(
             tl.store(KG + p, _gate(b_k, g_last[None, :] - g_k, m), mask=m)
     if HAS_SPAN and c1 > c0:
         span = tl.max(tl.where(m_d, top - bot, 0.0), 0)
+        # a non-finite gate: +inf, never NaN (unordered in the atomic max), so the chunk is slow
+        span = tl.where(tl.max(bad, 0) > 0, float("inf"), span)
         tl.atomic_max(SPAN + i_c * tl.num_programs(2) + i_bh, span)

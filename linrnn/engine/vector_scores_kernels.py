@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _chunk_rows, _tile, _tile_t
+from linrnn.engine.triton_common import _causal_dot, _chunk_rows, _tile, _tile_t
 from linrnn.engine.vector_common import (
     _chunk_fast_out,
     _chunk_ref,
@@ -199,14 +199,22 @@ def apply_kernel(
             b_z = _tile(p_z, o_t, o_o, H * O, m_t, m_o)  # [BS, BO]
             b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
     elif not INTER:  # queries r, every earlier key s of the chunk: Σ_s A[r, s] Z_s
-        for s0 in range(c0, tl.minimum(r0 + BQ, c1), BS):
+        s_mid = c0 + (r0 - c0) // BS * BS  # the key tiles from here on reach rows o_r
+        for s0 in range(c0, s_mid, BS):  # keys before every row: plain products
+            o_s = s0 + tl.arange(0, BS)
+            p = p_a + o_r.to(tl.int64)[:, None] * H * L + (o_s - c0)[None, :]
+            b_a = tl.load(p, mask=m_r[:, None], other=0.0)  # [BQ, BS]
+            b_z = _tile(p_z, o_s, o_o, H * O, o_s < c1, m_o)  # [BS, BO]
+            b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
+        for s0 in range(s_mid, tl.minimum(r0 + BQ, c1), BS):  # the diagonal tiles
             o_s = s0 + tl.arange(0, BS)
             m_s = o_s < c1
             p = p_a + o_r.to(tl.int64)[:, None] * H * L + (o_s - c0)[None, :]
             causal = m_r[:, None] & m_s[None, :] & (o_s[None, :] <= o_r[:, None])
             b_a = tl.load(p, mask=causal, other=0.0)  # [BQ, BS]
             b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BS, BO]
-            b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
+            # a later key's non-finite value must not reach earlier rows (A's masked zeros)
+            b_acc = _causal_dot(b_acc, b_a, b_z, causal, DOT_PREC)
     b_int = _vec_state_part(
         X + base * D, ST + (i_bh * NT + i_c) * D * O, G + base * D, G + base * O, o_r, m_r, o_o,
         m_o, c1, D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, not (INTER or PRE_GATED), INTER,
