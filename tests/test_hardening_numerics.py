@@ -13,7 +13,8 @@ import linrnn
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TORCH_MODES = ["reference", "recurrent", "parallel", "chunk"]
-BACKEND_MODES = [("torch", m) for m in TORCH_MODES]
+TRITON_MODES = ["chunk", "fused_chunk", "recurrent"]
+BACKEND_MODES = [("torch", m) for m in TORCH_MODES] + [("triton", m) for m in TRITON_MODES]
 
 
 def _on(inputs: dict) -> dict:
@@ -29,7 +30,8 @@ def test_mlstm_exp_very_negative_input_gate(backend, mode):
     """Input pre-activations at −90…−100 make the max state m < −88, so the normalizer's
     floor exp(−m) overflows fp32: the output underflows to ≈ 0 correctly, but the gradients
     of i and f were NaN (autograd's 0·inf on the torch path; the kernels formed inf). Every
-    gradient must match the fp64 reference; the kernels must not overflow."""
+    gradient must match the fp64 reference; the kernels must not overflow (the interpreter
+    turns numpy overflow into an error)."""
     fam = FAMILIES["mlstm_exp"]
     B, T, H, K, V = 1, 24, 2, 8, 8
     inputs = fam.build(B, T, H, K, V, False)
@@ -146,6 +148,147 @@ def test_causal_non_finite_torch(name, extreme):
         for t0 in (37, 32):
             names = ["k", "v", fam.tensors[0], *_gate_names(fam)]
             check_causal_non_finite(name, "torch", mode, extreme, names, t0)
+
+
+def _triton_chunk_modes(name):
+    """The chunked Triton modes (the recurrent kernels go step by step: a step reads only the
+    state and its own inputs, as the packed-sequence test below checks)."""
+    return ["chunk"] + ([] if "delta" in name else ["fused_chunk"])
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+@pytest.mark.parametrize("name", CAUSAL_FAMILIES)
+def test_causal_non_finite_triton(name, backend):
+    """Every family and chunked Triton mode, the kernels' causal products (DESIGN §6.1): the
+    bad step inside a chunk (rows 32…36 of its chunk must stay clean), gates strong on a random
+    half of the steps (so the gated families take their exact log-space forms as well as the
+    fast ones), q, k, v and the gates."""
+    fam = _family(name)
+    for mode in _triton_chunk_modes(name):
+        names = ["k", "v", fam.tensors[0], *_gate_names(fam)]
+        check_causal_non_finite(name, backend, mode, True, names, 37)
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+@pytest.mark.parametrize("name", ["gla", "gla_gv", "rwkv6"])
+def test_causal_non_finite_triton_fast_forms(name, backend, monkeypatch):
+    """The fast single-product forms of §6.4 (bf16 inputs, mild gates), chosen per chunk and
+    diagonal tile from the gates' span, which a non-finite gate must turn to the exact form:
+    earlier outputs stay bitwise those of the clean call for q, k, v, and as close as the
+    dtype allows for a gate (it may change the form its chunk takes), in chunk and fused_chunk
+    mode. The interpreter's bf16 dot is wrong, so without a GPU the fast forms run for fp32
+    inputs (forced, as in test_triton_vector)."""
+    from linrnn.engine import vector  # here: importing Triton code at the top would move the
+    # whole module into the interpreter tier
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    if DEVICE != "cuda":
+        monkeypatch.setattr(vector, "_fast_forms", lambda dt: True)
+    fam = _family(name)
+    B, T, H, K, V, t0 = 1, 40, 2, 16, 16, 37
+    inputs = {n: t.to(DEVICE, dtype) for n, t in fam.build(B, T, H, K, V, False).items()}
+    for mode in ("chunk", "fused_chunk"):
+        kw = dict(backend=backend, mode=mode, chunk_size=16)
+        with linrnn.checks(False):
+            o = fam.call(inputs, **kw)[0]
+            for which in ["k", "v", fam.tensors[0], *_gate_names(fam)]:
+                for bad in (float("nan"), float("inf")):
+                    dirty = dict(inputs)
+                    dirty[which] = inputs[which].clone()
+                    dirty[which][:, t0] = bad
+                    o_bad = fam.call(dirty, **kw)[0]
+                    where = f"{name} {dtype} {mode}: {which}[:, {t0}] = {bad}"
+                    if which in ("q", "r", "k", "v"):
+                        assert torch.equal(o_bad[:, :t0], o[:, :t0]), where
+                    else:
+                        assert_close(where, o_bad[:, :t0], o[:, :t0], dtype)
+
+
+PACKED_FAMILIES = ["linear_attn_norm", "simple_gla", "gla", "rwkv6", "mlstm_exp", "delta_rule",
+                   "gated_delta_rule"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("backend", "mode"), [("torch", "chunk"), *[("triton", m) for m in TRITON_MODES]]
+)
+@pytest.mark.parametrize("name", PACKED_FAMILIES)
+def test_packed_sequences_independent_under_non_finite(name, backend, mode):
+    """Packed sequences (cu_seqlens) are independent: NaN or inf in any input of the first
+    sequence at step 5 changes neither its earlier outputs nor any output of the second
+    (bitwise), and the second's final state stays bitwise too (the scalar gates' packed
+    cumulative sums were once differences of one sum over the pack, which carried a NaN on)."""
+    if mode == "fused_chunk" and "delta" in name:
+        pytest.skip("the delta rule has no fused_chunk mode")
+    fam = _family(name)
+    T, H, K, V, t0 = 40, 2, 8, 8, 5
+    inputs = {n: t.float() for n, t in _on(fam.build(1, T, H, K, V, True)).items()}
+    cu = torch.tensor([0, 17, T], device=DEVICE)
+    kw = dict(backend=backend, mode=mode, chunk_size=16, cu_seqlens=cu, output_final_state=True)
+    with linrnn.checks(False):
+        o, st = fam.call(inputs, **kw)
+        for which in ["k", "v", fam.tensors[0], *_gate_names(fam)]:
+            for bad in (float("nan"), float("inf")):
+                dirty = dict(inputs)
+                dirty[which] = inputs[which].clone()
+                dirty[which][:, t0] = bad
+                o_bad, st_bad = fam.call(dirty, **kw)
+                where = f"{name} {backend}/{mode}: {which}[:, {t0}] = {bad}"
+                assert torch.equal(o_bad[:, :t0], o[:, :t0]), where
+                assert torch.equal(o_bad[:, 17:], o[:, 17:]), f"{where}: the second sequence"
+                tup = lambda x: x if isinstance(x, tuple) else (x,)  # noqa: E731 (mLSTM: C, n, m)
+                for a, b in zip(tup(st_bad), tup(st)):
+                    assert torch.equal(a[1:], b[1:]), f"{where}: the second final state"
+
+
+@pytest.mark.parametrize("G", [1, 8], ids=["one-group", "per-head"])
+@pytest.mark.parametrize(
+    ("backend", "mode"), [*[("torch", m) for m in TORCH_MODES], ("triton", "chunk"),
+                          ("triton", "fused_chunk")]
+)  # fmt: skip
+def test_causal_non_finite_mamba2(backend, mode, G, monkeypatch):
+    """Mamba2 with B and C shared by all 8 heads (the large-group kernels on the Triton chunk
+    path) and one group per head: a NaN or inf in x, dt, B or C at step 37 leaves the outputs
+    before it bitwise unchanged for x, B and C, and (dt may change the form a chunk takes on
+    the PyTorch path) within the clean call's fp32 accuracy for dt. The group kernels serve all
+    8 heads per program here (at this size the engine would give each head its own)."""
+    T, H, N, P, t0 = 40, 8, 16, 16, 37
+    grouped = []
+    if backend == "triton":
+        from linrnn.engine import scalar  # (a top-level import would make the module Triton's)
+
+        monkeypatch.setattr(scalar, "score_heads_per_program",
+                            lambda g, programs: grouped.append(g) or g)  # fmt: skip
+    inputs = {
+        "x": torch.randn(1, T, H, P),
+        "dt": torch.randn(1, T, H),
+        "A": -torch.empty(H).uniform_(0.5, 8.0),
+        "B": torch.randn(1, T, G, N),
+        "C": torch.randn(1, T, G, N),
+        "D": torch.randn(H),
+        "dt_bias": torch.randn(H) * 0.5,
+    }
+    inputs = _on(inputs)
+
+    def call(i):
+        return linrnn.mamba2(i["x"], i["dt"], i["A"], i["B"], i["C"], D=i["D"],
+                             dt_bias=i["dt_bias"], dt_softplus=True, backend=backend, mode=mode,
+                             chunk_size=16)[0]  # fmt: skip
+
+    with linrnn.checks(False):
+        y = call(inputs)
+        for which in ("x", "dt", "B", "C"):
+            for bad in (float("nan"), float("inf")):
+                dirty = dict(inputs)
+                dirty[which] = inputs[which].clone()
+                dirty[which][:, t0] = bad
+                y_bad = call(dirty)
+                where = f"mamba2 G={G} {backend}/{mode}: {which}[:, {t0}] = {bad}"
+                assert torch.isfinite(y_bad[:, :t0]).all(), where
+                if which != "dt" or mode in STEPWISE_MODES:
+                    assert torch.equal(y_bad[:, :t0], y[:, :t0]), where
+                else:
+                    assert_close(where, y_bad[:, :t0], y[:, :t0], torch.float32, 5.0)
+    assert bool(grouped) == (backend == "triton" and mode == "chunk" and G == 1)
 
 
 # ------------------------------------------------------------------------------------------
