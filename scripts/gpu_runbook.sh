@@ -7,7 +7,8 @@
 #
 # Stages:
 #   check        pytest tests/gpu (the correctness matrix, offsets beyond 2^31 elements,
-#                determinism, gate-gradient precision) and the Triton kernel tests on CUDA
+#                determinism, gate-gradient precision), the Triton kernel tests and the
+#                numerical hardening tests (non-finite inputs, extreme gates) on CUDA
 #   paper-rows [OTHER]
 #                the paper suite's linrnn rows (every op, mode chunk, the suite's shapes, or
 #                those of PAPER_SHAPES, e.g. "B8-T8192-H32-K128-V128 B8-T8192-H64-K64-V64"),
@@ -112,13 +113,13 @@ check)
     # process each, in what is left of the call.
     LINRNN_GPU_JOBS=${LINRNN_GPU_JOBS:-10} timeout 330 python3 -m pytest tests/gpu -q \
         -p no:cacheprovider 2>&1 | tee "$OUT/tests_gpu.txt"
-    for f in tests/test_triton_*.py; do
+    for f in tests/test_triton_*.py tests/test_hardening_numerics.py; do
         n=$(basename "$f" .py)
         (timeout 220 python3 -m pytest -q -p no:cacheprovider "$f" >"$OUT/$n.txt" 2>&1
          echo "rc=$?" >>"$OUT/$n.txt") &
     done
     wait
-    for f in "$OUT"/test_triton_*.txt; do echo "$(basename "$f"): $(tail -n 2 "$f" | tr '\n' ' ')"; done
+    for f in "$OUT"/test_triton_*.txt "$OUT"/test_hardening_numerics.txt; do echo "$(basename "$f"): $(tail -n 2 "$f" | tr '\n' ' ')"; done
     ;;
 paper-rows)
     paper_rows "$PWD" "$OUT/paper-rows.json"

@@ -32,7 +32,8 @@ def test_check_runs_tests_gpu_and_every_kernel_test_file(tmp_path):
     pytest_calls = [c for c in calls if c[:2] == ["-m", "pytest"]]
     targets = {c[2] if c[2].startswith("tests") else c[-1] for c in pytest_calls}
     kernel_tests = {f"tests/{p.name}" for p in (worker.ROOT / "tests").glob("test_triton_*.py")}
-    assert kernel_tests and targets == {"tests/gpu", *kernel_tests}
+    hardening = "tests/test_hardening_numerics.py"
+    assert kernel_tests and targets == {"tests/gpu", *kernel_tests, hardening}
 
 
 def test_paper_rows_times_the_linrnn_chunk_rows_of_both_checkouts(tmp_path):
