@@ -178,6 +178,25 @@ def test_causal_non_finite_triton(name, backend):
 
 
 @pytest.mark.parametrize("backend", ["triton"])
+@pytest.mark.parametrize("name", ["linear_attn_norm", "simple_gla", "gla", "mlstm_exp"])
+def test_causal_non_finite_triton_clean_form(name, backend, monkeypatch):
+    """The other form of ``triton_common._causal_dot_at``: large accumulators clean the value
+    tile before every product instead of forming it again when the result is not finite. The
+    tests' tiles are small, so the threshold is lowered to take that form everywhere (in the
+    interpreter, which reads the module's globals at each call: a compiled kernel keeps the
+    value it was built with, so on a GPU the K = V = 256 shapes of tests/gpu take this form)."""
+    if DEVICE == "cuda":
+        pytest.skip("the compiled kernels keep the threshold they were built with")
+    from linrnn.engine import triton_common  # here: see test_causal_non_finite_triton_fast_forms
+
+    monkeypatch.setattr(triton_common, "RECHECK_MAX", 0)
+    fam = _family(name)
+    for mode in _triton_chunk_modes(name):
+        names = ["v", fam.tensors[0], *_gate_names(fam)]
+        check_causal_non_finite(name, backend, mode, True, names, 37)
+
+
+@pytest.mark.parametrize("backend", ["triton"])
 @pytest.mark.parametrize("name", ["gla", "gla_gv", "rwkv6"])
 def test_causal_non_finite_triton_fast_forms(name, backend, monkeypatch):
     """The fast single-product forms of §6.4 (bf16 inputs, mild gates), chosen per chunk and

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.triton_common import (
-    _causal_dot,
+    _causal_dot_at,
     _chunk_rows,
     _log_weights,
     _state_tile,
@@ -122,8 +122,7 @@ def group_out_kernel(
         b_ar = _gate(gi, i_bh, T, o_r, m_r, BQ, HAS_IGATE)
         b_w = _log_weights(b_br, b_br, b_ar, b_m, causal, HAS_DECAY, HAS_IGATE, False)
         b_w = tl.where(causal, b_p0 * b_w, 0.0)  # not b_p0·w: a later key's NaN score times 0
-        b_vr = _tile(p_v, o_r, o_v, H * V, m_r, m_v)  # [BQ, BO]
-        b_acc = _causal_dot(b_acc, b_w, b_vr, causal, DOT_PREC)
+        b_acc = _causal_dot_at(b_acc, b_w, causal, p_v, o_r, o_v, H * V, m_r, m_v, DOT_PREC)
         if TWO:
             if r0 > c0:
                 b_bs = _gate(g, i_bh, T, o_s, m_s, BQ, HAS_DECAY)
@@ -134,7 +133,7 @@ def group_out_kernel(
                 b_acc += tl.dot(b_w.to(b_vs.dtype), b_vs, input_precision=DOT_PREC)
         b_acc *= scale
         if HAS_SKIP:
-            b_acc += tl.load(skip + i_h) * b_vr.to(tl.float32)
+            b_acc += tl.load(skip + i_h) * _tile(p_v, o_r, o_v, H * V, m_r, m_v).to(tl.float32)
         p_o = o + (i_b * T * H + i_h) * V + o_r.to(tl.int64)[:, None] * H * V + o_v[None, :]
         tl.store(p_o, b_acc.to(o.dtype.element_ty), mask=m_r[:, None] & m_v[None, :])
 

@@ -55,7 +55,7 @@ from linrnn.engine.triton_common import (
     NORM_NONE,
     NORM_SUM,
     _bounds,
-    _causal_dot,
+    _causal_dot_at,
     _chunk_rows,
     _dot_n,
     _inv_denominator,
@@ -215,8 +215,7 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     b_p = tl.where(causal, b_p * w, 0.0)  # not b_p·w: a later key's NaN score times 0
     if DEN:
         b_den += tl.sum(b_p, 1)
-    b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BQ, BO]
-    b_acc = _causal_dot(b_acc, b_p, b_z, causal, DOT_PREC)
+    b_acc = _causal_dot_at(b_acc, b_p, causal, p_z, o_r, o_o, s_z, m_r, m_o, DOT_PREC)
     for s0 in range(c0, r0, BQ):
         o_s = s0 + tl.arange(0, BQ)
         m_s = o_s < c1

@@ -17,6 +17,10 @@ NORM_NONE = tl.constexpr(config.NORM_NONE)
 NORM_SUM = tl.constexpr(config.NORM_SUM)
 NORM_MAX1 = tl.constexpr(config.NORM_MAX1)
 NORM_MAXM = tl.constexpr(config.NORM_MAXM)
+# The largest accumulator [R, O] of _causal_dot_at's recheck form: 64 × 128 fp32 is 64
+# registers a thread at 4 warps, twice that with its copy. At 64 × 256 the recheck made the
+# scalar output kernel's forward 1.8× as slow on an H200 (the copy no longer fits, presumably).
+RECHECK_MAX = tl.constexpr(8192)
 
 
 @triton.jit
@@ -109,27 +113,40 @@ def _causal_dot(b_acc, b_p, b_z, causal, DOT_PREC: tl.constexpr):
     rows of p: a diagonal tile, p [R, S] over the step pairs (r, s), z [S, O] the steps s,
     ``causal`` [R, S] true where s ≤ r. A non-finite entry of z (garbage in right padding) must
     reach only the rows at or after its own step, as in the recurrence, but the product would
-    multiply it by the masked zeros of every earlier row (0·NaN = NaN). Masked entries of p are
-    replaced by zeros (``where``), never multiplied, for the same reason (a later key's NaN
-    score).
-
-    The product is formed from the raw tile, as the operand it was loaded as (an elementwise
-    pass over z between its load and the tensor-core product would cost a trip through registers
-    on every tile, in the rare case's favour). Only when the result holds a non-finite value (0·x summed
-    over the tile: NaN iff some entry is NaN or ±inf, a rare case) is it formed again with z's
-    non-finite entries zeroed, and the rows at or after a step with one set to NaN (every
-    column of such a row; later chunks get NaN through the state in the affected columns only).
-    Earlier rows are then bitwise those of the clean product."""
+    multiply it by the masked zeros of every earlier row (0·NaN = NaN). So z's non-finite
+    entries are zeroed for the product and the rows at or after a step with one are set to NaN
+    (every column of such a row; later chunks get NaN through the state in the affected columns
+    only). Masked entries of p are replaced by zeros (``where``), never multiplied, for the same
+    reason (a later key's NaN score). Earlier rows are bitwise those of the clean product.
+    For a z formed in registers; a z read from memory goes through :func:`_causal_dot_at`."""
+    fin = tl.abs(b_z.to(tl.float32)) < float("inf")  # false for NaN and ±inf
+    b_zc = tl.where(fin, b_z, 0.0).to(b_z.dtype)
     b_pc = tl.where(causal, b_p, 0.0).to(b_z.dtype)
-    b_out = b_acc + tl.dot(b_pc, b_z, input_precision=DOT_PREC)
-    flag = tl.sum(tl.sum(b_out * 0.0, 1), 0)
-    if flag != flag:
-        fin = tl.abs(b_z.to(tl.float32)) < float("inf")  # false for NaN and ±inf
-        b_zc = tl.where(fin, b_z, 0.0).to(b_z.dtype)
-        b_out = b_acc + tl.dot(b_pc, b_zc, input_precision=DOT_PREC)
-        bad_s = tl.max(tl.where(fin, 0, 1), 1)  # [S]: step s has a non-finite entry
-        bad_r = tl.max(tl.where(causal, bad_s[None, :], 0), 1)  # [R]: some s ≤ r does
-        b_out = tl.where(bad_r[:, None] > 0, float("nan"), b_out)
+    b_acc += tl.dot(b_pc, b_zc, input_precision=DOT_PREC)
+    bad_s = tl.max(tl.where(fin, 0, 1), 1)  # [S]: step s has a non-finite entry
+    bad_r = tl.max(tl.where(causal, bad_s[None, :], 0), 1)  # [R]: some s ≤ r does
+    return tl.where(bad_r[:, None] > 0, float("nan"), b_acc)
+
+
+@triton.jit
+def _causal_dot_at(b_acc, b_p, causal, p_z, o_s, o_o, s_z, m_s, m_o, DOT_PREC: tl.constexpr):
+    """:func:`_causal_dot` with z read here, ``p_z[o_s, o_o]`` (row stride s_z, masks m_s,
+    m_o). Cleaning z costs an elementwise pass over every tile between its load and the
+    tensor-core product. An accumulator of at most RECHECK_MAX entries skips it: the product is
+    formed from the raw tile, and only when the result holds a non-finite value (0·x summed
+    over the tile: NaN iff some entry is NaN or ±inf, the rare case) is it formed again by
+    :func:`_causal_dot` from a second load of z (never an elementwise read of a ``tl.dot``
+    operand, §6.6). That keeps a copy of the accumulator, which a larger one cannot afford."""
+    if b_acc.shape[0] * b_acc.shape[1] <= RECHECK_MAX:
+        b_z = _tile(p_z, o_s, o_o, s_z, m_s, m_o)
+        b_pc = tl.where(causal, b_p, 0.0)
+        b_out = b_acc + tl.dot(b_pc.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+        flag = tl.sum(tl.sum(b_out * 0.0, 1), 0)
+        if flag != flag:
+            b_out = _causal_dot(b_acc, b_pc, _tile(p_z, o_s, o_o, s_z, m_s, m_o), causal,
+                                DOT_PREC)  # fmt: skip
+    else:
+        b_out = _causal_dot(b_acc, b_p, _tile(p_z, o_s, o_o, s_z, m_s, m_o), causal, DOT_PREC)
     return b_out
 
 

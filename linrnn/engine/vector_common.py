@@ -52,7 +52,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _causal_dot, _state_tile, _tile, _tile_t
+from linrnn.engine.triton_common import _causal_dot, _causal_dot_at, _state_tile, _tile, _tile_t
 
 
 @triton.jit
@@ -412,9 +412,8 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
             b_out = _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair,
                              same, BT, REV, EXCL, BLOCK, UNROLL, P_MEM)  # fmt: skip
     else:  # a later row's non-finite Z must not reach earlier rows (P's masked zeros)
-        b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
-        b_acc = tl.zeros([BT, b_z.shape[1]], dtype=tl.float32)
-        b_out = _causal_dot(b_acc, b_p, b_z, pair | same, DOT_PREC)
+        b_acc = tl.zeros([BT, o_o.shape[0]], dtype=tl.float32)
+        b_out = _causal_dot_at(b_acc, b_p, pair | same, p_z, o_t, o_o, sO, m_t, m_o, DOT_PREC)
     return b_out
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _causal_dot, _chunk_rows, _tile, _tile_t
+from linrnn.engine.triton_common import _causal_dot_at, _chunk_rows, _tile, _tile_t
 from linrnn.engine.vector_common import (
     _chunk_fast_out,
     _chunk_ref,
@@ -212,9 +212,8 @@ def apply_kernel(
             p = p_a + o_r.to(tl.int64)[:, None] * H * L + (o_s - c0)[None, :]
             causal = m_r[:, None] & m_s[None, :] & (o_s[None, :] <= o_r[:, None])
             b_a = tl.load(p, mask=causal, other=0.0)  # [BQ, BS]
-            b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BS, BO]
             # a later key's non-finite value must not reach earlier rows (A's masked zeros)
-            b_acc = _causal_dot(b_acc, b_a, b_z, causal, DOT_PREC)
+            b_acc = _causal_dot_at(b_acc, b_a, causal, p_z, o_s, o_o, H * O, m_s, m_o, DOT_PREC)
     b_int = _vec_state_part(
         X + base * D, ST + (i_bh * NT + i_c) * D * O, G + base * D, G + base * O, o_r, m_r, o_o,
         m_o, c1, D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, not (INTER or PRE_GATED), INTER,
