@@ -15,6 +15,11 @@
 #                fwd+bwd, with `linrnn bench`; with OTHER (a second checkout carried along, e.g.
 #                `git worktree add .base <commit>`), the same rows from it, then a table of
 #                this tree's times over OTHER's
+#   kernels [OTHER]
+#                benchmarks/kernel_times.py: each kernel's GPU time in one forward+backward of
+#                the ops KT_OPS at the shapes KT_SHAPES (default: the paper suite's engine ops at
+#                B8-T8192 with K = V = 256 and 128) into $OUT/kernels.json; with OTHER, the same
+#                for OTHER's linrnn, then the two side by side, kernel by kernel
 #   decode       linrnn bench --suite decode (with the peers' step kernels)
 #   varlen [JSON]
 #                linrnn bench --suite varlen in two parts (linrnn ops, then fla's peer when
@@ -105,7 +110,7 @@ suite_parts() {
     python3 -m linrnn.bench --suite "$suite" --plan --resume --out "$J"  # what is left
 }
 
-stage=${1:?stage: check, paper-rows, decode, varlen, delta, delta-decode, mamba2, train, tune}
+stage=${1:?stage: check, paper-rows, kernels, decode, varlen, delta, delta-decode, mamba2, train, tune}
 case "$stage" in
 check)
     # tests/gpu first and alone (its matrix compiles ~120 cases in LINRNN_GPU_JOBS worker
@@ -145,6 +150,18 @@ if ratios:
     print(f"fwd+bwd, this / other: geometric mean {geo:.3f}, worst {max(ratios):.3f}, "
           f"{len(ratios)} rows; commits {new['machine']['git_commit']} / {old['machine']['git_commit']}")
 PY
+    fi
+    ;;
+kernels)
+    KT=(python3 "$PWD/benchmarks/kernel_times.py" --ops ${KT_OPS:-linear_attn "linear_attn[normalize]" retention simple_gla gla "gla[gv]" rwkv6 "mlstm[sigmoid]"}
+        --shapes ${KT_SHAPES:-B8-T8192-H16-K256-V256 B8-T8192-H32-K128-V128})
+    timeout 270 "${KT[@]}" --out "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1
+    if [ -n "${2:-}" ]; then
+        (cd "$2" && PYTHONPATH=/tmp/site:$PWD timeout 270 "${KT[@]}" --out "$OUT/kernels-other.json" \
+            >"$OUT/kernels-other.txt" 2>&1)
+        python3 benchmarks/kernel_times.py --compare "$OUT/kernels.json" "$OUT/kernels-other.json"
+    else
+        cat "$OUT/kernels.txt"
     fi
     ;;
 decode)

@@ -52,6 +52,20 @@ def test_paper_rows_times_the_linrnn_chunk_rows_of_both_checkouts(tmp_path):
     assert any(c[:1] == ["-"] for c in calls)  # the comparison reads both reports
 
 
+def test_kernels_profiles_both_checkouts_with_this_trees_script(tmp_path):
+    other = tmp_path / "base"
+    other.mkdir()
+    calls, res = stage(tmp_path, "kernels", str(other))
+    assert res.returncode == 0, res.stderr
+    script = str(worker.ROOT / "benchmarks" / "kernel_times.py")
+    runs = [c for c in calls if c[:1] == [script] and "--out" in c]
+    assert len(runs) == 2
+    assert {c[c.index("--out") + 1].rsplit("/", 1)[1] for c in runs} == {
+        "kernels.json", "kernels-other.json"}  # fmt: skip
+    assert all("gla[gv]" in c and "B8-T8192-H32-K128-V128" in c for c in runs)
+    assert any("--compare" in c for c in calls)
+
+
 def test_unknown_stage_exits_2(tmp_path):
     _, res = stage(tmp_path, "bogus")
     assert res.returncode == 2 and "unknown stage" in res.stderr

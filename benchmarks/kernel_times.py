@@ -1,0 +1,143 @@
+"""Where a call's GPU time goes, kernel by kernel: one op's forward+backward (the inputs of
+``linrnn bench``, :func:`linrnn.bench.registry.build_linrnn`) under ``torch.profiler``, each
+kernel's device time summed over its launches and averaged over the iterations.
+
+    python3 benchmarks/kernel_times.py --ops linear_attn gla --shapes B8-T8192-H16-K256-V256 \\
+        --out now.json
+    python3 benchmarks/kernel_times.py ... --out before.json      # from another checkout
+    python3 benchmarks/kernel_times.py --compare now.json before.json
+
+The op and the kernels come from whichever ``linrnn`` is imported (the checkout on
+``PYTHONPATH``), so running this file from one checkout with another one's ``linrnn`` gives
+that tree's times; ``--compare`` puts two such JSON files side by side, kernel by kernel (the
+kernels of either, matched by name), with each op's total. Kernel times from a profiler hold
+per launch; the sum can exceed the op's wall time where launches overlap (rarely, on one
+stream) and leaves out host gaps between launches (``linrnn bench`` times the call).
+Without a GPU it runs on the CPU backend's operators (a check of the command, not a timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+
+import torch
+
+
+def _case(op: str, shape: dict, dtype: str, device: str) -> dict:
+    from linrnn.bench import registry
+
+    o = registry.resolve_op(op)
+    backend = "triton" if device == "cuda" else "torch"
+    chunk = registry.default_chunk(backend, "chunk", shape["K"], shape["V"], o)
+    return dict(op=o.name, mode="chunk", backend=backend, chunk=chunk, dtype=dtype, seed=0,
+                device=device)  # fmt: skip
+
+
+def kernel_times(op: str, shape_id: str, dtype: str = "bf16", iters: int = 5) -> dict:
+    """``{"op", "shape", "iters", "kernels": {name: (ms per iteration, launches per
+    iteration)}, "total_ms"}`` for one forward+backward of ``op`` at ``shape_id``."""
+    from linrnn.bench import registry
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shape = registry.parse_shape(shape_id)
+    leaves, fwd = registry.build_linrnn(_case(op, shape, dtype, device), shape)
+
+    def once():
+        for x in leaves:
+            x.grad = None
+        o = fwd()
+        o.backward(torch.ones_like(o))
+
+    for _ in range(2):  # compile, autotune and allocator warm-up
+        once()
+    activity = torch.profiler.ProfilerActivity
+    acts = [activity.CUDA] if device == "cuda" else [activity.CPU]
+    if device == "cuda":
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(iters):
+            once()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    time_us, launches = collections.Counter(), collections.Counter()
+    for e in prof.events():
+        if device == "cuda" and e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if device != "cuda" and (e.device_type != torch.autograd.DeviceType.CPU or e.cpu_parent):
+            continue  # top-level CPU operators only: their time includes their children's
+        us = e.time_range.elapsed_us()  # a kernel's span on the GPU, an operator's on the host
+        time_us[e.name] += us
+        launches[e.name] += 1
+    kernels = {
+        n: (round(t / iters / 1e3, 4), launches[n] / iters) for n, t in time_us.most_common()
+    }
+    total = round(sum(t for t, _ in kernels.values()), 4)
+    return dict(op=op, shape=shape_id, dtype=dtype, iters=iters, device=device,
+                kernels=kernels, total_ms=total)  # fmt: skip
+
+
+def _short(name: str, width: int = 58) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def print_rows(rows: list) -> None:
+    for r in rows:
+        print(f"\n{r['op']} {r['shape']} {r['dtype']} ({r['device']}): "
+              f"{r['total_ms']:.3f} ms in kernels per forward+backward")  # fmt: skip
+        for name, (ms, n) in r["kernels"].items():
+            print(f"  {_short(name):<58} {ms:9.3f} ms  ×{n:g}")
+
+
+def compare(this: list, other: list) -> None:
+    """Each (op, shape) of ``this`` beside ``other``'s, kernel by kernel, largest change
+    first."""
+    base = {(r["op"], r["shape"], r["dtype"]): r for r in other}
+    for r in this:
+        b = base.get((r["op"], r["shape"], r["dtype"]))
+        if b is None:
+            print(f"\n{r['op']} {r['shape']}: not in the other file")
+            continue
+        print(f"\n{r['op']} {r['shape']} {r['dtype']}: {r['total_ms']:.3f} ms against "
+              f"{b['total_ms']:.3f} ({r['total_ms'] / b['total_ms']:.3f}×)")  # fmt: skip
+        names = set(r["kernels"]) | set(b["kernels"])
+        ms = {n: (r["kernels"].get(n, (0.0, 0))[0], b["kernels"].get(n, (0.0, 0))[0])
+              for n in names}  # fmt: skip
+        print(f"  {'kernel':<58} {'this ms':>9} {'other ms':>9} {'change':>8}")
+        for n in sorted(names, key=lambda n: -abs(ms[n][0] - ms[n][1])):
+            a, o = ms[n]
+            print(f"  {_short(n):<58} {a:9.3f} {o:9.3f} {a - o:+8.3f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", nargs="+", default=["linear_attn"])
+    ap.add_argument("--shapes", nargs="+", default=["B8-T8192-H16-K256-V256"])
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out", default=None, help="write the rows as JSON")
+    ap.add_argument("--compare", nargs=2, metavar=("THIS", "OTHER"), default=None,
+                    help="print two JSON files of this script side by side, and stop")  # fmt: skip
+    a = ap.parse_args(argv)
+    if a.compare:
+        this, other = (json.load(open(p))["rows"] for p in a.compare)
+        compare(this, other)
+        return 0
+    rows = []
+    for op in a.ops:
+        for shape in a.shapes:
+            try:
+                rows.append(kernel_times(op, shape, a.dtype, a.iters))
+            except Exception as e:  # one failing op does not lose the others' rows
+                print(f"{op} {shape}: {type(e).__name__}: {e}", file=sys.stderr)
+    print_rows(rows)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

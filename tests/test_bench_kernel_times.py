@@ -1,0 +1,44 @@
+"""benchmarks/kernel_times.py on the CPU: rows for a tiny op (the operators' times), JSON that
+--compare reads back, and the side-by-side table matching kernels by name."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_times.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("linrnn_kernel_times", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rows_json_and_comparison(tmp_path, capsys):
+    kt = _module()
+    out = tmp_path / "now.json"
+    assert kt.main(["--ops", "simple_gla", "--shapes", "B1-T32-H2-K16-V16", "--iters", "1",
+                    "--out", str(out)]) == 0  # fmt: skip
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["op"] == "simple_gla" and row["shape"] == "B1-T32-H2-K16-V16"
+    assert row["kernels"] and row["total_ms"] > 0
+    assert abs(sum(ms for ms, _ in row["kernels"].values()) - row["total_ms"]) < 1e-2
+    # the other file: one kernel slower by 1 s, one missing, one only there
+    other = dict(row, kernels=dict(row["kernels"]))
+    first, second = list(row["kernels"])[:2]
+    other["kernels"][first] = (row["kernels"][first][0] + 1000.0, 1)
+    del other["kernels"][second]
+    other["kernels"]["only_there_kernel"] = (0.5, 1)
+    other["total_ms"] = row["total_ms"] + 1000.5 - row["kernels"][second][0]
+    base = tmp_path / "before.json"
+    base.write_text(json.dumps({"rows": [other]}))
+    capsys.readouterr()
+    assert kt.main(["--compare", str(out), str(base)]) == 0
+    text = capsys.readouterr().out
+    lines = [ln for ln in text.splitlines() if ln.startswith("  ") and "this ms" not in ln]
+    assert lines[0].split()[-1] == "-1000.000"  # the largest change first
+    assert any(ln.split()[0] == "only_there_kernel" and ln.split()[1] == "0.000" for ln in lines)
+    assert "simple_gla B1-T32-H2-K16-V16 bf16" in text
