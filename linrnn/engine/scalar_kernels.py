@@ -202,11 +202,14 @@ def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so,
 def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, r0,
                 c0, c1, o_o, m_o, D, s_x, s_z, BQ: tl.constexpr, BD: tl.constexpr,
                 HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
-                DEN: tl.constexpr, AFFINE: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+                DEN: tl.constexpr, AFFINE: tl.constexpr, DOT_PREC: tl.constexpr,
+                RAW: tl.constexpr = False):  # fmt: skip
     """Adds Σ_{s≤r} D_rs p_rs z_s to b_acc [BQ, BO]: the diagonal key tile from its scores b_p
     (causal mask), then the full key tiles before it. ``AFFINE``: p_rs → A_r p_rs + dd_r (b_A,
     b_dd [BQ]); ``DEN``: also Σ_s D_rs p_rs into b_den. Row strides: s_x of x and y, s_z of
-    z. Returns (acc, den)."""
+    z. The diagonal tile's product is causal under non-finite z (:func:`_causal_dot_at`);
+    ``RAW``: a plain product instead, for a caller that checks the result and forms the tile
+    again without ``RAW`` when it is not finite. Returns (acc, den)."""
     if AFFINE:
         b_p = b_p * b_A[:, None] + b_dd[:, None]
     b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
@@ -215,7 +218,11 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     b_p = tl.where(causal, b_p * w, 0.0)  # not b_p·w: a later key's NaN score times 0
     if DEN:
         b_den += tl.sum(b_p, 1)
-    b_acc = _causal_dot_at(b_acc, b_p, causal, p_z, o_r, o_o, s_z, m_r, m_o, DOT_PREC)
+    if RAW:
+        b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BQ, BO]
+        b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    else:
+        b_acc = _causal_dot_at(b_acc, b_p, causal, p_z, o_r, o_o, s_z, m_r, m_o, DOT_PREC)
     for s0 in range(c0, r0, BQ):
         o_s = s0 + tl.arange(0, BQ)
         m_s = o_s < c1
@@ -237,6 +244,22 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
         b_z = _tile(p_z, o_s, o_o, s_z, m_s, m_o)  # [BQ, BO]
         b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     return b_acc, b_den
+
+
+@triton.jit
+def _out_rows(p_q, p_k, p_v, p_h, hn, g, gi, b_br, b_mr, e_r, o_r, m_r, r0, c0, c1, o_v, m_v, H,
+              HK, K, V, BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+              HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+              DEN: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr):  # fmt: skip
+    """:func:`out_fwd_kernel`'s unscaled rows and den: e_r q_r C_c plus the chunk's earlier
+    keys (:func:`_rows_inter`, :func:`_rows_intra`, ``RAW`` as there)."""
+    b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, HK * K, V, 1, BQ, BD,
+                                    BO, DEN, DOT_PREC)  # fmt: skip
+    b_acc *= e_r[:, None]
+    b_den *= e_r
+    return _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None, None, o_r, m_r,
+                       r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD, HAS_DECAY, HAS_IGATE,
+                       HAS_MAX, DEN, False, DOT_PREC, RAW)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
@@ -280,14 +303,17 @@ def out_fwd_kernel(
         e_r = tl.exp(b_br)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, HK * K, V, 1, BQ, BD,
-                                    BO, NORM != NORM_NONE, DOT_PREC)  # fmt: skip
-    b_acc *= e_r[:, None]
-    b_den *= e_r
-    b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None, None,
-                               o_r, m_r, r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD, HAS_DECAY,
-                               HAS_IGATE, HAS_MAX, NORM != NORM_NONE, False,
-                               DOT_PREC)  # fmt: skip
+    # The tile with a plain diagonal product; only a tile whose result is not finite (0·x summed:
+    # NaN iff an entry is NaN or ±inf) is formed again with the causal one (triton_common
+    # ._causal_dot_at; docs/DESIGN.md §6.1): no accumulator copy, no cleaning pass otherwise.
+    b_acc, b_den = _out_rows(p_q, p_k, p_v, p_h, hn, g, gi, b_br, b_mr, e_r, o_r, m_r, r0, c0, c1,
+                             o_v, m_v, H, HK, K, V, BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX,
+                             NORM != NORM_NONE, DOT_PREC, True)  # fmt: skip
+    flag = tl.sum(tl.sum(b_acc * 0.0, 1), 0)
+    if flag != flag:
+        b_acc, b_den = _out_rows(p_q, p_k, p_v, p_h, hn, g, gi, b_br, b_mr, e_r, o_r, m_r, r0, c0,
+                                 c1, o_v, m_v, H, HK, K, V, BQ, BD, BO, HAS_DECAY, HAS_IGATE,
+                                 HAS_MAX, NORM != NORM_NONE, DOT_PREC, False)  # fmt: skip
     b_acc *= scale
 
     p_o = o + (i_b * T * H + i_h) * V + o_r.to(tl.int64)[:, None] * H * V + o_v[None, :]
