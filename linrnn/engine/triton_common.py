@@ -19,7 +19,7 @@ NORM_MAX1 = tl.constexpr(config.NORM_MAX1)
 NORM_MAXM = tl.constexpr(config.NORM_MAXM)
 # The largest accumulator [R, O] of _causal_dot_at's recheck form: 64 × 128 fp32 is 64
 # registers a thread at 4 warps, twice that with its copy. At 64 × 256 the recheck made the
-# scalar output kernel's forward 1.8× as slow on an H200 (the copy no longer fits, presumably).
+# scalar output kernel's forward 1.8× as slow as cleaning on an H200 (the copy spills).
 RECHECK_MAX = tl.constexpr(8192)
 
 
