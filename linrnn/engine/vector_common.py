@@ -208,17 +208,20 @@ def _span_ref(p_gx, p_gk, o_t, m_t, o_c, m_c, s_c):
     m = m_t[:, None] & m_c[None, :]
     gx = _tile(p_gx, o_t, o_c, s_c, m_t, m_c)
     gk = _tile(p_gk, o_t, o_c, s_c, m_t, m_c)
-    ok = m & (tl.abs(gx) < float("inf")) & (tl.abs(gk) < float("inf"))  # false for NaN
-    top = tl.maximum(tl.max(tl.where(ok, gx, float("-inf")), 0),
-                     tl.max(tl.where(ok, gk, float("-inf")), 0))  # fmt: skip
-    bot = tl.minimum(tl.min(tl.where(ok, gx, float("inf")), 0),
-                     tl.min(tl.where(ok, gk, float("inf")), 0))  # fmt: skip
-    seen = top >= bot  # a valid channel with a finite value
+    fin = (tl.abs(gx) < float("inf")) & (tl.abs(gk) < float("inf"))  # false for NaN
+    # A non-finite pair counts as +inf in the top and −inf in the bottom, so its channel's
+    # range is +inf (no count of the bad entries: a reduction to a scalar per tile).
+    inf = float("inf")
+    top = tl.maximum(tl.max(tl.where(m, tl.where(fin, gx, inf), -inf), 0),
+                     tl.max(tl.where(m, tl.where(fin, gk, inf), -inf), 0))  # fmt: skip
+    bot = tl.minimum(tl.min(tl.where(m, tl.where(fin, gx, -inf), inf), 0),
+                     tl.min(tl.where(m, tl.where(fin, gk, -inf), inf), 0))  # fmt: skip
+    seen = top >= bot  # a channel with a valid row
     top = tl.where(seen, top, 0.0)
     bot = tl.where(seen, bot, 0.0)
-    bad = tl.sum(ok.to(tl.int32)) < tl.sum(m.to(tl.int32))
-    span = tl.where(bad, float("inf"), tl.max(top - bot, 0))
-    return 0.5 * (top + bot), span, gx, gk
+    wide = top - bot  # +inf on a channel with a non-finite gate
+    z = tl.where(wide < inf, 0.5 * (top + bot), 0.0)
+    return z, tl.max(wide, 0), gx, gk
 
 
 @triton.jit
