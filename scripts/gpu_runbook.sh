@@ -6,9 +6,11 @@
 #   bash scripts/gpu_runbook.sh <stage> [args]
 #
 # Stages:
-#   check        pytest tests/gpu (the correctness matrix, offsets beyond 2^31 elements,
+#   check [matrix|kernels]
+#                pytest tests/gpu (the correctness matrix, offsets beyond 2^31 elements,
 #                determinism, gate-gradient precision), the Triton kernel tests and the
-#                numerical hardening tests (non-finite inputs, extreme gates) on CUDA
+#                numerical hardening tests (non-finite inputs, extreme gates) on CUDA; with
+#                matrix or kernels, only that part, with the whole call
 #   paper-rows [OTHER]
 #                the paper suite's linrnn rows (every op, mode chunk, the suite's shapes, or
 #                those of PAPER_SHAPES, e.g. "B8-T8192-H32-K128-V128 B8-T8192-H64-K64-V64"),
@@ -113,18 +115,26 @@ suite_parts() {
 stage=${1:?stage: check, paper-rows, kernels, decode, varlen, delta, delta-decode, mamba2, train, tune}
 case "$stage" in
 check)
-    # tests/gpu first and alone (its matrix compiles ~120 cases in LINRNN_GPU_JOBS worker
+    # tests/gpu first and alone (its matrix compiles ~180 cases in LINRNN_GPU_JOBS worker
     # processes: compilation is CPU-bound), then the kernel test files side by side, one
-    # process each, in what is left of the call.
-    LINRNN_GPU_JOBS=${LINRNN_GPU_JOBS:-10} timeout 330 python3 -m pytest tests/gpu -q \
-        -p no:cacheprovider 2>&1 | tee "$OUT/tests_gpu.txt"
-    for f in tests/test_triton_*.py tests/test_hardening_numerics.py; do
-        n=$(basename "$f" .py)
-        (timeout 220 python3 -m pytest -q -p no:cacheprovider "$f" >"$OUT/$n.txt" 2>&1
-         echo "rc=$?" >>"$OUT/$n.txt") &
-    done
-    wait
-    for f in "$OUT"/test_triton_*.txt "$OUT"/test_hardening_numerics.txt; do echo "$(basename "$f"): $(tail -n 2 "$f" | tr '\n' ' ')"; done
+    # process each, in what is left of the call. On a machine that starts cold neither part
+    # finishes in its share: `check matrix` and `check kernels` give one part the whole call.
+    part=${2:-both}
+    if [ "$part" != kernels ]; then
+        t=$([ "$part" = matrix ] && echo 560 || echo 330)
+        LINRNN_GPU_JOBS=${LINRNN_GPU_JOBS:-10} timeout "$t" python3 -m pytest tests/gpu -q \
+            -p no:cacheprovider 2>&1 | tee "$OUT/tests_gpu.txt"
+    fi
+    if [ "$part" != matrix ]; then
+        t=$([ "$part" = kernels ] && echo 540 || echo 220)
+        for f in tests/test_triton_*.py tests/test_hardening_numerics.py; do
+            n=$(basename "$f" .py)
+            (timeout "$t" python3 -m pytest -q -p no:cacheprovider "$f" >"$OUT/$n.txt" 2>&1
+             echo "rc=$?" >>"$OUT/$n.txt") &
+        done
+        wait
+        for f in "$OUT"/test_triton_*.txt "$OUT"/test_hardening_numerics.txt; do echo "$(basename "$f"): $(tail -n 2 "$f" | tr '\n' ' ')"; done
+    fi
     ;;
 paper-rows)
     paper_rows "$PWD" "$OUT/paper-rows.json"

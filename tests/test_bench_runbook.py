@@ -36,6 +36,18 @@ def test_check_runs_tests_gpu_and_every_kernel_test_file(tmp_path):
     assert kernel_tests and targets == {"tests/gpu", *kernel_tests, hardening}
 
 
+def test_check_parts_run_alone(tmp_path):
+    kernel_tests = {f"tests/{p.name}" for p in (worker.ROOT / "tests").glob("test_triton_*.py")}
+    kernel_tests.add("tests/test_hardening_numerics.py")
+    for part, want in (("matrix", {"tests/gpu"}), ("kernels", kernel_tests)):
+        log = tmp_path / "calls"
+        log.unlink(missing_ok=True)
+        calls, res = stage(tmp_path, "check", part)
+        assert res.returncode == 0, res.stderr
+        pytest_calls = [c for c in calls if c[:2] == ["-m", "pytest"]]
+        assert {c[2] if c[2].startswith("tests") else c[-1] for c in pytest_calls} == want
+
+
 def test_paper_rows_times_the_linrnn_chunk_rows_of_both_checkouts(tmp_path):
     other = tmp_path / "base"
     other.mkdir()
