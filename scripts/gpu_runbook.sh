@@ -10,7 +10,8 @@
 #                pytest tests/gpu (the correctness matrix, offsets beyond 2^31 elements,
 #                determinism, gate-gradient precision), the Triton kernel tests and the
 #                numerical hardening tests (non-finite inputs, extreme gates) on CUDA; with
-#                matrix or kernels, only that part, with the whole call
+#                matrix or kernels, only that part, with the whole call; both parts spread
+#                their work over the visible GPUs
 #   paper-rows [OTHER]
 #                the paper suite's linrnn rows (every op, mode chunk, the suite's shapes, or
 #                those of PAPER_SHAPES, e.g. "B8-T8192-H32-K128-V128 B8-T8192-H64-K64-V64"),
@@ -127,9 +128,16 @@ check)
     fi
     if [ "$part" != matrix ]; then
         t=$([ "$part" = kernels ] && echo 540 || echo 220)
+        # one process per file, on the visible GPUs in turn
+        IFS=, read -ra gpus <<<"${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index \
+            --format=csv,noheader 2>/dev/null | paste -sd, -)}"
+        i=0
         for f in tests/test_triton_*.py tests/test_hardening_numerics.py; do
             n=$(basename "$f" .py)
-            (timeout "$t" python3 -m pytest -q -p no:cacheprovider "$f" >"$OUT/$n.txt" 2>&1
+            gpu=${gpus[$((i % (${#gpus[@]} > 0 ? ${#gpus[@]} : 1)))]:-}
+            i=$((i + 1))
+            (CUDA_VISIBLE_DEVICES=${gpu:-${CUDA_VISIBLE_DEVICES:-}} timeout "$t" python3 -m pytest \
+                -q -p no:cacheprovider "$f" >"$OUT/$n.txt" 2>&1
              echo "rc=$?" >>"$OUT/$n.txt") &
         done
         wait

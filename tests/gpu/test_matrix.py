@@ -19,7 +19,7 @@ tiles each) is where a race between pipeline stages showed up that short shapes 
 
 Compiling the kernels of 180 cases one after another takes longer than running them: the cases
 run in LINRNN_GPU_JOBS worker processes (default: one per CPU core, at most 8), one op × mode
-× dtype each, and the tests report their results. Every floating-point ``torch.empty``,
+× dtype each, on the visible GPUs in turn, and the tests report their results. Every floating-point ``torch.empty``,
 ``empty_like`` and ``new_empty`` in a worker returns NaN-filled memory, so an element a kernel
 forgets to write shows up.
 """
@@ -210,6 +210,8 @@ def task_errors(op: str, mode: str, dtype: str, device: str = "cuda") -> dict:
     """Every shape of one op × mode × dtype: ``{shape: errors, or the exception as text}``,
     and the seconds it took under ``"seconds"``."""
     t0 = time.perf_counter()
+    if device.startswith("cuda:"):
+        torch.cuda.set_device(device)  # Triton launches on the current device
     out: dict = {}
     for shape in shapes_of(op):
         try:
@@ -233,9 +235,11 @@ def results(request) -> dict:
                 if item.originalname == "test_matches_fp64"}  # fmt: skip
     tasks = [(op, mode, dtype) for op, mode in OP_MODES for dtype in TOLERANCE
              if (op, mode, dtype) in selected]  # fmt: skip
+    gpus = max(torch.cuda.device_count(), 1)  # the tasks take the visible GPUs in turn
     spawn = multiprocessing.get_context("spawn")  # CUDA in the workers, none in this process
     with ProcessPoolExecutor(max_workers=jobs, mp_context=spawn) as pool:
-        futures = {task: pool.submit(task_errors, *task) for task in tasks}
+        futures = {task: pool.submit(task_errors, *task, f"cuda:{j % gpus}")
+                   for j, task in enumerate(tasks)}  # fmt: skip
         out = {}
         t0 = time.perf_counter()
         for task, future in futures.items():
