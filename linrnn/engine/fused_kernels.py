@@ -42,7 +42,7 @@ import triton.language as tl
 
 from linrnn.engine.triton_common import (
     _bounds,
-    _causal_dot_at,
+    _causal_dot,
     _dot_n,
     _inv_denominator,
     _log_weights,
@@ -265,9 +265,12 @@ def fused_fwd_kernel(
             b_p = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
             w_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
             b_p = tl.where(causal, b_p * w_d, 0.0)  # not b_p·w_d: a later key's NaN score times 0
-            # A later step's NaN v must not reach earlier rows; _causal_dot_at loads v for itself
-            # (it may read the tile elementwise; the state update's tile is a dot operand, §6.6).
-            b_o = _causal_dot_at(b_o, b_p, causal, p_v, o_t, o_v, H * V, m_t, m_v, DOT_PREC)
+            # A later step's NaN v must not reach earlier rows. v loaded for _causal_dot alone: it
+            # reads the tile elementwise, and the state update's tile is a dot operand (§6.6).
+            # The cleaning form: the recheck form's data-dependent product inside this walk gave
+            # illegal memory accesses on sm_90 with 16-bit inputs (DESIGN §6.1).
+            b_vd = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            b_o = _causal_dot(b_o, b_p, b_vd, causal, DOT_PREC)
             b_o *= scale
             if NORM != 0:
                 b_den = _dot_n(b_q, b_n, DOT_PREC) * e_r + tl.sum(b_p, 1)

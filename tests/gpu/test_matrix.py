@@ -237,7 +237,9 @@ def results(request) -> dict:
              if (op, mode, dtype) in selected]  # fmt: skip
     gpus = max(torch.cuda.device_count(), 1)  # the tasks take the visible GPUs in turn
     spawn = multiprocessing.get_context("spawn")  # CUDA in the workers, none in this process
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=spawn) as pool:
+    # A fresh process per task: a CUDA error (an illegal address) poisons its process's
+    # contexts, and must fail its own cases only.
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=spawn, max_tasks_per_child=1) as pool:
         futures = {task: pool.submit(task_errors, *task, f"cuda:{j % gpus}")
                    for j, task in enumerate(tasks)}  # fmt: skip
         out = {}
