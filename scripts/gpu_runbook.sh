@@ -5,6 +5,9 @@
 #
 #   bash scripts/gpu_runbook.sh <stage> [args]
 #
+# Results are labelled with LINRNN_COMMIT, else this checkout's HEAD (set it where the copy's
+# .git may not be the tree's own commit).
+#
 # Stages:
 #   check [matrix|kernels]
 #                pytest tests/gpu (the correctness matrix, offsets beyond 2^31 elements,
@@ -73,10 +76,10 @@ if [ -z "${LINRNN_MAMBA_SSM_SRC:-}" ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 
-paper_rows() {  # <checkout> <json>: the paper suite's linrnn chunk rows from that checkout
+paper_rows() {  # <checkout> <json> <label>: the paper suite's linrnn chunk rows from that checkout
     (cd "$1" && PYTHONPATH=/tmp/site:$PWD timeout 270 python3 -m linrnn.bench --suite paper \
         --ops linrnn --modes chunk --timeout 120 --triton-cache "/tmp/triton-cache-$(basename "$1")" \
-        --commit "$(git rev-parse --short HEAD 2>/dev/null || echo "$(basename "$1")")" \
+        --commit "$3" \
         ${PAPER_SHAPES:+--shapes $PAPER_SHAPES} --out "$2" --quiet)
 }
 
@@ -141,13 +144,18 @@ check)
              echo "rc=$?" >>"$OUT/$n.txt") &
         done
         wait
-        for f in "$OUT"/test_triton_*.txt "$OUT"/test_hardening_numerics.txt; do echo "$(basename "$f"): $(tail -n 2 "$f" | tr '\n' ' ')"; done
+        logs=("$OUT"/test_triton_*.txt "$OUT"/test_hardening_numerics.txt)
+        for f in "${logs[@]}"; do echo "$(basename "$f"): $(tail -n 2 "$f" | tr '\n' ' ')"; done
+        # the failures themselves, here: a call brings back only a few files
+        grep -h -E "^_{3,} test|^E  " "${logs[@]}" | cut -c1-240 | head -n 60
+        tar -czf "$OUT/kernel-tests.tgz" -C "$OUT" "${logs[@]##*/}" && rm -f "${logs[@]}"
     fi
     ;;
 paper-rows)
-    paper_rows "$PWD" "$OUT/paper-rows.json"
+    paper_rows "$PWD" "$OUT/paper-rows.json" "$C"
     if [ -n "${2:-}" ]; then
-        paper_rows "$(cd "$2" && pwd)" "$OUT/paper-rows-other.json"
+        paper_rows "$(cd "$2" && pwd)" "$OUT/paper-rows-other.json" \
+            "$(cd "$2" && git rev-parse --short HEAD 2>/dev/null || basename "$2")"
         python3 - "$OUT/paper-rows.json" "$OUT/paper-rows-other.json" <<'PY'
 import json, sys
 new, old = (json.load(open(p)) for p in sys.argv[1:])

@@ -228,6 +228,31 @@ def test_causal_non_finite_triton_fast_forms(name, backend, monkeypatch):
                     assert_close(where, o_bad[:, :t0], o[:, :t0], dtype)
 
 
+@pytest.mark.parametrize("mode", ["chunk", "fused_chunk"])
+def test_non_finite_value_reaches_its_column_later(mode):
+    """Where a NaN value goes in the chunked Triton modes (DESIGN §6.1): v[t0, h, c] = NaN
+    leaves every earlier output and every other head bitwise as in the clean call; the rows of
+    its chunk from t0 on are NaN (in every column: the products flag rows), the later chunks'
+    outputs and the final state are NaN in column c of head h only, the rest bitwise clean."""
+    T, H, K, V, L, t0, h, c = 48, 2, 8, 8, 16, 21, 1, 3
+    gen = torch.Generator().manual_seed(17)
+    q, k, v = (torch.randn(1, T, H, D, generator=gen).to(DEVICE) for D in (K, K, V))
+    kw = dict(backend="triton", mode=mode, chunk_size=L, output_final_state=True)
+    o, S = linrnn.linear_attn(q, k, v, **kw)
+    v_bad = v.clone()
+    v_bad[0, t0, h, c] = NAN
+    with linrnn.checks(False):
+        o_bad, S_bad = linrnn.linear_attn(q, k, v_bad, **kw)
+    end = (t0 // L + 1) * L  # the bad step's chunk ends here
+    assert torch.equal(o_bad[:, :t0], o[:, :t0]) and torch.equal(o_bad[:, :, 1 - h], o[:, :, 1 - h])
+    assert torch.isnan(o_bad[0, t0:end, h]).all()
+    others = [j for j in range(V) if j != c]
+    assert torch.isnan(o_bad[0, end:, h, c]).all() and torch.isnan(S_bad[0, h, :, c]).all()
+    assert torch.equal(o_bad[0, end:, h][:, others], o[0, end:, h][:, others])
+    assert torch.equal(S_bad[0, h][:, others], S[0, h][:, others])
+    assert torch.equal(S_bad[0, 1 - h], S[0, 1 - h])
+
+
 PACKED_FAMILIES = ["linear_attn_norm", "simple_gla", "gla", "rwkv6", "mlstm_exp", "delta_rule",
                    "gated_delta_rule"]  # fmt: skip
 

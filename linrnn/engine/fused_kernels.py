@@ -42,10 +42,10 @@ import triton.language as tl
 
 from linrnn.engine.triton_common import (
     _bounds,
-    _causal_dot,
     _dot_n,
     _inv_denominator,
     _log_weights,
+    _nan_rows,
     _start_state,
     _tile,
     _tile_t,
@@ -265,12 +265,16 @@ def fused_fwd_kernel(
             b_p = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
             w_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
             b_p = tl.where(causal, b_p * w_d, 0.0)  # not b_p·w_d: a later key's NaN score times 0
-            # A later step's NaN v must not reach earlier rows. v loaded for _causal_dot alone: it
-            # reads the tile elementwise, and the state update's tile is a dot operand (§6.6).
-            # The cleaning form: the recheck form's data-dependent product inside this walk gave
-            # illegal memory accesses on sm_90 with 16-bit inputs (DESIGN §6.1).
-            b_vd = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
-            b_o = _causal_dot(b_o, b_p, b_vd, causal, DOT_PREC)
+            # One v tile, cleaned, for both products (the diagonal one and the state update): a
+            # second copy of the tile for the diagonal product alone made this kernel read shared
+            # memory out of bounds on sm_90 with 16-bit inputs at K = V = 256 (DESIGN §6.1). A
+            # later step's NaN v reaches no earlier row: the rows at or after it become NaN here,
+            # its columns of the state below.
+            b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            fin = tl.abs(b_v.to(tl.float32)) < float("inf")  # false for NaN and ±inf
+            b_v = tl.where(fin, b_v, 0.0).to(b_v.dtype)
+            b_o += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+            b_o = _nan_rows(b_o, fin, causal)
             b_o *= scale
             if NORM != 0:
                 b_den = _dot_n(b_q, b_n, DOT_PREC) * e_r + tl.sum(b_p, 1)
@@ -282,8 +286,7 @@ def fused_fwd_kernel(
             p = p_o + o_t.to(tl.int64)[:, None] * H * V + o_v[None, :]
             tl.store(p, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
-            # The state leaving the chunk, from raw v (loaded after a store: not merged with b_vd).
-            b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            # The state leaving the chunk, NaN in the columns where some step's v is not finite.
             if HAS_MAX:
                 m_next = b_last + tl.maximum(b_m, tl.load(cmax + i_bh * NT + i_c))
                 decay = tl.exp(b_last + b_m - m_next)
@@ -293,6 +296,8 @@ def fused_fwd_kernel(
             w = _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY, HAS_MAX)
             b_kw = b_kt.to(tl.float32) * w[None, :]
             b_C = b_C * decay + tl.dot(b_kw.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+            bad_v = tl.max(tl.where(fin, 0, 1), 0)  # [BV]: a step's v is not finite there
+            b_C = tl.where(bad_v[None, :] > 0, float("nan"), b_C)
             if HAS_N:
                 b_n = b_n * decay + tl.sum(b_kw, 1)
             if HAS_MAX:

@@ -123,6 +123,13 @@ def _causal_dot(b_acc, b_p, b_z, causal, DOT_PREC: tl.constexpr):
     b_zc = tl.where(fin, b_z, 0.0).to(b_z.dtype)
     b_pc = tl.where(causal, b_p, 0.0).to(b_z.dtype)
     b_acc += tl.dot(b_pc, b_zc, input_precision=DOT_PREC)
+    return _nan_rows(b_acc, fin, causal)
+
+
+@triton.jit
+def _nan_rows(b_acc, fin, causal):
+    """b_acc [R, O] with every row at or after a step s whose z row has a non-finite entry
+    (``fin`` [S, ·] false) set to NaN; ``causal`` [R, S] true where s ≤ r."""
     bad_s = tl.max(tl.where(fin, 0, 1), 1)  # [S]: step s has a non-finite entry
     bad_r = tl.max(tl.where(causal, bad_s[None, :], 0), 1)  # [R]: some s ≤ r does
     return tl.where(bad_r[:, None] > 0, float("nan"), b_acc)

@@ -18,10 +18,10 @@ tiles each) is where a race between pipeline stages showed up that short shapes 
     pytest tests/gpu/test_matrix.py -q        # worst errors at the end
 
 Compiling the kernels of 180 cases one after another takes longer than running them: the cases
-run in LINRNN_GPU_JOBS worker processes (default: one per CPU core, at most 8), one op × mode
-× dtype each, on the visible GPUs in turn, and the tests report their results. Every floating-point ``torch.empty``,
-``empty_like`` and ``new_empty`` in a worker returns NaN-filled memory, so an element a kernel
-forgets to write shows up.
+run in LINRNN_GPU_JOBS worker processes (default: one per CPU core, at most 8), a fresh one per
+op × mode × dtype, on the visible GPUs in turn, and the tests report their results. Every
+floating-point ``torch.empty``, ``empty_like`` and ``new_empty`` in a worker returns NaN-filled
+memory, so an element a kernel forgets to write shows up.
 """
 
 from __future__ import annotations
