@@ -24,16 +24,27 @@ versions; the compiler is what must accept the kernels)::
 
 Exit status 1 when any specialization fails to compile. Compiling takes minutes (several
 hundred specializations).
+
+What a specialization costs on the target, without a GPU: ``--resources`` runs Triton's bundled
+ptxas on each compiled kernel and prints its registers, spill bytes, shared memory and the PTX's
+barrier and shared-memory instruction counts. The captured shapes are small; ``--set`` gives
+the recorded arguments other values (the GPU's tiles) and ``--match`` picks records::
+
+    python3 scripts/compile_check.py --phase compile --records launches.pkl --resources \
+        --only out_fwd_kernel --match q=torch.bfloat16,HAS_DECAY=False,VARLEN=False \
+        --set K=256,V=256,BQ=64,BD=32,BO=256,num_warps=4,num_stages=3
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import importlib
 import inspect
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
@@ -190,7 +201,55 @@ def _signature(fn, given):
     return signature, constants
 
 
-def compile_all(path: str, arch: int, only: set[str]) -> int:
+def _assignments(text: str) -> dict:
+    """``"A=1,B=x"`` -> {"A": 1, "B": "x"} (Python literals where they parse, else strings)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"expected NAME=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _matches(given: dict, match: dict) -> bool:
+    """Whether a record has every ``match`` value (a tensor matches its dtype's name)."""
+    return all(k in given and str(given[k][1]) == str(v) for k, v in match.items())
+
+
+def resources(kernel, arch: int) -> str:
+    """ptxas's registers and spills, the shared memory and the PTX's barrier and shared-memory
+    instruction counts of one compiled kernel."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(arch).path  # the one Triton itself assembles this target with
+    ptx = kernel.asm["ptx"]
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "kernel.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        cmd = [ptxas, f"-arch=sm_{arch}{'a' if arch >= 90 else ''}", "-v", src, "-o",
+               os.path.join(d, "kernel.o")]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    info = done.stdout + done.stderr
+    found = {}
+    for key, pattern in (("registers", r"Used (\d+) registers"),
+                         ("spill stores", r"(\d+) bytes spill stores"),
+                         ("spill loads", r"(\d+) bytes spill loads")):  # fmt: skip
+        m = re.search(pattern, info)
+        found[key] = int(m.group(1)) if m else "?"
+    counts = ", ".join(f"{w} {ptx.count(w)}" for w in ("bar.sync", "st.shared", "ld.shared"))
+    return (
+        f"{found['registers']} registers, spill stores {found['spill stores']} B, spill "
+        f"loads {found['spill loads']} B, shared {kernel.metadata.shared} B; PTX {counts}"
+    )
+
+
+def compile_all(path: str, arch: int, only: set[str], match: dict | None = None,
+                overrides: dict | None = None, report: bool = False) -> int:  # fmt: skip
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -202,6 +261,10 @@ def compile_all(path: str, arch: int, only: set[str]) -> int:
     for module, name, given in records:
         if only and name not in only:
             continue
+        if match and not _matches(given, match):
+            continue
+        if overrides:
+            given = {**given, **{k: ("value", v) for k, v in overrides.items()}}
         fn = getattr(importlib.import_module(module), name)
         params = {p.name: p for p in fn.params}
         # runtime ints and floats do not specialize (beyond the i32/i64 split): leave them out
@@ -222,6 +285,10 @@ def compile_all(path: str, arch: int, only: set[str]) -> int:
             lines = [ln for ln in str(e).splitlines() if "Error" in ln] or [type(e).__name__]
             failures[(name, lines[-1].strip()[:200])] += 1
             continue
+        if report:
+            tiles = {k: v[1] for k, v in given.items()
+                     if (k.startswith("B") and k.isupper()) or k.startswith("num_")}  # fmt: skip
+            print(f"{name} {tiles}: {resources(kernel, arch)}", flush=True)
         # The launch would fail with OutOfResources: a finding too (the limit is the GPU's)
         shared, limit = kernel.metadata.shared, SHARED_LIMIT.get(arch)
         if limit is not None and shared > limit:
@@ -241,7 +308,12 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="record only the first N calls")
     ap.add_argument("--phase", choices=("all", "capture", "compile"), default="all")
     ap.add_argument("--records", default=None, help="the capture file (default: a temp file)")
+    ap.add_argument("--match", default="", help="only records with these values: NAME=VALUE,...")
+    ap.add_argument("--set", default="", help="compile with these values: NAME=VALUE,...")
+    ap.add_argument("--resources", action="store_true",
+                    help="registers, spills, shared memory of each kernel (ptxas)")  # fmt: skip
     a = ap.parse_args(argv)
+    picks = dict(match=_assignments(a.match), overrides=_assignments(a.set), report=a.resources)
     path = a.records or os.path.join(tempfile.mkdtemp(), "launches.pkl")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get(
         "PYTHONPATH"), ROOT])))  # fmt: skip
@@ -249,15 +321,16 @@ def main(argv=None) -> int:
         capture(path, a.limit)
         return 0
     if a.phase == "compile":
-        return compile_all(path, a.arch, set(filter(None, a.only.split(","))))
+        return compile_all(path, a.arch, set(filter(None, a.only.split(","))), **picks)
     # Two processes: the interpreter must be chosen before triton is imported, and compiling
     # needs it off.
     base = [sys.executable, os.path.abspath(__file__), "--records", path]
     limit = [] if a.limit is None else ["--limit", str(a.limit)]
     subprocess.run([*base, "--phase", "capture", *limit], check=True, env=env)
     env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([*base, "--phase", "compile", "--arch", str(a.arch), "--only", a.only],
-                          env=env)  # fmt: skip
+    picked = ["--match", a.match, "--set", a.set] + (["--resources"] if a.resources else [])
+    done = subprocess.run([*base, "--phase", "compile", "--arch", str(a.arch), "--only", a.only,
+                           *picked], env=env)  # fmt: skip
     return done.returncode
 
 

@@ -32,7 +32,7 @@ def _retyped_kernel(x, y, N, BLOCK: tl.constexpr):
     tl.store(y, acc)
 
 
-def _compile(tmp_path, name):
+def _compile(tmp_path, name, *extra):
     records = tmp_path / "launches.pkl"
     args = {"x": ("tensor", "torch.float32"), "y": ("tensor", "torch.float32"),
             "N": ("value", 5), "BLOCK": ("value", 16)}  # fmt: skip
@@ -40,7 +40,7 @@ def _compile(tmp_path, name):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
     cmd = [sys.executable, str(ROOT / "scripts" / "compile_check.py"), "--phase", "compile",
-           "--records", str(records), "--only", name]  # fmt: skip
+           "--records", str(records), "--only", name, *extra]  # fmt: skip
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -55,3 +55,16 @@ def test_a_kernel_the_interpreter_accepts_fails_to_compile(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "0 specializations compiled, 1 failed" in done.stdout
     assert "_retyped_kernel" in done.stdout
+
+
+def test_resources_with_other_values(tmp_path):
+    """--set compiles a record with other values (here a larger block) and --resources prints
+    ptxas's registers and spills and the kernel's shared memory; --match picks no record when
+    a value differs."""
+    done = _compile(tmp_path, "_copy_kernel", "--resources", "--set", "BLOCK=1024",
+                    "--match", "x=torch.float32")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("_copy_kernel"))
+    assert "'BLOCK': 1024" in line and "registers" in line and "spill stores 0 B" in line, line
+    done = _compile(tmp_path, "_copy_kernel", "--match", "x=torch.float16")
+    assert "0 specializations compiled, 0 failed" in done.stdout, done.stdout + done.stderr
