@@ -266,10 +266,14 @@ def test_packed_sequences_independent_under_non_finite(name, backend, mode):
     at step 5 (or inf in a gate) changes neither its earlier outputs nor any output of the
     second (bitwise), and the second's final state stays bitwise too (the scalar gates' packed
     cumulative sums were once differences of one sum over the pack, which carried a NaN on).
-    fused_chunk shares chunk mode's packed gate sums."""
+    fused_chunk shares chunk mode's packed gate sums. One exception, by design: the PyTorch
+    chunk path factors a chunk's weights around the chunk's largest gate term (DESIGN §6.1),
+    so a gate at t0 changes its chunk's earlier rows by rounding; those are held to the fp64
+    reference as tightly as the clean call meets it (as in check_causal_non_finite)."""
     fam = _family(name)
     T, H, K, V, t0 = 40, 2, 8, 8, 5
-    inputs = {n: t.float() for n, t in _on(fam.build(1, T, H, K, V, True)).items()}
+    inputs64 = _on(fam.build(1, T, H, K, V, True))
+    inputs = {n: t.float() for n, t in inputs64.items()}
     cu = torch.tensor([0, 17, T], device=DEVICE)
     kw = dict(backend=backend, mode=mode, chunk_size=16, cu_seqlens=cu, output_final_state=True)
     with linrnn.checks(False):
@@ -279,7 +283,13 @@ def test_packed_sequences_independent_under_non_finite(name, backend, mode):
         for which, bad, dirty in dirtied(inputs, names, t0, bads):
             o_bad, st_bad = fam.call(dirty, **kw)
             where = f"{name} {backend}/{mode}: {which}[:, {t0}] = {bad}"
-            assert torch.equal(o_bad[:, :t0], o[:, :t0]), where
+            if backend == "torch" and mode == "chunk" and which not in QKV:
+                assert torch.isfinite(o_bad[:, :t0]).all(), where
+                ref = fam.call(inputs64, mode="reference", backend="torch", cu_seqlens=cu)[0]
+                assert_close(where, o_bad[:, :t0], ref[:, :t0], torch.float32, 5.0,
+                             same_dtype_ref=o[:, :t0])  # fmt: skip
+            else:
+                assert torch.equal(o_bad[:, :t0], o[:, :t0]), where
             assert torch.equal(o_bad[:, 17:], o[:, 17:]), f"{where}: the second sequence"
             parts = lambda x: x if isinstance(x, tuple) else (x,)  # noqa: E731 (mLSTM: C, n, m)
             for a, b in zip(parts(st_bad), parts(st)):
