@@ -237,9 +237,10 @@ def results(request) -> dict:
              if (op, mode, dtype) in selected]  # fmt: skip
     gpus = max(torch.cuda.device_count(), 1)  # the tasks take the visible GPUs in turn
     spawn = multiprocessing.get_context("spawn")  # CUDA in the workers, none in this process
-    # A fresh process per task: a CUDA error (an illegal address) poisons its process's
-    # contexts, and must fail its own cases only.
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=spawn, max_tasks_per_child=1) as pool:
+    # A fresh process per task (Python ≥ 3.11): a CUDA error (an illegal address) poisons its
+    # process's contexts, and must fail its own cases only.
+    fresh = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=spawn, **fresh) as pool:
         futures = {task: pool.submit(task_errors, *task, f"cuda:{j % gpus}")
                    for j, task in enumerate(tasks)}  # fmt: skip
         out = {}
