@@ -25,13 +25,14 @@ versions; the compiler is what must accept the kernels)::
 Exit status 1 when any specialization fails to compile. Compiling takes minutes (several
 hundred specializations).
 
-What a specialization costs on the target, without a GPU: ``--resources`` runs Triton's bundled
-ptxas on each compiled kernel and prints its registers, spill bytes, shared memory and the PTX's
-barrier and shared-memory instruction counts. The captured shapes are small; ``--set`` gives
-the recorded arguments other values (the GPU's tiles) and ``--match`` picks records::
+What a specialization costs on the target, without a GPU: ``--resources`` runs the ptxas Triton
+assembles that target with on each compiled kernel and prints its registers, spill bytes, shared
+memory and the PTX's barrier and shared-memory instruction counts. The captured shapes are
+small; ``--set`` gives the recorded arguments other values (the GPU's tiles) and ``--match``
+picks records::
 
     python3 scripts/compile_check.py --phase compile --records launches.pkl --resources \
-        --only out_fwd_kernel --match q=torch.bfloat16,HAS_DECAY=False,VARLEN=False \
+        --only out_fwd_kernel --match q=torch.bfloat16,HAS_DECAY=False,VARLEN=False,NORM=0 \
         --set K=256,V=256,BQ=64,BD=32,BO=256,num_warps=4,num_stages=3
 """
 
