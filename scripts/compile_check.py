@@ -53,7 +53,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_LIMIT = {90: 232448}  # bytes of shared memory one block may use (Hopper: 227 KiB)
 POINTER_TYPES = {"torch.float16": "*fp16", "torch.bfloat16": "*bf16", "torch.float32": "*fp32",
-                 "torch.int32": "*i32", "torch.int64": "*i64"}  # fmt: skip
+                 "torch.int8": "*i8", "torch.int32": "*i32", "torch.int64": "*i64"}  # fmt: skip
 
 
 def _describe(value):

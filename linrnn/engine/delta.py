@@ -20,6 +20,7 @@ import torch
 
 from linrnn.engine import delta_bwd_kernels as bk
 from linrnn.engine import delta_kernels as dk
+from linrnn.engine import fix_pass
 from linrnn.engine import scalar_kernels as sk
 from linrnn.engine.config import (
     DELTA_BWD_TILES,
@@ -126,7 +127,8 @@ def output(q, k, vn, b, states, cfg: DeltaConfig) -> torch.Tensor:
     o = torch.empty(*vn.shape, device=vn.device, dtype=q.dtype)
     BQ, BD, BO, launch = cfg.tiles("out_fwd", K, V)
     NQ = cdiv(cfg.L, BQ)
-    sk.out_fwd_kernel[(cfg.NT * NQ, cdiv(V, BO), cfg.rows)](
+    fix_pass.launch(
+        sk.out_fwd_kernel, (cfg.NT * NQ, cdiv(V, BO), cfg.rows), vn.device,
         q=q, k=k, v=vn, h=states, hn=None, mc=None, g=b, gi=None, o=o, den=None, m_row=None,
         chunks=cfg.CHUNKS, T=T, H=HV, G=cfg.G, K=K, V=V, L=cfg.L, NT=cfg.NT, NQ=NQ, NSEQ=cfg.NSEQ,
         scale=cfg.scale, eps=0.0, BQ=BQ, BD=BD, BO=BO, HAS_DECAY=b is not None, HAS_IGATE=False,

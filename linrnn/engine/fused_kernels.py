@@ -251,6 +251,14 @@ def fused_fwd_kernel(
             m_t = o_t < c1
             b_q = _tile(p_q, o_t, o_k, HK * K, m_t, m_k)  # [BT, BK]
             b_kt = _tile_t(p_k, o_t, o_k, HK * K, m_t, m_k)  # [BK, BT]
+            # One v tile, cleaned, for both products (the diagonal one and the state update), and
+            # loaded here, before the first product: loaded after it (or a second copy beside it)
+            # the kernel read shared memory out of bounds or computed garbage on sm_90 with
+            # Triton 3.6 at 16-bit K = V = 256 (DESIGN §6.1). A later step's NaN v reaches no
+            # earlier row: the rows at or after it become NaN below, its state columns too.
+            b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
+            fin = tl.abs(b_v.to(tl.float32)) < float("inf")  # false for NaN and ±inf
+            b_v = tl.where(fin, b_v, 0.0).to(b_v.dtype)
             b_b, b_a, b_last = _gates(g, gi, i_bh * T, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
             causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
             b_mr = tl.zeros([BT], dtype=tl.float32)
@@ -265,14 +273,6 @@ def fused_fwd_kernel(
             b_p = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
             w_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
             b_p = tl.where(causal, b_p * w_d, 0.0)  # not b_p·w_d: a later key's NaN score times 0
-            # One v tile, cleaned, for both products (the diagonal one and the state update): a
-            # second copy of the tile for the diagonal product alone made this kernel read shared
-            # memory out of bounds on sm_90 with 16-bit inputs at K = V = 256 (DESIGN §6.1). A
-            # later step's NaN v reaches no earlier row: the rows at or after it become NaN here,
-            # its columns of the state below.
-            b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
-            fin = tl.abs(b_v.to(tl.float32)) < float("inf")  # false for NaN and ±inf
-            b_v = tl.where(fin, b_v, 0.0).to(b_v.dtype)
             b_o += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
             b_o = _nan_rows(b_o, fin, causal)
             b_o *= scale

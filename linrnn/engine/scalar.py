@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from linrnn.engine import fix_pass
 from linrnn.engine import fused_kernels as fused
 from linrnn.engine import group_kernels as group
 from linrnn.engine import group_scores_kernels as gsk
@@ -170,7 +171,8 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
     else:
         BQ, BD, BO, launch = c.tiles("out_fwd", K, V)
         NQ = cdiv(L, BQ)
-        kern.out_fwd_kernel[(NT * NQ, cdiv(V, BO), BH)](
+        fix_pass.launch(
+            kern.out_fwd_kernel, (NT * NQ, cdiv(V, BO), BH), q.device,
             q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
             chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ,
             scale=c.scale, eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip,

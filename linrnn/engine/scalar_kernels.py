@@ -60,6 +60,8 @@ from linrnn.engine.triton_common import (
     _dot_n,
     _inv_denominator,
     _log_weights,
+    _not_finite,
+    _program_slot,
     _start_state,
     _state_tile,
     _tile,
@@ -208,8 +210,8 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     (causal mask), then the full key tiles before it. ``AFFINE``: p_rs → A_r p_rs + dd_r (b_A,
     b_dd [BQ]); ``DEN``: also Σ_s D_rs p_rs into b_den. Row strides: s_x of x and y, s_z of
     z. The diagonal tile's product is causal under non-finite z (:func:`_causal_dot_at`);
-    ``RAW``: a plain product instead, for a caller that checks the result and forms the tile
-    again without ``RAW`` when it is not finite. Returns (acc, den)."""
+    ``RAW``: a plain product instead, for a caller that flags a result that is not finite and
+    forms that tile again without ``RAW`` (:func:`out_fwd_kernel`). Returns (acc, den)."""
     if AFFINE:
         b_p = b_p * b_A[:, None] + b_dd[:, None]
     b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
@@ -246,22 +248,6 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     return b_acc, b_den
 
 
-@triton.jit
-def _out_rows(p_q, p_k, p_v, p_h, hn, g, gi, b_br, b_mr, e_r, o_r, m_r, r0, c0, c1, o_v, m_v, H,
-              HK, K, V, BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
-              HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
-              DEN: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr):  # fmt: skip
-    """:func:`out_fwd_kernel`'s unscaled rows and den: e_r q_r C_c plus the chunk's earlier
-    keys (:func:`_rows_inter`, :func:`_rows_intra`, ``RAW`` as there)."""
-    b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, HK * K, V, 1, BQ, BD,
-                                    BO, DEN, DOT_PREC)  # fmt: skip
-    b_acc *= e_r[:, None]
-    b_den *= e_r
-    return _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None, None, o_r, m_r,
-                       r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD, HAS_DECAY, HAS_IGATE,
-                       HAS_MAX, DEN, False, DOT_PREC, RAW)  # fmt: skip
-
-
 @triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
 def out_fwd_kernel(
     q, k, v, h, hn, mc, g, gi, o, den, m_row, chunks,
@@ -269,17 +255,27 @@ def out_fwd_kernel(
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, skip=None, HAS_SKIP: tl.constexpr = False,
+    bad=None, FIX: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, V tiles, B·H): o_r = scale·[e_r q_r C_c + Σ_{s≤r} D_rs
     (q_r·k_s) v_s] of one query tile from the chunk states h (and hn, mc). ``NORM``: divided
     by the normalizer's denominator, den [B·H, T] = scale·q·n stored; ``HAS_MAX``: the row max
     m_row [B·H, T] stored. ``HAS_SKIP``: plus the skip term skip[h]·v_r (skip [H] fp32, after
-    the normalizer: Mamba2's D·x)."""
+    the normalizer: Mamba2's D·x).
+
+    Launched twice (fix_pass.launch): the tile with a plain diagonal product, flagging in bad
+    [grid] (int8) whether it is finite; then, ``FIX``, the flagged tiles alone again with the
+    causal product (triton_common._causal_dot_at), so that a later step's non-finite value
+    reaches no earlier row (docs/DESIGN.md §6.1)."""
     i_cq, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
+    slot = _program_slot()
+    if FIX:
+        if tl.load(bad + slot) == 0:
+            return
     o_v = i_v * BO + tl.arange(0, BO)
     m_v = o_v < V
     HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
@@ -303,17 +299,16 @@ def out_fwd_kernel(
         e_r = tl.exp(b_br)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    # The tile with a plain diagonal product; only a tile whose result is not finite (0·x summed:
-    # NaN iff an entry is NaN or ±inf) is formed again with the causal one (triton_common
-    # ._causal_dot_at; docs/DESIGN.md §6.1): no accumulator copy, no cleaning pass otherwise.
-    b_acc, b_den = _out_rows(p_q, p_k, p_v, p_h, hn, g, gi, b_br, b_mr, e_r, o_r, m_r, r0, c0, c1,
-                             o_v, m_v, H, HK, K, V, BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX,
-                             NORM != NORM_NONE, DOT_PREC, True)  # fmt: skip
-    flag = tl.sum(tl.sum(b_acc * 0.0, 1), 0)
-    if flag != flag:
-        b_acc, b_den = _out_rows(p_q, p_k, p_v, p_h, hn, g, gi, b_br, b_mr, e_r, o_r, m_r, r0, c0,
-                                 c1, o_v, m_v, H, HK, K, V, BQ, BD, BO, HAS_DECAY, HAS_IGATE,
-                                 HAS_MAX, NORM != NORM_NONE, DOT_PREC, False)  # fmt: skip
+    b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, HK * K, V, 1, BQ, BD,
+                                    BO, NORM != NORM_NONE, DOT_PREC)  # fmt: skip
+    b_acc *= e_r[:, None]
+    b_den *= e_r
+    b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None, None,
+                               o_r, m_r, r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD, HAS_DECAY,
+                               HAS_IGATE, HAS_MAX, NORM != NORM_NONE, False, DOT_PREC,
+                               not FIX)  # fmt: skip
+    if not FIX:
+        tl.store(bad + slot, _not_finite(b_acc).to(tl.int8))
     b_acc *= scale
 
     p_o = o + (i_b * T * H + i_h) * V + o_r.to(tl.int64)[:, None] * H * V + o_v[None, :]

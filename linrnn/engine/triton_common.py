@@ -136,6 +136,20 @@ def _nan_rows(b_acc, fin, causal):
 
 
 @triton.jit
+def _not_finite(b_acc):
+    """Whether the tile b_acc holds a NaN or ±inf (0·x summed over it: NaN iff one does)."""
+    flag = tl.sum(tl.sum(b_acc * 0.0, 1), 0)
+    return flag != flag
+
+
+@triton.jit
+def _program_slot():
+    """This program's index in its (up to 3-D) grid: its slot in a per-program flag table."""
+    i_p = tl.program_id(2).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+    return i_p * tl.num_programs(0) + tl.program_id(0)
+
+
+@triton.jit
 def _causal_dot_at(b_acc, b_p, causal, p_z, o_s, o_o, s_z, m_s, m_o, DOT_PREC: tl.constexpr):
     """:func:`_causal_dot` with z read here, ``p_z[o_s, o_o]`` (row stride s_z, masks m_s,
     m_o). Cleaning z costs an elementwise pass over every tile between its load and the

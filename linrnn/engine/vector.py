@@ -39,6 +39,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from linrnn.engine import fix_pass
 from linrnn.engine import fused_kernels as fused
 from linrnn.engine import vector_cumsum_kernels as cs
 from linrnn.engine import vector_gate_grad_kernels as gg
@@ -464,13 +465,18 @@ def _apply(A, z, x, st, g, out, c: ChunkConfig, rev: bool, inter: bool = False, 
     BQ, BS, BD, BO = _fit(BQ, c.L), _fit(BS, c.L), _fit(BD, D), _fit(BO, O)
     NQ = cdiv(c.L, BQ)
     excl = c.excl and fast is not None
-    sc.apply_kernel[(c.NT * NQ, cdiv(O, BO), c.rows)](
+    args = dict(
         A=A, Z=z, X=x, ST=st, G=g, OUT=out, CHUNKS=c.CHUNKS, GO=go, U=u if excl else None,
         FOUT=fout, FD=fd, SPAN=spans, T=T, H=H, D=D, O=O, L=c.L, NT=c.NT, NQ=NQ, scale=c.scale,
         s_sd=s_sd, s_so=s_so, BQ=BQ, BS=BS, BD=BD, BO=BO, REV=rev, VARLEN=c.varlen,
         DOT_PREC=c.prec, INTER=inter, FAST=CHUNK_SPAN if fast is not None else 0.0, EXCL=excl,
         PRE_GATED=pre_gated, num_warps=nw, num_stages=ns,
     )  # fmt: skip
+    grid = (c.NT * NQ, cdiv(O, BO), c.rows)
+    if rev or inter:  # no diagonal product of values after the rows
+        sc.apply_kernel[grid](**args)
+    else:
+        fix_pass.launch(sc.apply_kernel, grid, out.device, **args)
 
 
 def _backward_chunk(s: dict, c: ChunkConfig, do, dS_T, slow) -> dict:

@@ -61,7 +61,6 @@ def chunk_cumsum_kernel(
     if not EXCL:
         top = tl.full([BD], float("-inf"), tl.float32)
     bot = tl.full([BD], float("inf"), tl.float32)
-    bad = tl.zeros([BD], dtype=tl.int32)  # non-finite sums seen (a NaN or inf gate)
     for j in range(0, tl.cdiv(c1 - c0, BT)):  # row tiles from the chunk's start
         o_t = c0 + j * BT + tl.arange(0, BT)
         m_t = o_t < c1
@@ -73,10 +72,8 @@ def chunk_cumsum_kernel(
         # the tile's last row, as stored (a full tile's; a partial one ends the chunk)
         carry = tl.sum(tl.where((tl.arange(0, BT) == BT - 1)[:, None], inc, 0.0), 0)
         if HAS_SPAN:
-            ok = m & (tl.abs(inc) < float("inf"))  # false for NaN and ±inf
-            top = tl.maximum(top, tl.max(tl.where(ok, inc, float("-inf")), 0))
-            bot = tl.minimum(bot, tl.min(tl.where(ok, inc, float("inf")), 0))
-            bad += tl.sum(tl.where(ok, 0, m.to(tl.int32)), 0)
+            top = tl.maximum(top, tl.max(tl.where(m, inc, float("-inf")), 0))
+            bot = tl.minimum(bot, tl.min(tl.where(m, inc, float("inf")), 0))
         g_x = inc
         if EXCL:
             tl.debug_barrier()  # this tile's inc rows, stored by other threads, are visible
@@ -97,6 +94,9 @@ def chunk_cumsum_kernel(
             tl.store(KG + p, _gate(b_k, g_last[None, :] - g_k, m), mask=m)
     if HAS_SPAN and c1 > c0:
         span = tl.max(tl.where(m_d, top - bot, 0.0), 0)
-        # a non-finite gate: +inf, never NaN (unordered in the atomic max), so the chunk is slow
-        span = tl.where(tl.max(bad, 0) > 0, float("inf"), span)
+        # A non-finite gate makes its channel's total (carry) non-finite, and 0·x summed over
+        # the totals NaN: the span is then +inf, never NaN (unordered in the atomic max), so
+        # the chunk takes the exact form.
+        fin = tl.sum(carry * 0.0, 0)
+        span = tl.where(fin == fin, span, float("inf"))
         tl.atomic_max(SPAN + i_c * tl.num_programs(2) + i_bh, span)

@@ -33,7 +33,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _causal_dot_at, _chunk_rows, _tile, _tile_t
+from linrnn.engine.triton_common import (
+    _causal_dot,
+    _chunk_rows,
+    _not_finite,
+    _program_slot,
+    _tile,
+    _tile_t,
+)
 from linrnn.engine.vector_common import (
     _chunk_fast_out,
     _chunk_ref,
@@ -158,7 +165,8 @@ def apply_kernel(
     s_so,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     REV: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INTER: tl.constexpr,
-    FAST: tl.constexpr, EXCL: tl.constexpr, PRE_GATED: tl.constexpr,
+    FAST: tl.constexpr, EXCL: tl.constexpr, PRE_GATED: tl.constexpr, bad=None,
+    FIX: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × row tiles, output tiles, B·H): rows o_r of a chunk — queries (forward),
     or keys (``REV``, dv) — against the stored scores of their chunk, plus the inter-chunk
@@ -177,12 +185,21 @@ def apply_kernel(
 
     ``PRE_GATED`` (not ``INTER``): X is gated already, q ⊙ exp(G^X) (or, ``REV``, k ⊙
     exp(G^K_L − G^K)), as vector_cumsum_kernels stores it: the state part takes it as it
-    is."""
+    is.
+
+    Queries (neither ``REV`` nor ``INTER``) launch twice (fix_pass.launch): plain products,
+    flagging in bad whether the rows came out finite, then, ``FIX``, the flagged programs
+    again with causal products (triton_common._causal_dot), so that a later key's non-finite
+    value reaches no earlier row (docs/DESIGN.md §6.1)."""
     i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
+    slot = _program_slot()
+    if FIX:
+        if tl.load(bad + slot) == 0:
+            return
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O
     base = i_b * T * H + i_h
@@ -199,21 +216,19 @@ def apply_kernel(
             b_z = _tile(p_z, o_t, o_o, H * O, m_t, m_o)  # [BS, BO]
             b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
     elif not INTER:  # queries r, every earlier key s of the chunk: Σ_s A[r, s] Z_s
-        s_mid = c0 + (r0 - c0) // BS * BS  # the key tiles from here on reach rows o_r
-        for s0 in range(c0, s_mid, BS):  # keys before every row: plain products
-            o_s = s0 + tl.arange(0, BS)
-            p = p_a + o_r.to(tl.int64)[:, None] * H * L + (o_s - c0)[None, :]
-            b_a = tl.load(p, mask=m_r[:, None], other=0.0)  # [BQ, BS]
-            b_z = _tile(p_z, o_s, o_o, H * O, o_s < c1, m_o)  # [BS, BO]
-            b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
-        for s0 in range(s_mid, tl.minimum(r0 + BQ, c1), BS):  # the diagonal tiles
+        for s0 in range(c0, tl.minimum(r0 + BQ, c1), BS):
             o_s = s0 + tl.arange(0, BS)
             m_s = o_s < c1
             p = p_a + o_r.to(tl.int64)[:, None] * H * L + (o_s - c0)[None, :]
             causal = m_r[:, None] & m_s[None, :] & (o_s[None, :] <= o_r[:, None])
             b_a = tl.load(p, mask=causal, other=0.0)  # [BQ, BS]
-            # a later key's non-finite value must not reach earlier rows (A's masked zeros)
-            b_acc = _causal_dot_at(b_acc, b_a, causal, p_z, o_s, o_o, H * O, m_s, m_o, DOT_PREC)
+            b_z = _tile(p_z, o_s, o_o, H * O, m_s, m_o)  # [BS, BO]
+            if FIX:  # a later key's non-finite value must not reach earlier rows
+                b_acc = _causal_dot(b_acc, b_a, b_z, causal, DOT_PREC)
+            else:
+                b_acc += tl.dot(b_a, b_z, input_precision=DOT_PREC)
+        if not FIX:
+            tl.store(bad + slot, _not_finite(b_acc).to(tl.int8))
     b_int = _vec_state_part(
         X + base * D, ST + (i_bh * NT + i_c) * D * O, G + base * D, G + base * O, o_r, m_r, o_o,
         m_o, c1, D, H * D, H * O, s_sd, s_so, BQ, BD, BO, REV, not (INTER or PRE_GATED), INTER,
