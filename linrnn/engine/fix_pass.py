@@ -6,7 +6,7 @@ those rows (0·NaN = NaN). Cleaning every tile before its product costs an eleme
 registers on the common path, where inputs are finite. So such a kernel runs twice
 (docs/DESIGN.md §6.1): first with plain products, storing per program whether its tile came out
 finite; then with ``FIX=True``, where the programs whose tile did not re-form it with the causal
-product (triton_common._causal_dot_at) and every other program returns at once. Both passes
+product (triton_common._causal_dot) and every other program returns at once. Both passes
 are launched always: whether a tile needs the second one is known only on the device.
 """
 

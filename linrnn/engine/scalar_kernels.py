@@ -55,6 +55,7 @@ from linrnn.engine.triton_common import (
     NORM_NONE,
     NORM_SUM,
     _bounds,
+    _causal_dot,
     _causal_dot_at,
     _chunk_rows,
     _dot_n,
@@ -205,13 +206,14 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
                 c0, c1, o_o, m_o, D, s_x, s_z, BQ: tl.constexpr, BD: tl.constexpr,
                 HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
                 DEN: tl.constexpr, AFFINE: tl.constexpr, DOT_PREC: tl.constexpr,
-                RAW: tl.constexpr = False):  # fmt: skip
+                RAW: tl.constexpr = False, CLEAN: tl.constexpr = False):  # fmt: skip
     """Adds Σ_{s≤r} D_rs p_rs z_s to b_acc [BQ, BO]: the diagonal key tile from its scores b_p
     (causal mask), then the full key tiles before it. ``AFFINE``: p_rs → A_r p_rs + dd_r (b_A,
     b_dd [BQ]); ``DEN``: also Σ_s D_rs p_rs into b_den. Row strides: s_x of x and y, s_z of
     z. The diagonal tile's product is causal under non-finite z (:func:`_causal_dot_at`);
     ``RAW``: a plain product instead, for a caller that flags a result that is not finite and
-    forms that tile again without ``RAW`` (:func:`out_fwd_kernel`). Returns (acc, den)."""
+    forms that tile again with ``CLEAN``, the cleaning form :func:`_causal_dot` outright
+    (:func:`out_fwd_kernel`). Returns (acc, den)."""
     if AFFINE:
         b_p = b_p * b_A[:, None] + b_dd[:, None]
     b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
@@ -223,6 +225,9 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     if RAW:
         b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BQ, BO]
         b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+    elif CLEAN:
+        b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)
+        b_acc = _causal_dot(b_acc, b_p, b_z, causal, DOT_PREC)
     else:
         b_acc = _causal_dot_at(b_acc, b_p, causal, p_z, o_r, o_o, s_z, m_r, m_o, DOT_PREC)
     for s0 in range(c0, r0, BQ):
@@ -265,7 +270,7 @@ def out_fwd_kernel(
 
     Launched twice (fix_pass.launch): the tile with a plain diagonal product, flagging in bad
     [grid] (int8) whether it is finite; then, ``FIX``, the flagged tiles alone again with the
-    causal product (triton_common._causal_dot_at), so that a later step's non-finite value
+    causal product (triton_common._causal_dot), so that a later step's non-finite value
     reaches no earlier row (docs/DESIGN.md §6.1)."""
     i_cq, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -306,7 +311,7 @@ def out_fwd_kernel(
     b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None, None,
                                o_r, m_r, r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD, HAS_DECAY,
                                HAS_IGATE, HAS_MAX, NORM != NORM_NONE, False, DOT_PREC,
-                               not FIX)  # fmt: skip
+                               not FIX, FIX)  # fmt: skip
     if not FIX:
         tl.store(bad + slot, _not_finite(b_acc).to(tl.int8))
     b_acc *= scale
