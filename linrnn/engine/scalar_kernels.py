@@ -324,8 +324,10 @@ def out_fwd_kernel(
         tl.store(den + i_bh * T + o_r, b_den, mask=first)
     if HAS_MAX:
         tl.store(m_row + i_bh * T + o_r, b_mr, mask=first)
-    if HAS_SKIP:
-        b_acc += tl.load(skip + i_h) * _tile(p_v, o_r, o_v, H * V, m_r, m_v).to(tl.float32)
+    if HAS_SKIP:  # one fma, not a mul and an add: which of the two products the compiler fused
+        # into the add differed between the two launches (1 ulp, but no longer bitwise causal)
+        b_acc = tl.fma(tl.load(skip + i_h), _tile(p_v, o_r, o_v, H * V, m_r, m_v).to(tl.float32),
+                       b_acc)  # fmt: skip
     tl.store(p_o, b_acc.to(o.dtype.element_ty), mask=m_r[:, None] & m_v[None, :])
 
 
