@@ -219,7 +219,10 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
     causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
     w = _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
-    b_p = tl.where(causal, b_p * w, 0.0)  # not b_p·w: a later key's NaN score times 0
+    if RAW:  # a later key's NaN score times 0 leaves a NaN row: the caller re-forms the tile
+        b_p *= w
+    else:
+        b_p = tl.where(causal, b_p * w, 0.0)  # not b_p·w: a later key's NaN score times 0
     if DEN:
         b_den += tl.sum(b_p, 1)
     if RAW:
