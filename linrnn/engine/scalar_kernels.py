@@ -51,9 +51,11 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.triton_common import (
+    FLAG_BLOCK,
     NORM_MAXM,
     NORM_NONE,
     NORM_SUM,
+    _any_flag,
     _bounds,
     _causal_dot,
     _causal_dot_at,
@@ -63,6 +65,8 @@ from linrnn.engine.triton_common import (
     _log_weights,
     _not_finite,
     _program_slot,
+    _slot_ids,
+    _slot_span,
     _start_state,
     _state_tile,
     _tile,
@@ -256,14 +260,14 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     return b_acc, b_den
 
 
-@triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
+@triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ", "SLOTS"])
 def out_fwd_kernel(
     q, k, v, h, hn, mc, g, gi, o, den, m_row, chunks,
     T, H, G, K, V, L, NT, NQ, NSEQ, scale, eps,
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, skip=None, HAS_SKIP: tl.constexpr = False,
-    bad=None, FIX: tl.constexpr = False,
+    bad=None, SLOTS=0, FIX: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, V tiles, B·H): o_r = scale·[e_r q_r C_c + Σ_{s≤r} D_rs
     (q_r·k_s) v_s] of one query tile from the chunk states h (and hn, mc). ``NORM``: divided
@@ -271,19 +275,45 @@ def out_fwd_kernel(
     m_row [B·H, T] stored. ``HAS_SKIP``: plus the skip term skip[h]·v_r (skip [H] fp32, after
     the normalizer: Mamba2's D·x).
 
-    Launched twice (fix_pass.launch): the tile with a plain diagonal product, flagging in bad
-    [grid] (int8) whether it is finite; then, ``FIX``, the flagged tiles alone again with the
-    causal product (triton_common._causal_dot), so that a later step's non-finite value
-    reaches no earlier row (docs/DESIGN.md §6.1)."""
-    i_cq, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
-    if r0 >= c1:
-        return
-    slot = _program_slot()
+    Launched twice (fix_pass.launch): each tile with a plain diagonal product, flagging in bad
+    [SLOTS] (int8, one per program of that grid) whether it came out finite; then, ``FIX``, a
+    few programs that find the flagged tiles and form them again with the causal product
+    (triton_common._causal_dot), so that a later step's non-finite value reaches no earlier
+    row (docs/DESIGN.md §6.1)."""
     if FIX:
-        if tl.load(bad + slot) == 0:
+        lo, hi = _slot_span(SLOTS)
+        for s0 in range(lo, hi, FLAG_BLOCK):
+            if _any_flag(bad, s0, hi):
+                for slot in range(s0, tl.minimum(s0 + FLAG_BLOCK, hi)):
+                    if tl.load(bad + slot) != 0:
+                        i_cq, i_v, i_bh = _slot_ids(slot, NT * NQ, tl.cdiv(V, BO))
+                        i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ,
+                                                                     VARLEN)  # fmt: skip
+                        _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v,
+                                  i_bh, i_c, c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ,
+                                  scale, eps, BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, NORM,
+                                  DOT_PREC, HAS_SKIP, True)  # fmt: skip
+    else:
+        i_cq, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+        i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
+        if r0 >= c1:
             return
+        _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, _program_slot(), i_v,
+                  i_bh, i_c, c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ, scale, eps, BQ,
+                  BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, NORM, DOT_PREC, HAS_SKIP,
+                  False)  # fmt: skip
+
+
+@triton.jit
+def _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v, i_bh, i_c, c0, c1,
+              i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ, scale, eps, BQ: tl.constexpr,
+              BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
+              HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
+              DOT_PREC: tl.constexpr, HAS_SKIP: tl.constexpr, FIX: tl.constexpr):  # fmt: skip
+    """One tile of :func:`out_fwd_kernel` (query rows o_r of chunk i_c, V tile i_v, row i_bh
+    of the gates): plain diagonal product and its flag stored at bad[slot], or (``FIX``) the
+    causal product."""
+    i_b, i_h = i_bh // H, i_bh % H
     o_v = i_v * BO + tl.arange(0, BO)
     m_v = o_v < V
     HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G

@@ -21,6 +21,8 @@ NORM_MAXM = tl.constexpr(config.NORM_MAXM)
 # registers a thread at 4 warps, twice that with its copy. At 64 × 256 the recheck made the
 # scalar output kernel's forward 1.8× as slow as cleaning on an H200 (the copy spills).
 RECHECK_MAX = tl.constexpr(8192)
+# Flags a fix-pass program reads at once (engine/fix_pass.py): most programs find none set.
+FLAG_BLOCK = tl.constexpr(128)
 
 
 @triton.jit
@@ -140,6 +142,27 @@ def _not_finite(b_acc):
     """Whether the tile b_acc holds a NaN or ±inf (0·x summed over it: NaN iff one does)."""
     flag = tl.sum(tl.sum(b_acc * 0.0, 1), 0)
     return flag != flag
+
+
+@triton.jit
+def _slot_span(SLOTS):
+    """The slots [lo, hi) of a fix-pass program (1-D grid): an even share of SLOTS."""
+    per = tl.cdiv(SLOTS, tl.num_programs(0))
+    lo = tl.program_id(0).to(tl.int64) * per
+    return lo, tl.minimum(lo + per, SLOTS)
+
+
+@triton.jit
+def _any_flag(bad, s0, hi):
+    """Whether any flag of bad[s0 : min(s0 + FLAG_BLOCK, hi)] is set."""
+    o_s = s0 + tl.arange(0, FLAG_BLOCK)
+    return tl.max(tl.load(bad + o_s, mask=o_s < hi, other=0), 0) != 0
+
+
+@triton.jit
+def _slot_ids(slot, G0, G1):
+    """The program ids (0, 1, 2) of a grid (G0, G1, ·) whose :func:`_program_slot` is slot."""
+    return slot % G0, (slot // G0) % G1, slot // (G0 * G1)
 
 
 @triton.jit

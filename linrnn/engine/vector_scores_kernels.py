@@ -34,10 +34,14 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.triton_common import (
+    FLAG_BLOCK,
+    _any_flag,
     _causal_dot,
     _chunk_rows,
     _not_finite,
     _program_slot,
+    _slot_ids,
+    _slot_span,
     _tile,
     _tile_t,
 )
@@ -159,13 +163,13 @@ def fast_scores_kernel(
                  mask=m_r[:, None] & (o_s < c0 + L)[None, :])  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
+@triton.jit(do_not_specialize=["T", "NT", "SLOTS"])
 def apply_kernel(
     A, Z, X, ST, G, OUT, CHUNKS, GO, U, FOUT, FD, SPAN, T, H, D, O, L, NT, NQ, scale, s_sd,
     s_so,
     BQ: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     REV: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, INTER: tl.constexpr,
-    FAST: tl.constexpr, EXCL: tl.constexpr, PRE_GATED: tl.constexpr, bad=None,
+    FAST: tl.constexpr, EXCL: tl.constexpr, PRE_GATED: tl.constexpr, bad=None, SLOTS=0,
     FIX: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × row tiles, output tiles, B·H): rows o_r of a chunk — queries (forward),
@@ -188,18 +192,44 @@ def apply_kernel(
     is.
 
     Queries (neither ``REV`` nor ``INTER``) launch twice (fix_pass.launch): plain products,
-    flagging in bad whether the rows came out finite, then, ``FIX``, the flagged programs
-    again with causal products (triton_common._causal_dot), so that a later key's non-finite
-    value reaches no earlier row (docs/DESIGN.md §6.1)."""
-    i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
-    if r0 >= c1:
-        return
-    slot = _program_slot()
+    flagging in bad [SLOTS] whether each program's rows came out finite, then, ``FIX``, a few
+    programs that find the flagged tiles and form them again with causal products
+    (triton_common._causal_dot), so that a later key's non-finite value reaches no earlier row
+    (docs/DESIGN.md §6.1)."""
     if FIX:
-        if tl.load(bad + slot) == 0:
+        lo, hi = _slot_span(SLOTS)
+        for s0 in range(lo, hi, FLAG_BLOCK):
+            if _any_flag(bad, s0, hi):
+                for slot in range(s0, tl.minimum(s0 + FLAG_BLOCK, hi)):
+                    if tl.load(bad + slot) != 0:
+                        i_cq, i_o, i_bh = _slot_ids(slot, NT * NQ, tl.cdiv(O, BO))
+                        i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ,
+                                                                      VARLEN)  # fmt: skip
+                        _apply_tile(A, Z, X, ST, G, OUT, GO, U, FOUT, FD, SPAN, bad, slot, i_o,
+                                    i_bh, i_c, c0, c1, r0, o_r, m_r, 0, T, H, D, O, L, NT, scale,
+                                    s_sd, s_so, BQ, BS, BD, BO, REV, DOT_PREC, INTER, FAST, EXCL,
+                                    PRE_GATED, True)  # fmt: skip
+    else:
+        i_cq, i_o, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+        i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(CHUNKS, i_cq, NQ, L, T, BQ, VARLEN)
+        if r0 >= c1:
             return
+        _apply_tile(A, Z, X, ST, G, OUT, GO, U, FOUT, FD, SPAN, bad, _program_slot(), i_o, i_bh,
+                    i_c, c0, c1, r0, o_r, m_r, tl.num_programs(2), T, H, D, O, L, NT, scale, s_sd,
+                    s_so, BQ, BS, BD, BO, REV, DOT_PREC, INTER, FAST, EXCL, PRE_GATED,
+                    False)  # fmt: skip
+
+
+@triton.jit
+def _apply_tile(A, Z, X, ST, G, OUT, GO, U, FOUT, FD, SPAN, bad, slot, i_o, i_bh, i_c, c0, c1, r0,
+                o_r, m_r, NBH, T, H, D, O, L, NT, scale, s_sd, s_so, BQ: tl.constexpr,
+                BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, REV: tl.constexpr,
+                DOT_PREC: tl.constexpr, INTER: tl.constexpr, FAST: tl.constexpr,
+                EXCL: tl.constexpr, PRE_GATED: tl.constexpr, FIX: tl.constexpr):  # fmt: skip
+    """One tile of :func:`apply_kernel` (rows o_r of chunk i_c, output tile i_o, row i_bh of
+    B·H; NBH = B·H for the fast chunks' span table): the first launch's plain products and
+    the flag at bad[slot], or (``FIX``) the causal products."""
+    i_b, i_h = i_bh // H, i_bh % H
     o_o = i_o * BO + tl.arange(0, BO)
     m_o = o_o < O
     base = i_b * T * H + i_h
@@ -237,7 +267,7 @@ def apply_kernel(
     if INTER:
         b_out = b_int
         if FAST > 0:
-            if _fast_chunk(SPAN, i_c, i_bh, tl.num_programs(2), FAST):
+            if _fast_chunk(SPAN, i_c, i_bh, NBH, FAST):
                 p_u = U
                 if EXCL:
                     p_u = U + i_h * O
