@@ -253,6 +253,50 @@ def test_non_finite_value_reaches_its_column_later(mode):
     assert torch.equal(S_bad[0, 1 - h], S[0, 1 - h])
 
 
+@pytest.mark.parametrize("op", ["linear_attn", "gla"])
+def test_fix_pass_finds_every_flagged_tile(op, monkeypatch):
+    """The output kernels' second launch (engine/fix_pass.py) scans the first launch's per-tile
+    flags with a few programs, a block of flags at a time: with several blocks per program
+    (in the interpreter, which reads the modules' globals at each call, blocks of 4 flags for
+    48 tiles and 3 programs), NaN values in some heads at steps spread over the chunks each
+    leave the earlier outputs of their head and every other head bitwise as in the clean
+    call, and make the rest of their chunk NaN (scalar output kernel: linear attention;
+    per-channel apply kernel: GLA)."""
+    if DEVICE != "cuda":
+        import triton.language as tl
+
+        from linrnn.engine import scalar_kernels, triton_common, vector_scores_kernels
+
+        for module in (triton_common, scalar_kernels, vector_scores_kernels):
+            monkeypatch.setattr(module, "FLAG_BLOCK", tl.constexpr(4))
+    B, T, H, K, V, L = 1, 64, 12, 8, 8, 16
+    gen = torch.Generator().manual_seed(23)
+    q, k, v = (torch.randn(B, T, H, D, generator=gen).to(DEVICE) for D in (K, K, V))
+    args = (q, k)
+    if op == "gla":
+        gk = -torch.rand(B, T, H, K, generator=gen).to(DEVICE)
+        call = lambda vv: linrnn.gla(q, k, vv, gk, backend="triton", mode="chunk",  # noqa: E731
+                                     chunk_size=L)[0]  # fmt: skip
+    else:
+        call = lambda vv: linrnn.linear_attn(*args, vv, backend="triton",  # noqa: E731
+                                             mode="chunk", chunk_size=L)[0]  # fmt: skip
+    o = call(v)
+    bad = {h: L * ((5 * h) % (T // L)) + h % L for h in range(0, H, 3)}  # head: its NaN step
+    v_bad = v.clone()
+    for h, t in bad.items():
+        v_bad[0, t, h, h % V] = NAN
+    with linrnn.checks(False):
+        o_bad = call(v_bad)
+    for h in range(H):
+        if h not in bad:
+            assert torch.equal(o_bad[:, :, h], o[:, :, h]), f"{op}: head {h}"
+            continue
+        t = bad[h]
+        end = (t // L + 1) * L
+        assert torch.equal(o_bad[:, :t, h], o[:, :t, h]), f"{op}: head {h} before step {t}"
+        assert torch.isnan(o_bad[0, t:end, h]).all(), f"{op}: head {h}, its chunk from {t}"
+
+
 PACKED_FAMILIES = ["linear_attn_norm", "simple_gla", "gla", "rwkv6", "mlstm_exp", "delta_rule",
                    "gated_delta_rule"]  # fmt: skip
 
