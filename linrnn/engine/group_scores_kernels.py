@@ -133,7 +133,10 @@ def group_out_kernel(
                 b_acc += tl.dot(b_w.to(b_vs.dtype), b_vs, input_precision=DOT_PREC)
         b_acc *= scale
         if HAS_SKIP:
-            b_acc += tl.load(skip + i_h) * _tile(p_v, o_r, o_v, H * V, m_r, m_v).to(tl.float32)
+            # one fma, as the per-head output kernel (scalar_kernels._out_tile): the same bits
+            b_acc = tl.fma(
+                tl.load(skip + i_h), _tile(p_v, o_r, o_v, H * V, m_r, m_v).to(tl.float32), b_acc
+            )
         p_o = o + (i_b * T * H + i_h) * V + o_r.to(tl.int64)[:, None] * H * V + o_v[None, :]
         tl.store(p_o, b_acc.to(o.dtype.element_ty), mask=m_r[:, None] & m_v[None, :])
 
@@ -207,7 +210,7 @@ def group_dv_kernel(
         b_dv = b_acc * scale + b_int * w_s[:, None]
         if HAS_SKIP:
             b_dof = b_dos.to(tl.float32)
-            b_dv += tl.load(skip + i_h) * b_dof
+            b_dv = tl.fma(tl.load(skip + i_h), b_dof, b_dv)  # as the per-head dv kernel
             b_x = _tile(v + vo, o_s, o_v, H * V, m_s, m_v).to(tl.float32)
             b_dskip = tl.sum(tl.sum(b_dof * b_x, 1), 0)
             tl.store(dskip + i_bh * tiles + i_cs * tl.num_programs(1) + i_v, b_dskip)

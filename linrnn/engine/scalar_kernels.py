@@ -754,7 +754,7 @@ def dv_bwd_kernel(
     if HAS_SKIP:
         vo = (i_b * T * H + i_h) * V
         b_do = _tile(do + vo, o_s, o_v, H * V, m_s, m_v).to(tl.float32)
-        b_dv += tl.load(skip + i_h) * b_do
+        b_dv = tl.fma(tl.load(skip + i_h), b_do, b_dv)  # one fma: the group dv kernel's bits
         b_x = _tile(v + vo, o_s, o_v, H * V, m_s, m_v).to(tl.float32)
         b_dskip = tl.sum(tl.sum(b_do * b_x, 1), 0)
         tiles = tl.num_programs(0) * tl.num_programs(1)
