@@ -12,7 +12,8 @@
 #   check [matrix|kernels]
 #                pytest tests/gpu (the correctness matrix, offsets beyond 2^31 elements,
 #                determinism, gate-gradient precision), the Triton kernel tests and the
-#                numerical hardening tests (non-finite inputs, extreme gates) on CUDA; with
+#                numerical hardening tests (non-finite inputs, extreme gates) and the Mamba2
+#                group kernels' bitwise match with the per-head ones on CUDA; with
 #                matrix or kernels, only that part, with the whole call; both parts spread
 #                their work over the visible GPUs
 #   paper-rows [OTHER]
@@ -138,7 +139,8 @@ check)
         IFS=, read -ra gpus <<<"${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index \
             --format=csv,noheader 2>/dev/null | paste -sd, -)}"
         i=0
-        for f in tests/test_triton_*.py tests/test_hardening_numerics.py; do
+        for f in tests/test_triton_*.py tests/test_hardening_numerics.py \
+            tests/test_mamba2_group_scores.py; do
             n=$(basename "$f" .py)
             gpu=${gpus[$((i % (${#gpus[@]} > 0 ? ${#gpus[@]} : 1)))]:-}
             i=$((i + 1))
@@ -147,7 +149,8 @@ check)
              echo "rc=$?" >>"$OUT/$n.txt") &
         done
         wait
-        logs=("$OUT"/test_triton_*.txt "$OUT"/test_hardening_numerics.txt)
+        logs=("$OUT"/test_triton_*.txt "$OUT"/test_hardening_numerics.txt \
+            "$OUT"/test_mamba2_group_scores.txt)
         for f in "${logs[@]}"; do echo "$(basename "$f"): $(tail -n 2 "$f" | tr '\n' ' ')"; done
         # the failures themselves, here: a call brings back only a few files
         grep -h -E "^_{3,} test|^E  " "${logs[@]}" | cut -c1-240 | head -n 60

@@ -32,13 +32,13 @@ def test_check_runs_tests_gpu_and_every_kernel_test_file(tmp_path):
     pytest_calls = [c for c in calls if c[:2] == ["-m", "pytest"]]
     targets = {c[2] if c[2].startswith("tests") else c[-1] for c in pytest_calls}
     kernel_tests = {f"tests/{p.name}" for p in (worker.ROOT / "tests").glob("test_triton_*.py")}
-    hardening = "tests/test_hardening_numerics.py"
-    assert kernel_tests and targets == {"tests/gpu", *kernel_tests, hardening}
+    others = {"tests/test_hardening_numerics.py", "tests/test_mamba2_group_scores.py"}
+    assert kernel_tests and targets == {"tests/gpu", *kernel_tests, *others}
 
 
 def test_check_parts_run_alone(tmp_path):
     kernel_tests = {f"tests/{p.name}" for p in (worker.ROOT / "tests").glob("test_triton_*.py")}
-    kernel_tests.add("tests/test_hardening_numerics.py")
+    kernel_tests |= {"tests/test_hardening_numerics.py", "tests/test_mamba2_group_scores.py"}
     for part, want in (("matrix", {"tests/gpu"}), ("kernels", kernel_tests)):
         log = tmp_path / "calls"
         log.unlink(missing_ok=True)
