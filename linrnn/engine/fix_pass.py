@@ -33,12 +33,13 @@ def _fix_programs(device: torch.device) -> int:
 def launch(kernel, grid: tuple, device: torch.device, **kwargs) -> None:
     """``kernel[grid](**kwargs)`` with plain products, then the fix pass over the programs
     whose tile was not finite. The kernel takes ``bad`` (int8, one flag per program of
-    ``grid``, written by the first launch for every program that stores a tile), ``SLOTS``
+    ``grid``, zero unless the first launch flags its tile), ``SLOTS``
     (the number of those programs) and the constexpr ``FIX``."""
     slots = 1
     for n in grid:
         slots *= n
-    bad = torch.empty(slots, dtype=torch.int8, device=device)
+    # zeros: a program without rows (past a short chunk's end) stores no flag
+    bad = torch.zeros(slots, dtype=torch.int8, device=device)
     kernel[grid](bad=bad, SLOTS=slots, FIX=False, **kwargs)
     fix_grid = (max(1, min(slots, _fix_programs(torch.device(device)))),)
     kernel[fix_grid](bad=bad, SLOTS=slots, FIX=True, **kwargs)
