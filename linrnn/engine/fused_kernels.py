@@ -226,8 +226,8 @@ def fused_fwd_kernel(
                 b_x = _dot_state(b_q, b_C, SPLIT, DOT_PREC)  # the inter-chunk part [BC, BV]
                 b_in = _vec_diag(
                     p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, p_u, o_r, m_r, o_v, m_v, K, H * K,
-                    H * V, BC, BD, False, True, VEC_V, EXCL, DOT_PREC, BLOCK_DIAG, VEC_V, False,
-                    DIAG_SPAN,
+                    H * V, BC, BD, False, True, VEC_V, EXCL, DOT_PREC, BLOCK_DIAG, VEC_V, True,
+                    False, DIAG_SPAN,
                 )  # fmt: skip
                 b_in += _vec_rows_off(
                     p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, o_r, m_r, r0, c0, o_v, m_v, K, H * K,
@@ -361,7 +361,7 @@ def fused_dq_kernel(
                 b_dq = _vec_diag(
                     p_do, p_v, p_k, p_gv, p_gv, p_gkx, p_gk, p_u, o_r, m_r, o_k, m_k, V, H * V,
                     H * K, BC, BD, False, VEC_V, True, EXCL, DOT_PREC, BLOCK_DIAG, VEC_V, False,
-                    DIAG_SPAN,
+                    False, DIAG_SPAN,
                 )  # fmt: skip
                 b_dq += _vec_rows_off(
                     p_do, p_v, p_k, p_gv, p_gv, p_gkx, p_gk, o_r, m_r, r0, c0, o_k, m_k, V, H * V,
@@ -479,7 +479,7 @@ def fused_dk_kernel(
                 b_in = _vec_diag(
                     p_v, p_do, p_q, p_gv, p_gv, p_gkx, p_gk, p_u, o_s, m_s, o_k, m_k, V, H * V,
                     H * K, BC, BD, True, VEC_V, True, EXCL, DOT_PREC, BLOCK_DIAG, VEC_V, False,
-                    DIAG_SPAN,
+                    False, DIAG_SPAN,
                 )  # fmt: skip
                 b_in += _vec_cols_off(
                     p_v, p_do, p_q, p_gv, p_gv, p_gkx, p_gk, o_s, m_s, tl.minimum(s0 + BC, c1),
@@ -600,7 +600,7 @@ def fused_dv_kernel(
                 b_in = _vec_diag(
                     p_k, p_q, p_do, p_gkx, p_gk, p_gv, p_gv, p_u, o_s, m_s, o_v, m_v, K, H * K,
                     H * V, BC, BD, True, True, VEC_V, EXCL, DOT_PREC, BLOCK_DIAG, VEC_V, False,
-                    DIAG_SPAN,
+                    False, DIAG_SPAN,
                 )  # fmt: skip
                 b_in += _vec_cols_off(
                     p_k, p_q, p_do, p_gkx, p_gk, p_gv, p_gv, o_s, m_s, tl.minimum(s0 + BC, c1),

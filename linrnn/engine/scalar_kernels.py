@@ -58,7 +58,6 @@ from linrnn.engine.triton_common import (
     _any_flag,
     _bounds,
     _causal_dot,
-    _causal_dot_at,
     _chunk_rows,
     _dot_n,
     _inv_denominator,
@@ -210,33 +209,30 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
                 c0, c1, o_o, m_o, D, s_x, s_z, BQ: tl.constexpr, BD: tl.constexpr,
                 HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
                 DEN: tl.constexpr, AFFINE: tl.constexpr, DOT_PREC: tl.constexpr,
-                RAW: tl.constexpr = False, CLEAN: tl.constexpr = False):  # fmt: skip
+                FIX: tl.constexpr):  # fmt: skip
     """Adds Σ_{s≤r} D_rs p_rs z_s to b_acc [BQ, BO]: the diagonal key tile from its scores b_p
     (causal mask), then the full key tiles before it. ``AFFINE``: p_rs → A_r p_rs + dd_r (b_A,
     b_dd [BQ]); ``DEN``: also Σ_s D_rs p_rs into b_den. Row strides: s_x of x and y, s_z of
-    z. The diagonal tile's product is causal under non-finite z (:func:`_causal_dot_at`);
-    ``RAW``: a plain product instead, for a caller that flags a result that is not finite and
-    forms that tile again with ``CLEAN``, the cleaning form :func:`_causal_dot` outright
-    (:func:`out_fwd_kernel`). Returns (acc, den)."""
+    z. The diagonal tile's product is a plain one: the output kernel's first launch flags a
+    result that is not finite (fix_pass.launch) and forms that tile again with ``FIX``, the
+    causal product :func:`_causal_dot`; dq needs no causal product (docs/DESIGN.md §6.1,
+    "The backward"). Returns (acc, den)."""
     if AFFINE:
         b_p = b_p * b_A[:, None] + b_dd[:, None]
     b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
     causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
     w = _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
-    if RAW:  # a later key's NaN score times 0 leaves a NaN row: the caller re-forms the tile
-        b_p *= w
-    else:
+    if FIX:
         b_p = tl.where(causal, b_p * w, 0.0)  # not b_p·w: a later key's NaN score times 0
+    else:  # a later key's NaN score times 0 leaves a NaN row: the caller re-forms the tile
+        b_p *= w
     if DEN:
         b_den += tl.sum(b_p, 1)
-    if RAW:
-        b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BQ, BO]
-        b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
-    elif CLEAN:
-        b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)
+    b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BQ, BO]
+    if FIX:
         b_acc = _causal_dot(b_acc, b_p, b_z, causal, DOT_PREC)
     else:
-        b_acc = _causal_dot_at(b_acc, b_p, causal, p_z, o_r, o_o, s_z, m_r, m_o, DOT_PREC)
+        b_acc += tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     for s0 in range(c0, r0, BQ):
         o_s = s0 + tl.arange(0, BQ)
         m_s = o_s < c1
@@ -344,7 +340,7 @@ def _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v, i_
     b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None, None,
                                o_r, m_r, r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD, HAS_DECAY,
                                HAS_IGATE, HAS_MAX, NORM != NORM_NONE, False, DOT_PREC,
-                               not FIX, FIX)  # fmt: skip
+                               FIX)  # fmt: skip
     if not FIX:
         tl.store(bad + slot, _not_finite(b_acc).to(tl.int8))
     b_acc *= scale
@@ -444,7 +440,7 @@ def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_
     # (b_den: zeros, unused; a jit helper may not return a None it was given)
     b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd,
                                o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, BQ, BD, HAS_DECAY,
-                               HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC)  # fmt: skip
+                               HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC, False)  # fmt: skip
     b_acc *= scale
     if HAS_DECAY:  # q·dq over this K tile, for the log-decay gradient
         b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)

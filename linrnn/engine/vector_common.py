@@ -39,12 +39,13 @@ the transposed pairs (``REV``). RWKV6's exclusive form uses a strict mask and pu
 diagonal (i = j) of whichever dimension carries the decay. Token tensors and gate cumsums are
 ``[B, T, H, D]`` with row stride H·D, pointers already at (b, h).
 
-Non-finite inputs (garbage in right padding) reach no earlier row of a diagonal tile
-(docs/DESIGN.md §6.1): masks are ``where``s, never products; its products P·Z take Z with
-non-finite entries zeroed and set the paired rows to NaN (triton_common._causal_dot,
-:func:`_out_log`); a non-finite gate makes a span +inf, so no reference point formed from a
-later row is used (the log-space forms keep a gate's NaN in its own and later rows). The
-off-diagonal products need nothing: every key there precedes every row.
+Non-finite inputs (garbage in right padding) reach no earlier output row of a diagonal tile
+(docs/DESIGN.md §6.1): masks are ``where``s, never products; with ``CLEAN`` (the forward; the
+backward has no such guarantee to keep) its products P·Z take Z with non-finite entries zeroed
+and set the paired rows to NaN (triton_common._causal_dot, :func:`_out_log`); a non-finite
+gate makes a span +inf, so no reference point formed from a later row is used (the log-space
+forms keep a gate's NaN in its own and later rows). The off-diagonal products need nothing:
+every key there precedes every row.
 """
 
 from __future__ import annotations
@@ -176,12 +177,15 @@ def _depth_step(b_p, b_x, p_y, p_gdx, p_gdk, g_t, b_u, m_t, t0, n_t, j, ar, o_t,
 
 @triton.jit
 def _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, ar, o_t, o_o, m_o,
-              sO, sD, REV: tl.constexpr, EXCL: tl.constexpr, P_MEM: tl.constexpr):  # fmt: skip
+              sO, sD, REV: tl.constexpr, EXCL: tl.constexpr, P_MEM: tl.constexpr,
+              CLEAN: tl.constexpr):  # fmt: skip
     """One step of the walk over an output-gated product: row j of Z, gated, weighted by
-    column j of P (loaded with ``P_MEM``, else taken from the [BT, BT] tile b_p)."""
+    column j of P (loaded with ``P_MEM``, else taken from the [BT, BT] tile b_p); ``CLEAN``:
+    Z's non-finite entries zeroed (:func:`_out_log`)."""
     z_j, e = _walk_row(p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j, o_t, o_o, m_o, sO, REV,
                        EXCL)  # fmt: skip
-    z_j = tl.where(tl.abs(z_j) < float("inf"), z_j, 0.0)  # non-finite: :func:`_out_log`
+    if CLEAN:
+        z_j = tl.where(tl.abs(z_j) < float("inf"), z_j, 0.0)
     if P_MEM:  # column j of the stored P (diagonal included)
         p_j = _p_col(p_y, o_t, m_t, t0, j, n_t, sD, REV)
     else:
@@ -341,14 +345,15 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
 @triton.jit
 def _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair, same,
              BT: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr, BLOCK: tl.constexpr,
-             UNROLL: tl.constexpr, P_MEM: tl.constexpr):  # fmt: skip
+             UNROLL: tl.constexpr, P_MEM: tl.constexpr, CLEAN: tl.constexpr):  # fmt: skip
     """The output-gated diagonal Σ_j P_ij Z_j[o] E^O_ij[o] in fp32 log space: the walk over
     the BT rows of Z (``UNROLL``: unrolled) or (``BLOCK``, the interpreter's fallback) the
-    [BT, BT, BO] block. A non-finite entry of Z reaches only the rows paired with its own
-    (as :func:`triton_common._causal_dot`): zeroed in the sum (P_ij·0·NaN would be NaN in
-    every row), those rows set to NaN. [BT, BO] fp32."""
-    b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o).to(tl.float32)  # [BT, BO]
-    fin = tl.abs(b_z) < float("inf")  # false for NaN and ±inf
+    [BT, BT, BO] block. ``CLEAN``: a non-finite entry of Z reaches only the rows paired with
+    its own (as :func:`triton_common._causal_dot`): zeroed in the sum (P_ij·0·NaN would be NaN
+    in every row), those rows set to NaN. [BT, BO] fp32."""
+    if CLEAN or BLOCK:
+        b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o).to(tl.float32)  # [BT, BO]
+        fin = tl.abs(b_z) < float("inf")  # false for NaN and ±inf
     if not BLOCK:
         ar = tl.arange(0, BT)
         t0 = tl.min(o_t, 0)
@@ -358,30 +363,37 @@ def _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair,
         if UNROLL:
             for j in tl.static_range(BT):
                 b_out = _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j,
-                                  ar, o_t, o_o, m_o, sO, sD, REV, EXCL, P_MEM)  # fmt: skip
+                                  ar, o_t, o_o, m_o, sO, sD, REV, EXCL, P_MEM, CLEAN)  # fmt: skip
         else:
             for j in range(0, BT):
                 b_out = _out_step(b_out, b_p, p_y, p_z, p_gox, p_gok, g_t, b_u, m_t, t0, n_t, j,
-                                  ar, o_t, o_o, m_o, sO, sD, REV, EXCL, P_MEM)  # fmt: skip
+                                  ar, o_t, o_o, m_o, sO, sD, REV, EXCL, P_MEM, CLEAN)  # fmt: skip
     else:
         e = _pair_gate(p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, pair, same, REV, EXCL)
-        b_out = tl.sum(b_p[:, :, None] * tl.where(fin, b_z, 0.0)[None, :, :] * e, 1)
-    bad_j = tl.max(tl.where(fin, 0, 1), 1)  # [BT]: row j of Z has a non-finite entry
-    bad_i = tl.max(tl.where(pair | same, bad_j[None, :], 0), 1)  # [BT]: paired with one
-    return tl.where(bad_i[:, None] > 0, float("nan"), b_out)
+        if CLEAN:
+            b_z = tl.where(fin, b_z, 0.0)
+        b_out = tl.sum(b_p[:, :, None] * b_z[None, :, :] * e, 1)
+    if CLEAN:
+        bad_j = tl.max(tl.where(fin, 0, 1), 1)  # [BT]: row j of Z has a non-finite entry
+        bad_i = tl.max(tl.where(pair | same, bad_j[None, :], 0), 1)  # [BT]: paired with one
+        b_out = tl.where(bad_i[:, None] > 0, float("nan"), b_out)
+    return b_out
 
 
 @triton.jit
 def _out_fast(b_p, p_z, p_u, gx, gk, z, o_t, m_t, o_o, m_o, sO, pair, same, REV: tl.constexpr,
-              EXCL: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+              EXCL: tl.constexpr, DOT_PREC: tl.constexpr, CLEAN: tl.constexpr):  # fmt: skip
     """The output-gated diagonal in the fast form (module doc): the rows' factor times
     P (causal pairs) against Z ⊙ the columns' factor, one tensor-core product; u on the
     diagonal (``EXCL``) as P_ii Z_i ⊙ u. [BT, BO] fp32."""
     m = m_t[:, None] & m_o[None, :]
     f_r, f_c = _span_factors(gx, gk, z, m, REV)
     b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
-    # fp32 operands as _dot32's; a later row's non-finite Z must not reach earlier rows
-    b_out = f_r * _causal_dot(tl.zeros_like(f_r), b_p, b_z.to(tl.float32) * f_c, pair, DOT_PREC)
+    b_zc = b_z.to(tl.float32) * f_c
+    if CLEAN:  # fp32 operands as _dot32's; a later row's non-finite Z reaches no earlier row
+        b_out = f_r * _causal_dot(tl.zeros_like(f_r), b_p, b_zc, pair, DOT_PREC)
+    else:
+        b_out = f_r * _dot32(tl.where(pair, b_p, 0.0), b_zc, DOT_PREC)
     if EXCL:
         b_u = tl.load(p_u + o_o, mask=m_o, other=0.0).to(tl.float32)
         p_ii = tl.sum(tl.where(same, b_p, 0.0), 1)  # [BT]
@@ -393,8 +405,8 @@ def _out_fast(b_p, p_z, p_u, gx, gk, z, o_t, m_t, o_o, m_o, sO, pair, same, REV:
 def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, D, sD, sO,
               BT: tl.constexpr, BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
               VEC_O: tl.constexpr, EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
-              BLOCK: tl.constexpr, UNROLL: tl.constexpr, P_MEM: tl.constexpr = False,
-              SPAN: tl.constexpr = 0.0):  # fmt: skip
+              BLOCK: tl.constexpr, UNROLL: tl.constexpr, CLEAN: tl.constexpr,
+              P_MEM: tl.constexpr = False, SPAN: tl.constexpr = 0.0):  # fmt: skip
     """The diagonal sub-chunk of one tile of BT positions o_t: out_i[o] = Σ_j P_ij Z_j[o]
     E^O_ij[o] with P from :func:`_vec_diag_scores`; the output gate E^O (``VEC_O``) in the
     fast form when the output tile's gates span less than ``SPAN`` (module doc), else in
@@ -407,16 +419,20 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
             z, span, gx, gk = _span_ref(p_gox, p_gok, o_t, m_t, o_o, m_o, sO)
             if span < SPAN:
                 b_out = _out_fast(b_p, p_z, p_u, gx, gk, z, o_t, m_t, o_o, m_o, sO, pair, same,
-                                  REV, EXCL, DOT_PREC)  # fmt: skip
+                                  REV, EXCL, DOT_PREC, CLEAN)  # fmt: skip
             else:
                 b_out = _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD,
-                                 pair, same, BT, REV, EXCL, BLOCK, UNROLL, P_MEM)  # fmt: skip
+                                 pair, same, BT, REV, EXCL, BLOCK, UNROLL, P_MEM,
+                                 CLEAN)  # fmt: skip
         else:
             b_out = _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair,
-                             same, BT, REV, EXCL, BLOCK, UNROLL, P_MEM)  # fmt: skip
-    else:  # a later row's non-finite Z must not reach earlier rows (P's masked zeros)
+                             same, BT, REV, EXCL, BLOCK, UNROLL, P_MEM, CLEAN)  # fmt: skip
+    elif CLEAN:  # a later row's non-finite Z must not reach earlier rows (P's masked zeros)
         b_acc = tl.zeros([BT, o_o.shape[0]], dtype=tl.float32)
         b_out = _causal_dot_at(b_acc, b_p, pair | same, p_z, o_t, o_o, sO, m_t, m_o, DOT_PREC)
+    else:
+        b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o)  # [BT, BO]
+        b_out = tl.dot(b_p.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     return b_out
 
 

@@ -162,7 +162,7 @@ def out_fwd_kernel(
     )  # fmt: skip
     b_o += _vec_diag(
         p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, None, o_r, m_r, o_v, m_v, K, H * K, H * V, BQ,
-        BD, False, True, True, False, DOT_PREC, BLOCK_DIAG, True, False, DIAG_SPAN,
+        BD, False, True, True, False, DOT_PREC, BLOCK_DIAG, True, True, False, DIAG_SPAN,
     )  # fmt: skip
     b_o += _vec_rows_off(
         p_q, p_k, p_v, p_gkx, p_gk, p_gv, p_gv, o_r, m_r, r0, c0, o_v, m_v, K, H * K, H * V, BQ,
@@ -220,7 +220,7 @@ def dq_bwd_kernel(
         b_dq = _tile(qdq + base * K, o_r, o_k, H * K, m_r, m_k)  # [BQ, BO]
     b_dq += _vec_diag(
         p_do, p_p, p_k, p_gv, p_gv, p_gkx, p_gk, p_u, o_r, m_r, o_k, m_k, V, s_p, H * K, BQ, BD,
-        False, USE_GV, True, EXCL, DOT_PREC, BLOCK_DIAG, USE_GV, not USE_GV, DIAG_SPAN,
+        False, USE_GV, True, EXCL, DOT_PREC, BLOCK_DIAG, USE_GV, False, not USE_GV, DIAG_SPAN,
     )  # fmt: skip
     b_dq += _vec_rows_off(
         p_do, p_p, p_k, p_gv, p_gv, p_gkx, p_gk, o_r, m_r, r0, c0, o_k, m_k, V, s_p, H * K, BQ,
@@ -279,7 +279,7 @@ def dk_bwd_kernel(
         b_int = _tile(kdk + base * K, o_s, o_k, H * K, m_s, m_k)  # [BS, BO]
     b_dk = _vec_diag(
         p_v, p_p, p_q, p_gv, p_gv, p_gkx, p_gk, p_u, o_s, m_s, o_k, m_k, V, s_p, H * K, BS, BD,
-        True, USE_GV, True, EXCL, DOT_PREC, BLOCK_DIAG, USE_GV, not USE_GV, DIAG_SPAN,
+        True, USE_GV, True, EXCL, DOT_PREC, BLOCK_DIAG, USE_GV, False, not USE_GV, DIAG_SPAN,
     )  # fmt: skip
     b_dk += _vec_cols_off(
         p_v, p_p, p_q, p_gv, p_gv, p_gkx, p_gk, o_s, m_s, tl.minimum(s0 + BS, c1), c1, o_k, m_k,
@@ -325,7 +325,7 @@ def dv_bwd_kernel(
     )  # fmt: skip
     b_dv = _vec_diag(
         p_k, p_q, p_do, p_gkx, p_gk, p_gv, p_gv, None, o_s, m_s, o_v, m_v, K, H * K, H * V, BS,
-        BD, True, True, True, False, DOT_PREC, BLOCK_DIAG, True, False, DIAG_SPAN,
+        BD, True, True, True, False, DOT_PREC, BLOCK_DIAG, True, False, False, DIAG_SPAN,
     )  # fmt: skip
     b_dv += _vec_cols_off(
         p_k, p_q, p_do, p_gkx, p_gk, p_gv, p_gv, o_s, m_s, tl.minimum(s0 + BS, c1), c1, o_v, m_v,
