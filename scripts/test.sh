@@ -33,9 +33,14 @@ python3 -m pip install -e . --no-deps
 python3 -m ruff check .
 python3 -m ruff format --check .
 
+# One pytest-xdist worker per CPU (LINRNN_TEST_WORKERS: a number, or 0 for one process), each
+# with one intra-op thread: the interpreter tier is single-threaded Python, and two torch thread
+# pools per core would only contend.
+workers=${LINRNN_TEST_WORKERS:-auto}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 if [[ $tier == all || $tier == fast ]]; then
-  python3 -m pytest -q --durations=15 -m "not interpreter and not gpu" "$@"
+  python3 -m pytest -q -n "$workers" --durations=15 -m "not interpreter and not gpu" "$@"
 fi
 if [[ $tier == all || $tier == interpreter ]]; then
-  python3 -m pytest -q --durations=15 -m "interpreter and not gpu" "$@"
+  python3 -m pytest -q -n "$workers" --durations=15 -m "interpreter and not gpu" "$@"
 fi

@@ -40,7 +40,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Fresh randomness each run, reproducible from the header: LINRNN_TEST_SEED=<n> pytest ...
-SESSION_SEED = int(os.environ.get("LINRNN_TEST_SEED", random.SystemRandom().randrange(2**31)))
+# (set in the environment here, so that pytest-xdist's workers, started after this import, take
+# the same seed as the process that reports it)
+os.environ.setdefault("LINRNN_TEST_SEED", str(random.SystemRandom().randrange(2**31)))
+SESSION_SEED = int(os.environ["LINRNN_TEST_SEED"])
 
 TESTS = Path(__file__).resolve().parent
 INTERPRETER_MODULES = ("test_triton*.py",)  # file-name patterns of whole-module Triton tests
