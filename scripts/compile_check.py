@@ -34,6 +34,11 @@ picks records::
     python3 scripts/compile_check.py --phase compile --records launches.pkl --resources \
         --only out_fwd_kernel --match q=torch.bfloat16,HAS_DECAY=False,VARLEN=False,NORM=0 \
         --set K=256,V=256,BQ=64,BD=32,BO=256,num_warps=4,num_stages=3
+
+``--ptx DIR`` writes each compiled kernel's PTX to DIR (``<kernel>-<n>.ptx``, n counting the
+compiled specializations in record order): run from two trees with the same records and picks,
+the files compare a kernel's code between them (``.loc`` lines and the debug sections differ
+with the source's line numbers alone).
 """
 
 from __future__ import annotations
@@ -250,7 +255,8 @@ def resources(kernel, arch: int) -> str:
 
 
 def compile_all(path: str, arch: int, only: set[str], match: dict | None = None,
-                overrides: dict | None = None, report: bool = False) -> int:  # fmt: skip
+                overrides: dict | None = None, report: bool = False,
+                ptx_dir: str | None = None) -> int:  # fmt: skip
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -290,6 +296,10 @@ def compile_all(path: str, arch: int, only: set[str], match: dict | None = None,
             tiles = {k: v[1] for k, v in given.items()
                      if (k.startswith("B") and k.isupper()) or k.startswith("num_")}  # fmt: skip
             print(f"{name} {tiles}: {resources(kernel, arch)}", flush=True)
+        if ptx_dir:
+            os.makedirs(ptx_dir, exist_ok=True)
+            with open(os.path.join(ptx_dir, f"{name}-{compiled}.ptx"), "w") as f:
+                f.write(kernel.asm["ptx"])
         # The launch would fail with OutOfResources: a finding too (the limit is the GPU's)
         shared, limit = kernel.metadata.shared, SHARED_LIMIT.get(arch)
         if limit is not None and shared > limit:
@@ -313,8 +323,10 @@ def main(argv=None) -> int:
     ap.add_argument("--set", default="", help="compile with these values: NAME=VALUE,...")
     ap.add_argument("--resources", action="store_true",
                     help="registers, spills, shared memory of each kernel (ptxas)")  # fmt: skip
+    ap.add_argument("--ptx", default=None, metavar="DIR", help="write each kernel's PTX here")
     a = ap.parse_args(argv)
-    picks = dict(match=_assignments(a.match), overrides=_assignments(a.set), report=a.resources)
+    picks = dict(match=_assignments(a.match), overrides=_assignments(a.set), report=a.resources,
+                 ptx_dir=a.ptx)  # fmt: skip
     path = a.records or os.path.join(tempfile.mkdtemp(), "launches.pkl")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get(
         "PYTHONPATH"), ROOT])))  # fmt: skip
@@ -330,6 +342,7 @@ def main(argv=None) -> int:
     subprocess.run([*base, "--phase", "capture", *limit], check=True, env=env)
     env.pop("TRITON_INTERPRET", None)
     picked = ["--match", a.match, "--set", a.set] + (["--resources"] if a.resources else [])
+    picked += ["--ptx", a.ptx] if a.ptx else []
     done = subprocess.run([*base, "--phase", "compile", "--arch", str(a.arch), "--only", a.only,
                            *picked], env=env)  # fmt: skip
     return done.returncode

@@ -68,3 +68,13 @@ def test_resources_with_other_values(tmp_path):
     assert "'BLOCK': 1024" in line and "registers" in line and "spill stores 0 B" in line, line
     done = _compile(tmp_path, "_copy_kernel", "--match", "x=torch.float16")
     assert "0 specializations compiled, 0 failed" in done.stdout, done.stdout + done.stderr
+
+
+def test_ptx_written_per_specialization(tmp_path):
+    """--ptx DIR holds each compiled kernel's PTX, named by kernel and compile order."""
+    out = tmp_path / "ptx"
+    done = _compile(tmp_path, "_copy_kernel", "--ptx", str(out), "--set", "BLOCK=64")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (ptx,) = out.glob("*.ptx")
+    assert ptx.name == "_copy_kernel-1.ptx"
+    assert ".entry _copy_kernel" in ptx.read_text()
