@@ -33,8 +33,8 @@ def _fix_programs(device: torch.device) -> int:
 def launch(kernel, grid: tuple, device: torch.device, **kwargs) -> None:
     """``kernel[grid](**kwargs)`` with plain products, then the fix pass over the programs
     whose tile was not finite. The kernel takes ``bad`` (int8, one flag per program of
-    ``grid``, zero unless the first launch flags its tile), ``SLOTS``
-    (the number of those programs) and the constexpr ``FIX``."""
+    ``grid``, zero unless the first launch flags its tile), ``SLOTS`` (the number of those
+    programs) and the constexpr ``FIX``."""
     slots = 1
     for n in grid:
         slots *= n

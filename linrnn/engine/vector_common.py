@@ -353,6 +353,7 @@ def _out_log(b_p, p_y, p_z, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o, sO, sD, pair,
     in every row), those rows set to NaN. [BT, BO] fp32."""
     if CLEAN or BLOCK:
         b_z = _tile(p_z, o_t, o_o, sO, m_t, m_o).to(tl.float32)  # [BT, BO]
+    if CLEAN:
         fin = tl.abs(b_z) < float("inf")  # false for NaN and ±inf
     if not BLOCK:
         ar = tl.arange(0, BT)
