@@ -81,12 +81,14 @@ def decay_grad_scale(q, dq, k, dk, value_heads: int) -> torch.Tensor:
 
 
 def assert_decay_grad_close(name: str, got, ref, scale, dtype: torch.dtype, factor: float):
-    """A kernel's log-decay gradient ``[B, T, HV]`` against the reference: RMS error within
-    ``RTOL[dtype]·‖ref‖`` plus the identity's absolute part, ``factor`` times the RMS of
-    ``scale`` (:func:`decay_grad_scale`) over the elements."""
+    """A kernel's log-decay gradient ``[B, T, HV]`` (or one derived from it elementwise)
+    against the reference: RMS error within ``RTOL[dtype]·‖ref‖`` plus the identity's
+    absolute part, ``factor`` times the RMS of ``scale`` over the elements (``[B, HV]``, as
+    :func:`decay_grad_scale` gives it, or per element, ``[B, T, HV]``)."""
     assert got.shape == ref.shape and not torch.isnan(got).any(), name
     err = (got.double() - ref.double()).norm().item()
-    absolute = factor * scale[:, None, :].expand(ref.shape).norm().item()
+    scale = scale[:, None, :] if scale.dim() == 2 else scale
+    absolute = factor * scale.expand(ref.shape).norm().item()
     tol = RTOL[dtype] * ref.double().norm().item() + absolute
     assert err <= tol, (
         f"{name}: RMS error {err:.3e} > {tol:.3e} ({RTOL[dtype]:.0e} of the reference "
