@@ -54,19 +54,20 @@ def qkv(q, k, v, names: Sequence[str] = ("q", "k", "v")) -> tuple[int, int, int,
         raise TypeError(
             f"{nq}, {nk}, {nv} must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
         )
-    same_device(q, nq, **{nk: k, nv: v})
-    if k.shape != q.shape:
+    if k.device != q.device or v.device != q.device:
+        same_device(q, nq, **{nk: k, nv: v})
+    shape = q.shape
+    if k.shape != shape:
         raise ValueError(
-            f"{nk} must have the shape of {nq} [B, T, H, K] = {tuple(q.shape)}, "
-            f"got {tuple(k.shape)}"
+            f"{nk} must have the shape of {nq} [B, T, H, K] = {tuple(shape)}, got {tuple(k.shape)}"
         )
-    if v.shape[:3] != q.shape[:3]:
+    B, T, H, K = shape
+    _, _, _, V = v_shape = v.shape
+    if v_shape[0] != B or v_shape[1] != T or v_shape[2] != H:
         raise ValueError(
-            f"{nv} must be [B, T, H, V] with B, T, H = {tuple(q.shape[:3])} as in {nq}, "
-            f"got {tuple(v.shape)}"
+            f"{nv} must be [B, T, H, V] with B, T, H = {tuple(shape[:3])} as in {nq}, "
+            f"got {tuple(v_shape)}"
         )
-    B, T, H, K = q.shape
-    V = v.shape[-1]
     if min(B, T, H, K, V) < 1:
         raise ValueError(
             f"{nq}, {nk}, {nv} must have every dimension ≥ 1, got B={B}, T={T}, H={H}, K={K}, "
@@ -171,6 +172,8 @@ def cu_seqlens(cu, B: int, T: int, ref: Tensor) -> list[int]:
 
 def _real(name: str, value, what: str) -> None:
     """``value`` must be a real Python number (numpy scalars pass; bools and tensors do not)."""
+    if type(value) is float or type(value) is int:  # the common case, without the ABC check
+        return
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {what}, got {type_name(value)}")
 

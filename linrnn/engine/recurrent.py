@@ -20,6 +20,8 @@ gates, which also routes mLSTM-exp's max-state gradient through the running argm
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from linrnn.engine import recurrent_kernels as kern
@@ -49,8 +51,18 @@ def norm_code(normalizer: str | None, stabilize: bool) -> int:
 
 def value_tile(K: int, V: int, tile: dict | None = None) -> tuple[int, int, int]:
     """(BK, BV, num_warps) of the forward kernel for head dims K, V under ``tile``
-    (:data:`STEP_TILE`)."""
-    t = STEP_TILE if tile is None else tile
+    (:data:`STEP_TILE`; that default table's answers are cached: a decode step asks once)."""
+    if tile is None:
+        return _step_tile(K, V)
+    return _value_tile(K, V, tile)
+
+
+@functools.lru_cache(maxsize=256)
+def _step_tile(K: int, V: int) -> tuple[int, int, int]:
+    return _value_tile(K, V, STEP_TILE)
+
+
+def _value_tile(K: int, V: int, t: dict) -> tuple[int, int, int]:
     BK = max(16, next_pow2(K))
     BV = max(16, min(t["BV_MAX"], t["STATE_ELEMS"] // BK, next_pow2(V)))
     return BK, BV, t["FULL_WARPS"] if BK * BV >= t["STATE_ELEMS"] else t["NUM_WARPS"]

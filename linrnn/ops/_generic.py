@@ -12,9 +12,9 @@ every implementation only ever sees the plain matrix recurrence.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -42,10 +42,10 @@ TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 RECURRENT_MAX_T = 64
 
 
-@dataclasses.dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     """Where one call goes: the mode, the backend ("torch" or "triton") and, in the chunk
-    modes, the chunk length L (None otherwise)."""
+    modes, the chunk length L (None otherwise). (A named tuple: a decode step makes one, and a
+    frozen dataclass's construction costs a few µs of it.)"""
 
     mode: str
     backend: str
@@ -249,9 +249,9 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
     """The Triton recurrent kernel: every family, packed sequences native; with gradients the
     autograd Function of :mod:`linrnn.engine.recurrent` (no in-place final state then)."""
     _triton_dtype(family, q)
-    f32 = lambda x: None if x is None else x.float()  # noqa: E731
     for name in ("g", "gv", "gi", "u"):
-        kw[name] = f32(kw[name])
+        if kw[name] is not None:
+            kw[name] = kw[name].float()
     if _runtime.tracing():  # torch.compile: the custom ops (no in-place state: step() copies)
         o, S, n, m = custom_ops.recurrent(q, k, v, offsets=cu_seqlens, save=grad, **kw)
         return o, (S, n, m)
@@ -260,15 +260,20 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
         return o, (S, n, m)
     out = OUT_STATE.get()
     if out is not None:  # an in-place step: write where the caller's state lives
-        B, H, K, V = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
-        N = B if cu_seqlens is None else len(cu_seqlens) - 1
-        shapes = [(N, H, K, V), (N, H, K), (N, H)]
-        want = [True, kw["track_n"], kw["stabilize"]]
-        parts = list(out) + [None] * 3
-        out = [p if (w and p is not None and tuple(p.shape) == s and p.is_contiguous())
-               else None for p, s, w in zip(parts, shapes, want)]  # fmt: skip
+        N = q.shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
+        S = (N, v.shape[2], q.shape[3], v.shape[3])
+        parts = (*out, None, None)
+        out = (_fits(parts[0], S), _fits(parts[1], S[:3]) if kw["track_n"] else None,
+               _fits(parts[2], S[:2]) if kw["stabilize"] else None)  # fmt: skip
     (o, S, n, m), _ = triton_rec.forward(q, k, v, offsets=cu_seqlens, out_state=out, **kw)
     return o, (S, n, m)
+
+
+def _fits(part, shape: tuple) -> Tensor | None:
+    """``part`` if the kernel can write a final state of ``shape`` into it, else None."""
+    if part is not None and part.shape == shape and part.is_contiguous():
+        return part
+    return None
 
 
 def _run_triton_chunk(family, q, k, v, *, g, gv, gi, u, cu_seqlens, **switches):
@@ -359,7 +364,8 @@ def _contiguous_grad(x):
     return x if x is None or not x.requires_grad else _ContiguousGrad.apply(x)
 
 
-_STATE_DIMS = {"S": ("N", "H", "K", "V"), "n": ("N", "H", "K"), "m": ("N", "H")}
+# The state parts' layouts, as the messages name them: "S" [N, H, K, V], "n" [N, H, K], "m" [N, H].
+_STATE_LAYOUTS = {"S": "[N, H, K, V]", "n": "[N, H, K]", "m": "[N, H]"}
 
 
 class Call:
@@ -375,9 +381,8 @@ class Call:
     def state(self, name: str, x, kind: str = "S") -> Tensor:
         """Check one part of an initial state: ``kind`` "S" [N, H, K, V], "n" [N, H, K] or
         "m" [N, H]."""
-        dims = _STATE_DIMS[kind]
-        shape = tuple(getattr(self, d) for d in dims)
-        return check.state(name, x, shape, self.q, "[" + ", ".join(dims) + "]")
+        shape = (self.N, self.H, self.K, self.V)[: 4 if kind == "S" else 3 if kind == "n" else 2]
+        return check.state(name, x, shape, self.q, _STATE_LAYOUTS[kind])
 
     def run(self, family: str, q, k, v, **generic):
         """:func:`run` with this call's scale, offsets and dispatch options."""

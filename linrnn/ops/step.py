@@ -15,8 +15,6 @@ writes the new state straight over the old one, so no copy is made.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from linrnn import _runtime
@@ -70,10 +68,9 @@ def step(op, *inputs, state, inplace: bool = False, **kwargs):
             _generic.OUT_STATE.reset(target)
     if not inplace:
         return o, new
-    with torch.no_grad() if not torch.is_grad_enabled() else contextlib.nullcontext():
-        for old, fresh in zip(parts, _parts(new)):
-            if fresh is not old:
-                old.copy_(fresh)
+    for old, fresh in zip(parts, _parts(new)):
+        if fresh is not old:
+            old.copy_(fresh)
     return o, state
 
 
