@@ -1,5 +1,6 @@
 """Host time of one eager decode step (``linrnn.step`` on the Triton recurrent path, T = 1, an
-fp32 state updated in place), per family, and where it goes.
+fp32 state updated in place), per family, and where it goes. Each family is called as its
+layer calls it (the delta rule with unit keys, Mamba2 with softplus step sizes, a bias and D).
 
     python3 benchmarks/step_host.py                       # every family, B64-H8-K64-V64
     python3 benchmarks/step_host.py --ops gla --profile   # and the top functions (cProfile)
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import os
 import pstats
@@ -30,7 +32,8 @@ if not torch.cuda.is_available():  # the Triton backend on CPU tensors needs the
 import linrnn
 
 BATCHES = 10  # the steps are timed in this many batches; the fastest batch's mean is reported
-OPS = ("linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm")
+OPS = ("linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm", "delta_rule",
+       "gated_delta_rule", "mamba2")  # fmt: skip
 
 
 class _NoLaunch:
@@ -41,12 +44,15 @@ class _NoLaunch:
 
 
 def stub_kernels() -> None:
-    """Replace the recurrent kernels by :class:`_NoLaunch` (the host of a CPU-only run)."""
-    from linrnn.engine import recurrent_kernels
+    """Replace the kernels a decode step launches by :class:`_NoLaunch` (the host of a
+    CPU-only run): the recurrent ones, the delta rule's (and its key normalization) and
+    Mamba2's gates."""
+    from linrnn.engine import delta_recurrent_kernels, l2norm, mamba2_gates, recurrent_kernels
 
-    for name in dir(recurrent_kernels):
-        if name.endswith("_kernel"):
-            setattr(recurrent_kernels, name, _NoLaunch())
+    for module in (recurrent_kernels, delta_recurrent_kernels, l2norm, mamba2_gates):
+        for name in dir(module):
+            if name.endswith("_kernel"):
+                setattr(module, name, _NoLaunch())
 
 
 def step_case(op: str, B: int, H: int, K: int, V: int, device: str):
@@ -67,6 +73,17 @@ def step_case(op: str, B: int, H: int, K: int, V: int, device: str):
     if op == "mlstm":
         n, m = torch.zeros(B, H, K, device=device), torch.zeros(B, H, device=device)
         return linrnn.mlstm, (q, k, v, x(B, 1, H), x(B, 1, H)), (S, n, m)
+    if op in ("delta_rule", "gated_delta_rule"):  # unit keys, as the layers give them
+        k = torch.nn.functional.normalize(k, dim=-1)
+        beta = torch.rand(B, 1, H, device=device)
+        if op == "delta_rule":
+            return linrnn.delta_rule, (q, k, v, beta), S
+        return linrnn.gated_delta_rule, (q, k, v, -torch.rand(B, 1, H, device=device), beta), S
+    if op == "mamba2":  # x [B, 1, H, P], dt, A, B and C of one group (K = N, V = P), as
+        # the Mamba2 layer calls it: softplus step sizes with a bias, and D
+        dt, A = x(B, 1, H), -torch.rand(H, device=device) - 0.5
+        fn = functools.partial(linrnn.mamba2, D=x(H), dt_bias=x(H), dt_softplus=True)
+        return fn, (v, dt, A, x(B, 1, 1, K), x(B, 1, 1, K)), S
     raise ValueError(f"op must be one of {OPS}, got {op!r}")
 
 
@@ -120,7 +137,7 @@ def main(argv=None) -> int:
     for op in args.ops:
         us, table = host_us(op, dims["B"], dims["H"], dims["K"], dims["V"], args.steps,
                             args.profile)  # fmt: skip
-        print(f"  {op:<12} {us:8.1f} µs per step")
+        print(f"  {op:<16} {us:8.1f} µs per step")
         if table:
             print(table)
     return 0

@@ -11,17 +11,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "step_host.py"
-OPS = ("linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm")
+OPS = ("linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm", "delta_rule",
+       "gated_delta_rule", "mamba2")  # fmt: skip
 
 
 def test_every_family_steps_with_stubbed_launches():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     res = subprocess.run([sys.executable, str(SCRIPT), "--steps", "3", "--shape", "B2-H2-K8-V8",
-                          "--profile", "--ops", "linear_attn", "mlstm"],
+                          "--profile", "--ops", "linear_attn", "mlstm", "mamba2"],
                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     assert "kernel launches stubbed" in res.stdout
-    for op in ("linear_attn", "mlstm"):
+    for op in ("linear_attn", "mlstm", "mamba2"):
         m = re.search(rf"^\s+{op}\s+([0-9.]+) µs per step$", res.stdout, re.M)
         assert m and float(m.group(1)) > 0, res.stdout
     assert "step.py" in res.stdout  # the profile names linrnn.step's frames
