@@ -105,6 +105,11 @@ def _calls(linrnn, torch, F):
                                                    dt_softplus=True))  # fmt: skip
                 if mode == "chunk":
                     yield from _mamba2_large_groups(linrnn, torch, x, pre, k, q, kw)
+                if mode == "recurrent":  # a decode step: no gradient, D·x in the kernel
+                    yield (linrnn.mamba2, tuple(a.detach() for a in (x, pre(B, T, HM),
+                           -torch.rand(HM), k, q)), dict(kw, D=pre(HM).detach(),
+                                                         dt_bias=pre(HM).detach(),
+                                                         dt_softplus=True))  # fmt: skip
                 if mode == "fused_chunk":  # the delta rule has no fused_chunk kernel
                     continue
                 HV = 2 * H  # grouped value heads
@@ -183,7 +188,8 @@ def capture(path: str, limit: int | None) -> None:
         o, state = op(*args, **kwargs)
         parts = state if isinstance(state, tuple) else (state,)
         loss = o.float().sum() + sum(p.float().sum() for p in parts if p is not None)
-        loss.backward()
+        if loss.requires_grad:  # (not the decode steps)
+            loss.backward()
     with open(path, "wb") as f:
         pickle.dump(records, f)
 

@@ -589,7 +589,7 @@ def _packed_loop(inputs, h0, cu, dtype):
 def test_triton_reads_groups(backend, monkeypatch):
     """Every Triton mode gets B and C with their G groups (no per-head copy): chunk,
     fused_chunk, recurrent with and without gradients, and the in-place step, whose kernel
-    writes the new state over the caller's."""
+    writes the new state over the caller's and adds D·x itself (the skip term)."""
     from linrnn.ops import _generic
 
     seen = []
@@ -598,7 +598,8 @@ def test_triton_reads_groups(backend, monkeypatch):
         def fn(q, k, v, **kw):
             out = kw.get("out_state")
             target = out[0].data_ptr() if out else None
-            seen.append((name, q.shape[2], k.shape[2], v.shape[2], target))
+            skip = kw.get("skip") is not None
+            seen.append((name, q.shape[2], k.shape[2], v.shape[2], target, skip))
             return real(q, k, v, **kw)
 
         return fn
@@ -615,11 +616,13 @@ def test_triton_reads_groups(backend, monkeypatch):
     linrnn.mamba2(x, *args[1:], dt_softplus=True, mode="recurrent", backend=backend)
     state = torch.zeros(1, 4, 4, 4, device=DEVICE)
     one = [a[:, :1] if a.dim() > 1 else a for a in args]
-    linrnn.mamba2_step(*one, dt_softplus=True, state=state, inplace=True, backend=backend)
+    linrnn.mamba2_step(*one, D=i["D"], dt_softplus=True, state=state, inplace=True,
+                       backend=backend)  # fmt: skip
     assert seen == [
-        ("chunk", 2, 2, 4, None), ("chunk", 2, 2, 4, None), ("rec", 2, 2, 4, None),
-        ("rec_grad", 2, 2, 4, None), ("rec", 2, 2, 4, None),  # (the Function's forward)
-        ("rec", 2, 2, 4, state.data_ptr()),
+        ("chunk", 2, 2, 4, None, False), ("chunk", 2, 2, 4, None, False),
+        ("rec", 2, 2, 4, None, False), ("rec_grad", 2, 2, 4, None, False),
+        ("rec", 2, 2, 4, None, False),  # (the Function's forward)
+        ("rec", 2, 2, 4, state.data_ptr(), True),
     ]  # fmt: skip
 
 

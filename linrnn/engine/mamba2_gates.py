@@ -184,5 +184,9 @@ class GatesFunction(torch.autograd.Function):
 
 
 def gates(dt, A, dt_bias):
-    """(g, gi) ``[B, T, H]`` fp32 of Mamba2's softplus step sizes (module docstring)."""
-    return GatesFunction.apply(dt, A, dt_bias)
+    """(g, gi) ``[B, T, H]`` fp32 of Mamba2's softplus step sizes (module docstring); without
+    a gradient to track, straight from the kernel (a decode step skips the autograd Function)."""
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (dt, A, dt_bias)):
+        return GatesFunction.apply(dt, A, dt_bias)
+    bias = None if dt_bias is None else dt_bias.float().contiguous()
+    return gates_forward(dt, A.float().contiguous(), bias)

@@ -77,7 +77,7 @@ def _split_decay(g):
 
 def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
             track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None, offsets=None,
-            out_state=None, save=False):  # fmt: skip
+            out_state=None, save=False, skip=None):  # fmt: skip
     """The recurrence forward. q, k ``[B, T, H / G, K]``, v ``[B, T, H, V]`` (fp16/bf16/fp32;
     G > 1 groups the q/k heads: value head h reads q/k head h // G, as Mamba2's B, C); g
     ``[B, T, H]`` or ``[B, T, H, K]``, gv ``[B, T, H, V]``, gi ``[B, T, H]``, u ``[H, K]`` (all
@@ -85,9 +85,13 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     ``offsets``, a list or tensor of N + 1 token offsets, B = 1). ``out_state=(S, n, m)``: write
     the final state into these fp32 tensors (they may be the initial state itself: an in-place
     step; None entries are allocated). ``save``: also keep what :func:`backward` needs.
+    ``skip`` ([H] fp32; not with ``save``, the backward has no skip term): o_t += skip[h]·v_t
+    in the kernel, after the normalizer (Mamba2's D·x in a decode step).
 
     Returns ``((o, S_T, n_T, m_T), saved)``: n_T None without ``track_n``, m_T None without
     ``stabilize``; ``saved`` a dict over :data:`SAVED` (None without ``save``)."""
+    if save and skip is not None:
+        raise NotImplementedError("the recurrent backward has no skip term")
     B, T, _, K = q.shape
     H, V = v.shape[2], v.shape[3]
     G = H // q.shape[2]
@@ -127,7 +131,9 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
         HAS_G=gs is not None, HAS_GK=gk is not None, HAS_GV=gv is not None,
         HAS_GI=gi is not None, HAS_U=u is not None, HAS_H0=h0 is not None,
         STABILIZE=stabilize, TRACK_N=track_n, NORM=norm, STORE_DEN=den is not None,
-        STORE_M=m_row is not None, IS_VARLEN=cu_seqlens is not None, num_warps=num_warps,
+        STORE_M=m_row is not None, IS_VARLEN=cu_seqlens is not None,
+        skip=None if skip is None else skip.float().contiguous(), HAS_SKIP=skip is not None,
+        num_warps=num_warps,
     )  # fmt: skip
     if track_n and n_T is not None and n_T is not nt:
         nt = n_T.copy_(nt)

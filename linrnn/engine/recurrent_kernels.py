@@ -195,11 +195,14 @@ def recurrent_fwd_kernel(
     HAS_GV: tl.constexpr, HAS_GI: tl.constexpr, HAS_U: tl.constexpr, HAS_H0: tl.constexpr,
     STABILIZE: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
     STORE_DEN: tl.constexpr, STORE_M: tl.constexpr, IS_VARLEN: tl.constexpr,
+    skip=None, HAS_SKIP: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (V tiles, N·H), BK ≥ K. Writes o, the final state ht (and nt with ``TRACK_N``, mt
     with ``STABILIZE``; nt/mt only from the first V tile), and for the backward each step's
     denominator (``STORE_DEN``) and max state (``STORE_M``) in [B·H, T] rows. ht may be h0
-    itself: each program reads its tile of the state before the loop and writes it after."""
+    itself: each program reads its tile of the state before the loop and writes it after.
+    ``HAS_SKIP``: plus the skip term skip[h]·v_t (skip [H] fp32, after the normalizer: Mamba2's
+    D·x), as the chunk engine's output kernel adds it."""
     i_v, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
     o_k, o_v, m_k, m_v = _tile(i_v, K, V, BK, BV, False)
     b_h, b_n = _start_state(h0, n0, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_H0, TRACK_N, BK, BV)
@@ -248,6 +251,8 @@ def recurrent_fwd_kernel(
             if STORE_DEN:
                 tl.store(den + rid, b_den, mask=i_v == 0)
             b_o = b_o * _inv_denominator(b_den, b_m, eps, NORM)[0]
+        if HAS_SKIP:
+            b_o = tl.fma(tl.load(skip + i_h), b_v, b_o)
         tl.store(o + p_v + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
     _store_state(ht, b_h, i_nh, o_k, o_v, m_k, m_v, K, V)
     if TRACK_N:

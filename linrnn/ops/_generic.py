@@ -140,19 +140,24 @@ def run(
     mode=None,
     backend=None,
     chunk_size=None,
+    skip: Tensor | None = None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor | None, Tensor | None]]:
     """Run the generic recurrence; returns ``(o, (S_T, n_T, m_T))`` with o in q's dtype and the
     states in fp32 (fp64 for fp64 inputs). ``n_T`` is None unless ``track_n``, ``m_T`` unless
-    ``stabilize``. Inputs are assumed validated."""
+    ``stabilize``. Inputs are assumed validated. ``skip`` ([H]): o_t += skip[h]·v_t (Mamba2's
+    D·x), which only the eager Triton recurrent kernel without gradients adds; callers add it
+    themselves elsewhere."""
     grad = _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0)
     r = route(family, q, v, g=g, gv=gv, u=u, grad=grad, cu_seqlens=cu_seqlens, mode=mode,
               backend=backend, chunk_size=chunk_size)  # fmt: skip
     switches = dict(scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize, track_n=track_n,
                     normalizer=normalizer, eps=eps, S0=S0, n0=n0, m0=m0)  # fmt: skip
+    if skip is not None and (r != ("recurrent", "triton", None) or grad or _runtime.tracing()):
+        raise NotImplementedError(f"skip: only the eager Triton recurrent kernel adds it, {r}")
     if r.backend == "triton":
         if r.mode == "recurrent":
             return _run_triton_recurrent(family, q, k, v, grad=grad, cu_seqlens=cu_seqlens,
-                                         **switches)  # fmt: skip
+                                         skip=skip, **switches)  # fmt: skip
         return _run_triton_chunk(family, q, k, v, cu_seqlens=cu_seqlens, chunk_size=r.chunk_size,
                                  fused=r.mode == "fused_chunk", **switches)  # fmt: skip
     if r.mode == "chunk":
@@ -245,7 +250,7 @@ def _triton_dtype(family: str, q: Tensor) -> None:
         )
 
 
-def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
+def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, skip=None, **kw):
     """The Triton recurrent kernel: every family, packed sequences native; with gradients the
     autograd Function of :mod:`linrnn.engine.recurrent` (no in-place final state then)."""
     _triton_dtype(family, q)
@@ -265,7 +270,8 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, **kw):
         parts = (*out, None, None)
         out = (_fits(parts[0], S), _fits(parts[1], S[:3]) if kw["track_n"] else None,
                _fits(parts[2], S[:2]) if kw["stabilize"] else None)  # fmt: skip
-    (o, S, n, m), _ = triton_rec.forward(q, k, v, offsets=cu_seqlens, out_state=out, **kw)
+    (o, S, n, m), _ = triton_rec.forward(q, k, v, offsets=cu_seqlens, out_state=out, skip=skip,
+                                         **kw)  # fmt: skip
     return o, (S, n, m)
 
 

@@ -119,22 +119,29 @@ def mamba2(
                        backend=backend, chunk_size=chunk_size)  # fmt: skip
     if r.backend != "triton":
         B, C = per_head(B, H), per_head(C, H)
-    # Eager Triton chunk calls with dt_softplus form the gates in one kernel each way and add
-    # D·x inside the engine's kernels; traced calls take the generic path (PyTorch gate ops).
-    fused = dt_softplus and not _runtime.tracing()
-    if r.backend == "triton" and r.mode == "chunk" and fused:
-        # (a per-channel D is added below: the kernels' skip term is one scalar per head)
-        skip = D if D is not None and D.dim() == 1 else None
+    # Eager Triton calls with dt_softplus form the gates in one kernel each way
+    # (engine.mamba2_gates); the chunk engine's output kernel adds D·x, and so does the
+    # recurrent kernel without gradients (a decode step: two launches in all). Traced calls
+    # take the generic path (PyTorch gate ops). (A per-channel D is added after the kernels:
+    # their skip term is one scalar per head.)
+    fused = r.backend == "triton" and dt_softplus and not _runtime.tracing()
+    skip = D if fused and D is not None and D.dim() == 1 else None
+    if fused and r.mode == "chunk":
         o, S = _triton_chunk(x, dt, A, B, C, skip, dt_bias, S0, offsets, r.chunk_size)
-        if D is not None and skip is None:
-            o = _add_skip(o, D, x)
-        return o, (S if output_final_state else None)
-    v, g, gi = gates(x, dt, A, dt_bias, dt_softplus)
-    o, (S, _, _) = _generic.run(
-        "mamba2", C, B, v, scale=1.0, g=g, gi=gi, S0=S0, cu_seqlens=offsets, mode=r.mode,
-        backend=r.backend, chunk_size=chunk_size,
-    )  # fmt: skip
-    if D is not None:
+    else:
+        if fused:
+            from linrnn.engine import mamba2_gates
+
+            (g, gi), v = mamba2_gates.gates(dt, A, dt_bias), x
+        else:
+            v, g, gi = gates(x, dt, A, dt_bias, dt_softplus)
+        if r.mode != "recurrent" or grad:
+            skip = None
+        o, (S, _, _) = _generic.run(
+            "mamba2", C, B, v, scale=1.0, g=g, gi=gi, S0=S0, cu_seqlens=offsets, mode=r.mode,
+            backend=r.backend, chunk_size=chunk_size, skip=skip,
+        )  # fmt: skip
+    if D is not None and skip is None:
         o = _add_skip(o, D, x)
     return o, (S if output_final_state else None)
 
