@@ -272,12 +272,12 @@ def recurrent(q, k, v, beta, g, *, scale, S0, offsets, out_state=None):
     may alias S0) is for calls without gradients; with gradients it raises ValueError, since
     the backward reads S0 and an in-place final state would overwrite it."""
     offsets = None if offsets is None else [int(x) for x in offsets]
-    check_inputs(q, k, v, beta, g, S0, offsets, out_state)
     tensors = (q, k, v, beta, g, S0)
     grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
     opts = dict(scale=float(scale), offsets=offsets)
-    if not grad:
+    if not grad:  # (forward() checks the inputs; a decode step checks them once)
         return forward(q, k, v, beta, g, S0=S0, out_state=out_state, **opts)[0]
+    check_inputs(q, k, v, beta, g, S0, offsets, out_state)
     if out_state is not None:
         raise ValueError("out_state (an in-place final state) is for calls without gradients; "
                          "an input requires grad")  # fmt: skip
