@@ -120,6 +120,44 @@ def test_forward_in_place_several_value_tiles():
         assert_close(f"state[{j}]", a, b, torch.float32)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_per_head_decay_read_in_place(packed, monkeypatch):
+    """Retention's per-head decay, broadcast over B and T, reaches the forward kernel as the
+    caller's [H] tensor with token-row stride 0 (no [B, T, H] copy per call); outputs and final
+    states equal the reference. With gradients the kernel gets a dense copy (the backward reads
+    it per token)."""
+    from linrnn.engine import recurrent_kernels
+
+    seen = []
+    real = recurrent_kernels.recurrent_fwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(**kw):
+                seen.append((kw["g"].data_ptr(), kw["s_g"]))
+                return real[grid](**kw)
+
+            return launch
+
+    monkeypatch.setattr(recurrent_kernels, "recurrent_fwd_kernel", Spy())
+    fam = FAMILIES["retention"]
+    B, T, H, K, V = (1, 11, 3, 16, 8) if packed else (3, 5, 3, 16, 8)
+    cu = [0, 4, 4, 11] if packed else None
+    inputs = _inputs(fam, B, T, H, K, V)
+    h0 = _state(fam, 3, H, K, V)
+    with torch.no_grad():
+        o, S = fam.call(inputs, mode="recurrent", backend="triton", initial_state=h0,
+                        output_final_state=True, cu_seqlens=cu)  # fmt: skip
+    assert seen == [(inputs["log_decay"].data_ptr(), 0)]
+    o_ref, S_ref = _ref(fam, inputs, h0, cu_seqlens=cu)
+    assert_close("o", o, o_ref, torch.float32)
+    assert_close("S", S, S_ref, torch.float32)
+    leaf = inputs["log_decay"].clone().requires_grad_()
+    fam.call(dict(inputs, log_decay=leaf), mode="recurrent", backend="triton", initial_state=h0,
+             cu_seqlens=cu)  # fmt: skip
+    assert seen[-1][1] == H and seen[-1][0] != leaf.data_ptr()
+
+
 def test_family_step_functions_and_errors():
     fam = FAMILIES["mlstm_exp"]
     inputs = _inputs(fam, 1, 1, 2, 8, 8)

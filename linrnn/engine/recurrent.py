@@ -68,6 +68,14 @@ def _value_tile(K: int, V: int, t: dict) -> tuple[int, int, int]:
     return BK, BV, t["FULL_WARPS"] if BK * BV >= t["STATE_ELEMS"] else t["NUM_WARPS"]
 
 
+def _per_head(g) -> bool:
+    """Whether g ``[B, T, H]`` holds one value per head, the same for every token row b·T + t
+    (strides 0 over T and over B or B = 1, 1 over H): the kernel then reads it with row stride
+    0."""
+    sb, st, sh = g.stride()
+    return st == 0 and (sb == 0 or g.shape[0] == 1) and sh == 1
+
+
 def _split_decay(g):
     """(g, gk): a scalar log decay [B, T, H] goes to the kernels' g, a per-key one to gk."""
     if g is None or g.dim() == 3:
@@ -98,7 +106,13 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     N = B if offsets is None else len(offsets) - 1
     dev = q.device
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    g, gv, gi, u = fp32_contiguous(g), fp32_contiguous(gv), fp32_contiguous(gi), fp32_contiguous(u)
+    # A per-head decay broadcast over B and T (retention) is read in place: token-row stride 0.
+    g, s_g = (None if g is None else g.float()), H
+    if g is not None and not save and g.dim() == 3 and _per_head(g):
+        s_g = 0
+    else:
+        g = None if g is None else g.contiguous()
+    gv, gi, u = fp32_contiguous(gv), fp32_contiguous(gi), fp32_contiguous(u)
     gs, gk = _split_decay(g)
     S_T, n_T, m_T = out_state if out_state is not None else (None, None, None)
     if S_T is None:
@@ -133,7 +147,7 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
         STABILIZE=stabilize, TRACK_N=track_n, NORM=norm, STORE_DEN=den is not None,
         STORE_M=m_row is not None, IS_VARLEN=cu_seqlens is not None,
         skip=None if skip is None else skip.float().contiguous(), HAS_SKIP=skip is not None,
-        num_warps=num_warps,
+        s_g=s_g, num_warps=num_warps,
     )  # fmt: skip
     if track_n and n_T is not None and n_T is not nt:
         nt = n_T.copy_(nt)

@@ -195,14 +195,16 @@ def recurrent_fwd_kernel(
     HAS_GV: tl.constexpr, HAS_GI: tl.constexpr, HAS_U: tl.constexpr, HAS_H0: tl.constexpr,
     STABILIZE: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
     STORE_DEN: tl.constexpr, STORE_M: tl.constexpr, IS_VARLEN: tl.constexpr,
-    skip=None, HAS_SKIP: tl.constexpr = False,
+    skip=None, HAS_SKIP: tl.constexpr = False, s_g=0,
 ):  # fmt: skip
     """Grid (V tiles, N·H), BK ≥ K. Writes o, the final state ht (and nt with ``TRACK_N``, mt
     with ``STABILIZE``; nt/mt only from the first V tile), and for the backward each step's
     denominator (``STORE_DEN``) and max state (``STORE_M``) in [B·H, T] rows. ht may be h0
     itself: each program reads its tile of the state before the loop and writes it after.
     ``HAS_SKIP``: plus the skip term skip[h]·v_t (skip [H] fp32, after the normalizer: Mamba2's
-    D·x), as the chunk engine's output kernel adds it."""
+    D·x), as the chunk engine's output kernel adds it. ``s_g``: the token-row stride of the
+    scalar decay g, H for a [B, T, H] tensor, 0 for one decay per head broadcast over B and T
+    (retention: read in place, not copied per token)."""
     i_v, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
     o_k, o_v, m_k, m_v = _tile(i_v, K, V, BK, BV, False)
     b_h, b_n = _start_state(h0, n0, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_H0, TRACK_N, BK, BV)
@@ -213,7 +215,7 @@ def recurrent_fwd_kernel(
         b_q, b_k, b_v = _load_step(q, k, v, p_in, p_v, o_k, m_k, o_v, m_v)
         w_in = 1.0
         if STABILIZE:  # m_t = max(g_t + m_{t-1}, gi_t); all exponents ≤ 0
-            b_g = tl.load(g + row * H + i_h)
+            b_g = tl.load(g + row * s_g + i_h)
             b_i = tl.load(gi + row * H + i_h)
             m_new = tl.maximum(b_g + b_m, b_i)
             b_f = tl.exp(b_g + b_m - m_new)
@@ -229,7 +231,7 @@ def recurrent_fwd_kernel(
             if HAS_GI:
                 w_in = tl.exp(tl.load(gi + row * H + i_h))
             if HAS_G:
-                b_a = tl.exp(tl.load(g + row * H + i_h))
+                b_a = tl.exp(tl.load(g + row * s_g + i_h))
                 b_h *= b_a
                 b_n *= b_a
             if HAS_GK:
