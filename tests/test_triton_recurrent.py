@@ -120,8 +120,9 @@ def test_forward_in_place_several_value_tiles():
         assert_close(f"state[{j}]", a, b, torch.float32)
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
-def test_per_head_decay_read_in_place(packed, monkeypatch):
+@pytest.mark.parametrize("packed,T", [(False, 5), (False, 1), (True, 11)],
+                         ids=["batch", "one-step", "packed"])  # fmt: skip
+def test_per_head_decay_read_in_place(packed, T, monkeypatch):
     """Retention's per-head decay, broadcast over B and T, reaches the forward kernel as the
     caller's [H] tensor with token-row stride 0 (no [B, T, H] copy per call); outputs and final
     states equal the reference. With gradients the kernel gets a dense copy (the backward reads
@@ -141,8 +142,8 @@ def test_per_head_decay_read_in_place(packed, monkeypatch):
 
     monkeypatch.setattr(recurrent_kernels, "recurrent_fwd_kernel", Spy())
     fam = FAMILIES["retention"]
-    B, T, H, K, V = (1, 11, 3, 16, 8) if packed else (3, 5, 3, 16, 8)
-    cu = [0, 4, 4, 11] if packed else None
+    B, H, K, V = (1 if packed else 3), 3, 16, 8
+    cu = [0, 4, 4, T] if packed else None
     inputs = _inputs(fam, B, T, H, K, V)
     h0 = _state(fam, 3, H, K, V)
     with torch.no_grad():

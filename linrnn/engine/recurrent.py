@@ -70,10 +70,10 @@ def _value_tile(K: int, V: int, t: dict) -> tuple[int, int, int]:
 
 def _per_head(g) -> bool:
     """Whether g ``[B, T, H]`` holds one value per head, the same for every token row b·T + t
-    (strides 0 over T and over B or B = 1, 1 over H): the kernel then reads it with row stride
-    0."""
-    sb, st, sh = g.stride()
-    return st == 0 and (sb == 0 or g.shape[0] == 1) and sh == 1
+    (stride 0 over B and over T, or size 1; stride 1 over H): the kernel then reads it with row
+    stride 0."""
+    (B, T, _), (sb, st, sh) = g.shape, g.stride()
+    return (sb == 0 or B == 1) and (st == 0 or T == 1) and sh == 1
 
 
 def _split_decay(g):
