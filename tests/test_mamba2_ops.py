@@ -526,8 +526,10 @@ def _check_triton(case, backend, per_channel_skip=False):
     compare(got, ref, torch.float32, low)
 
 
-# ~16 fp32 roundoffs of the summed terms' size (measured: below 1e-7 over many seeds).
-HEAD_SUM_TOL = 1e-6
+# ~32 fp32 roundoffs of the summed terms' size. Measured over the four Triton cases at 120
+# seeds: typically 1e-9…1e-7 and at most 5.6e-7 (a chunk whose cumulative log decays reach
+# ~−60, whose fp32 differences carry that much more rounding); 1e-6 left too thin a margin.
+HEAD_SUM_TOL = 2e-6
 
 
 def _head_sum_bounds(inputs, h0, cu):
