@@ -266,10 +266,10 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, skip=None, **kw)
     out = OUT_STATE.get()
     if out is not None:  # an in-place step: write where the caller's state lives
         N = q.shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
-        S = (N, v.shape[2], q.shape[3], v.shape[3])
+        shape = (N, v.shape[2], q.shape[3], v.shape[3])
         parts = (*out, None, None)
-        out = (_fits(parts[0], S), _fits(parts[1], S[:3]) if kw["track_n"] else None,
-               _fits(parts[2], S[:2]) if kw["stabilize"] else None)  # fmt: skip
+        out = (_fits(parts[0], shape), _fits(parts[1], shape[:3]) if kw["track_n"] else None,
+               _fits(parts[2], shape[:2]) if kw["stabilize"] else None)  # fmt: skip
     (o, S, n, m), _ = triton_rec.forward(q, k, v, offsets=cu_seqlens, out_state=out, skip=skip,
                                          **kw)  # fmt: skip
     return o, (S, n, m)
