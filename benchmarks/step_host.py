@@ -87,9 +87,13 @@ def step_case(op: str, B: int, H: int, K: int, V: int, device: str):
     raise ValueError(f"op must be one of {OPS}, got {op!r}")
 
 
-def host_us(op: str, B=64, H=8, K=64, V=64, steps=2000, profile=False) -> tuple[float, str]:
-    """(µs per eager step of ``op``, the cProfile table or "")."""
+def host_us(op: str, B=64, H=8, K=64, V=64, steps=2000, profile=False,
+            batches=BATCHES) -> tuple[float, str]:  # fmt: skip
+    """(µs per eager step of ``op``, the cProfile table or ""). On a GPU wall time (the host's
+    pace of back-to-back steps); without one the thread's CPU time (the stubbed launches leave
+    only host work, and a shared machine's stolen time does not count)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    clock = time.perf_counter if device == "cuda" else time.thread_time
     fn, inputs, state = step_case(op, B, H, K, V, device)
 
     def run(n):
@@ -99,16 +103,16 @@ def host_us(op: str, B=64, H=8, K=64, V=64, steps=2000, profile=False) -> tuple[
     def timed(n):
         if device == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock()
         run(n)
         if device == "cuda":
             torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / n * 1e6
+        return (clock() - t0) / n * 1e6
 
     with torch.no_grad(), linrnn.checks(False):
         run(100)  # compile, caches
-        # the fastest of BATCHES batches, as timeit reports: a shared machine's noise only adds
-        us = min(timed(max(1, steps // BATCHES)) for _ in range(BATCHES))
+        # the fastest of the batches, as timeit reports: a shared machine's noise only adds
+        us = min(timed(max(1, steps // batches)) for _ in range(batches))
         table = ""
         if profile:
             prof = cProfile.Profile()
@@ -126,6 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     ap.add_argument("--shape", default="B64-H8-K64-V64", help="B..-H..-K..-V..")
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--batches", type=int, default=BATCHES, help="time the steps in this many")
     ap.add_argument("--profile", action="store_true", help="also the top functions (cProfile)")
     args = ap.parse_args(argv)
     dims = dict((part[0], int(part[1:])) for part in args.shape.split("-"))
@@ -136,7 +141,7 @@ def main(argv=None) -> int:
     print(f"eager decode step, {args.shape}, {where}:")
     for op in args.ops:
         us, table = host_us(op, dims["B"], dims["H"], dims["K"], dims["V"], args.steps,
-                            args.profile)  # fmt: skip
+                            args.profile, args.batches)  # fmt: skip
         print(f"  {op:<16} {us:8.1f} µs per step")
         if table:
             print(table)

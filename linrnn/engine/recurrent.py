@@ -107,11 +107,10 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     dev = q.device
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     # A per-head decay broadcast over B and T (retention) is read in place: token-row stride 0.
-    g, s_g = (None if g is None else g.float()), H
     if g is not None and not save and g.dim() == 3 and _per_head(g):
-        s_g = 0
+        g, s_g = g.float(), 0  # (a cast to fp32 may densify it: every row still holds the same)
     else:
-        g = None if g is None else g.contiguous()
+        g, s_g = fp32_contiguous(g), H
     gv, gi, u = fp32_contiguous(gv), fp32_contiguous(gi), fp32_contiguous(u)
     gs, gk = _split_decay(g)
     S_T, n_T, m_T = out_state if out_state is not None else (None, None, None)
