@@ -202,29 +202,32 @@ def _dot32(a, b, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _span_ref(p_gx, p_gk, o_t, m_t, o_c, m_c, s_c):
+def _span_ref(p_gx, p_gk, o_t, m_t, o_c, m_c, s_c, CLEAN: tl.constexpr):
     """A diagonal tile's reference point for its channels o_c: z ([BC]), the middle of the range
     of every G^X and G^K value of the tile's valid rows, and the widest channel's range (a
     scalar), so that every G^X_i − z and z − G^K_j lies within ±range/2. Also the two gate
-    tiles ([BT, BC] fp32). A non-finite gate (garbage at a later step) makes the range +inf: a
-    z from it would reach every row, so the tile takes the log-space form, whose masked
-    exponents keep the gate in its own and later rows."""
+    tiles ([BT, BC] fp32). ``CLEAN`` (the forward): a non-finite gate (garbage at a later step)
+    makes the range +inf, since a z from it would reach every row, so the tile takes the
+    log-space form, whose masked exponents keep the gate in its own and later rows."""
     m = m_t[:, None] & m_c[None, :]
     gx = _tile(p_gx, o_t, o_c, s_c, m_t, m_c)
     gk = _tile(p_gk, o_t, o_c, s_c, m_t, m_c)
-    fin = (tl.abs(gx) < float("inf")) & (tl.abs(gk) < float("inf"))  # false for NaN
-    # A non-finite pair counts as +inf in the top and −inf in the bottom, so its channel's
-    # range is +inf (no count of the bad entries: a reduction to a scalar per tile).
     inf = float("inf")
-    top = tl.maximum(tl.max(tl.where(m, tl.where(fin, gx, inf), -inf), 0),
-                     tl.max(tl.where(m, tl.where(fin, gk, inf), -inf), 0))  # fmt: skip
-    bot = tl.minimum(tl.min(tl.where(m, tl.where(fin, gx, -inf), inf), 0),
-                     tl.min(tl.where(m, tl.where(fin, gk, -inf), inf), 0))  # fmt: skip
+    if CLEAN:  # a non-finite pair counts as +inf in the top and −inf in the bottom
+        fin = (tl.abs(gx) < inf) & (tl.abs(gk) < inf)  # false for NaN
+        hi_x, lo_x = tl.where(fin, gx, inf), tl.where(fin, gx, -inf)
+        hi_k, lo_k = tl.where(fin, gk, inf), tl.where(fin, gk, -inf)
+    else:  # the backward keeps no such guarantee (docs/DESIGN.md §6.1)
+        hi_x, lo_x, hi_k, lo_k = gx, gx, gk, gk
+    top = tl.maximum(tl.max(tl.where(m, hi_x, -inf), 0), tl.max(tl.where(m, hi_k, -inf), 0))
+    bot = tl.minimum(tl.min(tl.where(m, lo_x, inf), 0), tl.min(tl.where(m, lo_k, inf), 0))
     seen = top >= bot  # a channel with a valid row
     top = tl.where(seen, top, 0.0)
     bot = tl.where(seen, bot, 0.0)
     wide = top - bot  # +inf on a channel with a non-finite gate
-    z = tl.where(wide < inf, 0.5 * (top + bot), 0.0)
+    z = 0.5 * (top + bot)
+    if CLEAN:
+        z = tl.where(wide < inf, z, 0.0)
     return z, tl.max(wide, 0), gx, gk
 
 
@@ -267,11 +270,11 @@ def _depth_log(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, s
 def _depth_tile(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, same, ar, t0,
                 n_t, BT: tl.constexpr, REV: tl.constexpr, EXCL: tl.constexpr,
                 DOT_PREC: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
-                SPAN: tl.constexpr):  # fmt: skip
+                SPAN: tl.constexpr, CLEAN: tl.constexpr):  # fmt: skip
     """One depth tile of the depth-gated diagonal P, added to b_p: the fast form (module doc)
     when its gates span less than ``SPAN``, else :func:`_depth_log`."""
     if SPAN > 0:
-        z, span, gx, gk = _span_ref(p_gdx, p_gdk, o_t, m_t, o_d, m_d, sD)
+        z, span, gx, gk = _span_ref(p_gdx, p_gdk, o_t, m_t, o_d, m_d, sD, CLEAN)
         if span < SPAN:
             b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
             f_r, f_c = _span_factors(gx, gk, z, m_t[:, None] & m_d[None, :], REV)
@@ -295,8 +298,8 @@ def _depth_tile(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair, 
 def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.constexpr,
                      BD: tl.constexpr, REV: tl.constexpr, VEC_D: tl.constexpr,
                      EXCL: tl.constexpr, DOT_PREC: tl.constexpr,
-                     BLOCK: tl.constexpr, UNROLL: tl.constexpr, P_MEM: tl.constexpr = False,
-                     SPAN: tl.constexpr = 0.0):  # fmt: skip
+                     BLOCK: tl.constexpr, UNROLL: tl.constexpr, CLEAN: tl.constexpr,
+                     P_MEM: tl.constexpr = False, SPAN: tl.constexpr = 0.0):  # fmt: skip
     """The diagonal sub-chunk's P_ij = Σ_d X_i[d] Y_j[d] E^D_ij[d] on the causal pairs j ≤ i
     (``REV``: j ≥ i), strict with u on the diagonal for ``EXCL`` (E^D only with ``VEC_D``),
     0 elsewhere; also the pair masks. ([BT, BT] fp32, pair, same)
@@ -306,7 +309,8 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
     (``UNROLL``: the walk unrolled), or (``BLOCK``, the interpreter's fallback: the walk runs ~8x
     slower there) a [BT, BT, BD] fp32 block (BT× the registers, the same exponentials). ``P_MEM``
     (ungated P only): P is loaded from memory instead, p_y pointing at the stored P with row stride
-    sD (see :func:`_ld_p`)."""
+    sD (see :func:`_ld_p`). ``CLEAN`` (the forward): a later row's non-finite gate or key reaches
+    no earlier pair (:func:`_span_ref`; the off-pair entries set by ``where``)."""
     ii = o_t[:, None]
     jj = o_t[None, :]
     valid = m_t[:, None] & m_t[None, :]
@@ -333,12 +337,12 @@ def _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT: tl.conste
             if VEC_D:
                 b_p = _depth_tile(b_p, b_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, o_d, m_d, sD, pair,
                                   same, ar, t0, n_t, BT, REV, EXCL, DOT_PREC, BLOCK, UNROLL,
-                                  SPAN)  # fmt: skip
+                                  SPAN, CLEAN)  # fmt: skip
             else:
                 b_y = _tile(p_y, o_t, o_d, sD, m_t, m_d)  # [BT, BD]
                 b_p += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PREC)
-    # also the gated forms': a later key's NaN times a masked weight 0 is NaN off the pairs
-    b_p = tl.where(pair | same, b_p, 0.0)
+    if CLEAN or not VEC_D:  # the gated forms': a later key's NaN times a masked 0 is NaN
+        b_p = tl.where(pair | same, b_p, 0.0)
     return b_p, pair, same
 
 
@@ -413,11 +417,11 @@ def _vec_diag(p_x, p_y, p_z, p_gdx, p_gdk, p_gox, p_gok, p_u, o_t, m_t, o_o, m_o
     fast form when the output tile's gates span less than ``SPAN`` (module doc), else in
     fp32 log space (:func:`_out_log`). [BT, BO] fp32."""
     b_p, pair, same = _vec_diag_scores(p_x, p_y, p_gdx, p_gdk, p_u, o_t, m_t, D, sD, BT, BD,
-                                       REV, VEC_D, EXCL, DOT_PREC, BLOCK, UNROLL, P_MEM,
-                                       SPAN)  # fmt: skip
+                                       REV, VEC_D, EXCL, DOT_PREC, BLOCK, UNROLL, CLEAN,
+                                       P_MEM, SPAN)  # fmt: skip
     if VEC_O:
         if SPAN > 0:
-            z, span, gx, gk = _span_ref(p_gox, p_gok, o_t, m_t, o_o, m_o, sO)
+            z, span, gx, gk = _span_ref(p_gox, p_gok, o_t, m_t, o_o, m_o, sO, CLEAN)
             if span < SPAN:
                 b_out = _out_fast(b_p, p_z, p_u, gx, gk, z, o_t, m_t, o_o, m_o, sO, pair, same,
                                   REV, EXCL, DOT_PREC, CLEAN)  # fmt: skip

@@ -96,7 +96,7 @@ def scores_kernel(
                  mask=m_r[:, None] & m_s[None, :])  # fmt: skip
     b_p, _pair, _same = _vec_diag_scores(
         p_x, p_y, p_gx, p_gk, p_u, o_r, m_r, D, H * D, BQ, BD, False, GATED, EXCL, DOT_PREC,
-        BLOCK_DIAG, False, False, DIAG_SPAN,
+        BLOCK_DIAG, False, True, False, DIAG_SPAN,
     )  # fmt: skip
     tl.store(p_a + (o_r - c0)[None, :], b_p.to(A.dtype.element_ty),
              mask=m_r[:, None] & (o_r < c0 + L)[None, :])  # fmt: skip
