@@ -26,7 +26,7 @@ import sys
 import torch
 
 
-def _case(op: str, shape: dict, dtype: str, device: str) -> dict:
+def bench_case(op: str, shape: dict, dtype: str, device: str) -> dict:
     from linrnn.bench import registry
 
     o = registry.resolve_op(op)
@@ -43,7 +43,7 @@ def kernel_times(op: str, shape_id: str, dtype: str = "bf16", iters: int = 5) ->
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shape = registry.parse_shape(shape_id)
-    leaves, fwd = registry.build_linrnn(_case(op, shape, dtype, device), shape)
+    leaves, fwd = registry.build_linrnn(bench_case(op, shape, dtype, device), shape)
 
     def once():
         for x in leaves:
@@ -79,7 +79,7 @@ def kernel_times(op: str, shape_id: str, dtype: str = "bf16", iters: int = 5) ->
                 kernels=kernels, total_ms=total)  # fmt: skip
 
 
-def _short(name: str, width: int = 58) -> str:
+def short_name(name: str, width: int = 58) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
@@ -88,7 +88,7 @@ def print_rows(rows: list) -> None:
         print(f"\n{r['op']} {r['shape']} {r['dtype']} ({r['device']}): "
               f"{r['total_ms']:.3f} ms in kernels per forward+backward")  # fmt: skip
         for name, (ms, n) in r["kernels"].items():
-            print(f"  {_short(name):<58} {ms:9.3f} ms  ×{n:g}")
+            print(f"  {short_name(name):<58} {ms:9.3f} ms  ×{n:g}")
 
 
 def compare(this: list, other: list) -> None:
@@ -108,7 +108,7 @@ def compare(this: list, other: list) -> None:
         print(f"  {'kernel':<58} {'this ms':>9} {'other ms':>9} {'change':>8}")
         for n in sorted(names, key=lambda n: -abs(ms[n][0] - ms[n][1])):
             a, o = ms[n]
-            print(f"  {_short(n):<58} {a:9.3f} {o:9.3f} {a - o:+8.3f}")
+            print(f"  {short_name(n):<58} {a:9.3f} {o:9.3f} {a - o:+8.3f}")
 
 
 def main(argv=None) -> int:

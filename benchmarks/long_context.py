@@ -55,7 +55,7 @@ def _wall(op: str, shape_id: str, device: str, iters: int) -> tuple:
     from linrnn.bench import registry
 
     shape = registry.parse_shape(shape_id)
-    leaves, fwd = registry.build_linrnn(kernel_times._case(op, shape, "bf16", device), shape)
+    leaves, fwd = registry.build_linrnn(kernel_times.bench_case(op, shape, "bf16", device), shape)
 
     def both():
         for x in leaves:
@@ -112,7 +112,7 @@ def print_rows(rows: list) -> None:
                   f"{r['fwd_us_per_token']:11.4f} {r['kernels_ms'] * 1e3 / r['T']:15.4f} "
                   f"{peak:>9}")  # fmt: skip
         for r in (first, mine[-1]) if len(mine) > 1 else (first,):
-            per = ", ".join(f"{kernel_times._short(n, 28)} {ms * 1e3 / r['T']:.4f}"
+            per = ", ".join(f"{kernel_times.short_name(n, 28)} {ms * 1e3 / r['T']:.4f}"
                             for n, (ms, _) in r["top"].items())  # fmt: skip
             print(f"  T={r['T']} kernels, µs/token: {per}")
 
