@@ -27,6 +27,8 @@ import torch
 
 
 def bench_case(op: str, shape: dict, dtype: str, device: str) -> dict:
+    """The case ``linrnn bench`` runs for ``op`` at ``shape``: chunk mode, its default chunk
+    size, Triton on CUDA and the PyTorch path elsewhere."""
     from linrnn.bench import registry
 
     o = registry.resolve_op(op)
