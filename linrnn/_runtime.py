@@ -11,6 +11,10 @@ Two kinds of host work read tensor *values* and so stall on a device→host copy
 Neither may happen while ``torch.compile`` traces (a value read is a graph break, an error under
 ``fullgraph=True``) or while a CUDA graph is captured (a sync there is illegal). Shape, dtype
 and device checks read no values; they always run.
+
+The other way round, a blocking host→device copy also stalls: PyTorch waits for the stream
+to drain after it, so every kernel queued before it must finish first. Small tables built on
+the host (packed sequences' offsets and chunk rows) go through :func:`to_device` instead.
 """
 
 from __future__ import annotations
@@ -79,3 +83,16 @@ def data_checks(x: torch.Tensor) -> bool:
     if _CHECKS is False or (_CHECKS is None and x.device.type != "cpu"):
         return False  # (asked first: whether a stream captures is a CUDA call per gate)
     return host_reads_ok()
+
+
+def to_device(values, device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """``values`` (a list of numbers or a CPU tensor) as a ``dtype`` tensor on ``device``
+    without stalling the host: on CUDA through pinned memory and an asynchronous copy on the
+    current stream (PyTorch's pinned-memory cache keeps the buffer until the copy has run), so
+    the host keeps queueing work while earlier kernels run. While a CUDA graph is captured the
+    copy stays a plain one: a graph would replay the copy from a buffer reused since."""
+    x = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    device = torch.device(device)
+    if device.type != "cuda" or capturing():
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)

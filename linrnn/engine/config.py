@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from linrnn._runtime import to_device
 from linrnn.engine.host_math import cdiv, next_pow2
 
 # --------------------------------------------------------------------------------------------
@@ -460,18 +461,20 @@ class ChunkConfig:
         seq = torch.repeat_interleave(torch.arange(N), counts)  # each chunk's sequence
         c0 = bos[seq] + (torch.arange(NT) - co[seq]) * L
         rows = torch.stack([c0, torch.minimum(c0 + L, eos[seq]), seq], 1)
-        ints = dict(device=device, dtype=torch.int32)
         self.N, self.NSEQ, self.NT = N, N, max(NT, 1)
         self.offsets = offsets
-        self.CO = co.to(**ints)
-        self.CHUNKS = (rows if NT else torch.zeros(1, 3, dtype=torch.long)).reshape(-1).to(**ints)
+        # (the tables go to the device with _runtime.to_device: a blocking copy would wait
+        # for every kernel queued before this call)
+        self.CO = to_device(co, device, torch.int32)
+        rows = rows if NT else torch.zeros(1, 3, dtype=torch.long)
+        self.CHUNKS = to_device(rows.reshape(-1), device, torch.int32)
         # Per token (on the device, from the sequence bounds): its sequence, chunk and start
-        ends, t = eos.to(device), torch.arange(T, device=device)
+        ends, t = to_device(eos, device), torch.arange(T, device=device)
         tok_seq = torch.searchsorted(ends, t, right=True)
-        pos = t - bos.to(device)[tok_seq]
-        self.tok_chunk = co.to(device)[tok_seq] + pos.div(L, rounding_mode="floor")
+        pos = t - to_device(bos, device)[tok_seq]
+        self.tok_chunk = to_device(co, device)[tok_seq] + pos.div(L, rounding_mode="floor")
         self.tok_start = t - pos.remainder(L)
-        self.final_slot = (co[1:] + torch.arange(N)).to(device)
+        self.final_slot = to_device(co[1:] + torch.arange(N), device)
 
     def tiles(self, name: str, D: int, O: int):
         """(time tile, depth tile, output tile, launch options) of kernel ``name``."""

@@ -44,6 +44,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from linrnn._runtime import to_device
 from linrnn.engine import delta_recurrent_kernels as kern
 from linrnn.engine.config import STEP_TILE, fp32_contiguous
 from linrnn.engine.gate_grads import Seqs, rev_cumsum, rows, tokens
@@ -64,7 +65,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _cu_seqlens(offsets, device):
-    return None if offsets is None else torch.as_tensor(offsets, dtype=torch.int64, device=device)
+    return None if offsets is None else to_device(offsets, device)
 
 
 def check_inputs(q, k, v, beta, g, S0, offsets, out_state=None) -> int:
@@ -171,7 +172,7 @@ def backward(saved, do, dS_T=None, *, scale, offsets=None):
     if slots:
         dck = torch.empty(len(slots), HV, K, V, **f32)
         dga_part = torch.empty(NV, len(slots), HV, **f32)
-        ck_offsets = torch.tensor(first, dtype=torch.int64, device=q.device)
+        ck_offsets = to_device(first, q.device)
     common.update(SEG=ANCHOR_EVERY, HAS_ANCHORS=bool(slots))
     kern.delta_recurrent_bwd_dh_kernel[(NV, N * HV)](
         **common, e=s["e"], dht=dht, dv=dv, dk_part=dk_part, db_part=db_part,
@@ -233,7 +234,7 @@ def decay_grad(c, end, start, anchors, slots, offsets):
     if start is not None:
         first[:, :, 0] = start.double()
     if slots:
-        n, seg = (torch.tensor(x, device=c.device) for x in zip(*slots))
+        n, seg = (to_device(x, c.device) for x in zip(*slots))
         first[n, :, seg] = anchors.double()
     first = first.view(R, NS + 1)
     z = z + first[:, 1:, None]

@@ -22,11 +22,14 @@ varlen, N, offsets (when packed) and, for the chunk restarts, L, tok_chunk and C
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from linrnn._runtime import to_device
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,16 @@ class Seqs:
     def __init__(self, offsets, B, T, H, device):
         self.H, self.T = H, T
         self.varlen = offsets is not None
-        if self.varlen:
-            off = torch.as_tensor(offsets, dtype=torch.int64, device=device)
-            self.N = len(off) - 1
+        if self.varlen:  # sizes from the host's offsets: no device value is read back
+            offsets = offsets.tolist() if isinstance(offsets, torch.Tensor) else list(offsets)
+            off = to_device(offsets, device)
+            self.N = len(offsets) - 1
             lens = off[1:] - off[:-1]
-            self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens)
+            self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens,
+                                               output_size=offsets[-1] - offsets[0])  # fmt: skip
             self.pos = torch.arange(T, device=device) - off[:-1][self.seq]
-            self.Lmax = max(int(lens.max()) if self.N else 0, 1)
+            longest = max((b - a for a, b in itertools.pairwise(offsets)), default=0)
+            self.Lmax = max(longest, 1)
             self.last = (lens - 1).clamp_min(0)
             self.nonempty = lens > 0
         else:
@@ -120,7 +126,8 @@ class Seqs:
     def add_at_last(self, y, vals):
         """y[(n, h), last step of n] += vals[n·H + h], for non-empty sequences."""
         vals = vals.view(self.N, self.H) * self.nonempty[:, None]
-        y.view(self.N, self.H, self.Lmax)[torch.arange(self.N), :, self.last] += vals
+        n = torch.arange(self.N, device=y.device)
+        y.view(self.N, self.H, self.Lmax)[n, :, self.last] += vals
 
 
 def chunk_local(dF, bnd, c):

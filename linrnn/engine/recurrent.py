@@ -24,6 +24,7 @@ import functools
 
 import torch
 
+from linrnn._runtime import to_device
 from linrnn.engine import recurrent_kernels as kern
 from linrnn.engine.config import (
     BWD_STATE_ELEMS,
@@ -135,7 +136,7 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
         m_row = torch.empty(B * H, T, device=dev) if stabilize else None
     cu_seqlens = None
     if offsets is not None:
-        cu_seqlens = torch.as_tensor(offsets, dtype=torch.int64, device=dev)
+        cu_seqlens = to_device(offsets, dev)
     o = torch.empty_like(v, dtype=q.dtype)
     kern.recurrent_fwd_kernel[(cdiv(V, BV), N * H)](
         q=q, k=k, v=v, o=o, g=gs, gk=gk, gv=gv, gi=gi, u=u, h0=h0, n0=n0, m0=m0,
@@ -204,8 +205,7 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
         r_a, r_d, r_m = _norm_rows(do, o, s["den"], s["m_row"], norm, stabilize, eps)
     has_dht, dS_T, dn_T = final_grads(dS_T, dn_T if track_n else None, v, K, V, flags)
     gs, gk = _split_decay(g)
-    cu_seqlens = None if offsets is None else torch.as_tensor(offsets, dtype=torch.int64,
-                                                              device=dev)  # fmt: skip
+    cu_seqlens = None if offsets is None else to_device(offsets, dev)
     args = dict(
         q=q, k=k, v=v, do=do, g=gs, gk=gk, gv=gv, gi=gi, u=u, m0=m0, m_row=s["m_row"], r_a=r_a,
         r_d=r_d, cu_seqlens=cu_seqlens, scale=float(scale), T=T, H=H, G=G, K=K, V=V,
