@@ -261,16 +261,23 @@ def run_with_grads(fam: Family, inputs: dict, initial_state=None, dtype=torch.fl
     before = {n: t.detach().clone() for n, t in leaves.items()}
     o, st = fam.call(leaves, initial_state=init, output_final_state=True, **kw)
     states = flat_state(st)
-    gen = torch.Generator().manual_seed(1234)
-    cot = lambda x: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.device)  # noqa: E731
-    loss = (o.double() * cot(o)).sum()
-    for s in states:
-        loss = loss + (s.double() * cot(s)).sum()
+    cot_o, cot_states = cotangents(o, states)
+    loss = (o.double() * cot_o).sum()
+    for s, c in zip(states, cot_states):
+        loss = loss + (s.double() * c).sum()
     loss.backward()
     for n, t in leaves.items():  # forward and backward leave their inputs alone
         assert torch.equal(t.detach(), before[n]), f"the call wrote its input {n}"
     grads = {n: t.grad for n, t in leaves.items() if t.grad is not None}
     return o.detach(), [s.detach() for s in states], grads
+
+
+def cotangents(o, states):
+    """The fixed random cotangents of :func:`run_with_grads`'s loss: o's, then each final-state
+    tensor's (fp64, on their device)."""
+    gen = torch.Generator().manual_seed(1234)
+    cot = lambda x: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.device)  # noqa: E731
+    return cot(o), [cot(s) for s in states]
 
 
 # Unit roundoff per input dtype: the relative size of the rounding every input carries.
