@@ -463,18 +463,20 @@ class ChunkConfig:
         rows = torch.stack([c0, torch.minimum(c0 + L, eos[seq]), seq], 1)
         self.N, self.NSEQ, self.NT = N, N, max(NT, 1)
         self.offsets = offsets
-        # (the tables go to the device with _runtime.to_device: a blocking copy would wait
-        # for every kernel queued before this call)
-        self.CO = to_device(co, device, torch.int32)
+        # Two host tables go to the device, with _runtime.to_device (a blocking copy would wait
+        # for every kernel queued before this call); the rest is derived there.
         rows = rows if NT else torch.zeros(1, 3, dtype=torch.long)
         self.CHUNKS = to_device(rows.reshape(-1), device, torch.int32)
-        # Per token (on the device, from the sequence bounds): its sequence, chunk and start
-        ends, t = to_device(eos, device), torch.arange(T, device=device)
-        tok_seq = torch.searchsorted(ends, t, right=True)
-        pos = t - to_device(bos, device)[tok_seq]
-        self.tok_chunk = to_device(co, device)[tok_seq] + pos.div(L, rounding_mode="floor")
+        ints = to_device(torch.cat([co, bounds]), device)  # CO [N + 1], then the bounds
+        co_d, bounds_d = ints[: N + 1], ints[N + 1 :]
+        self.CO = co_d.int()
+        # Per token: its sequence, chunk and start
+        t = torch.arange(T, device=device)
+        tok_seq = torch.searchsorted(bounds_d[1:], t, right=True)
+        pos = t - bounds_d[:-1][tok_seq]
+        self.tok_chunk = co_d[tok_seq] + pos.div(L, rounding_mode="floor")
         self.tok_start = t - pos.remainder(L)
-        self.final_slot = to_device(co[1:] + torch.arange(N), device)
+        self.final_slot = co_d[1:] + torch.arange(N, device=device)
 
     def tiles(self, name: str, D: int, O: int):
         """(time tile, depth tile, output tile, launch options) of kernel ``name``."""
