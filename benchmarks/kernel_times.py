@@ -9,7 +9,8 @@ kernel's device time summed over its launches and averaged over the iterations.
 
 The op and the kernels come from whichever ``linrnn`` is imported (the checkout on
 ``PYTHONPATH``), so running this file from one checkout with another one's ``linrnn`` gives
-that tree's times; ``--compare`` puts two such JSON files side by side, kernel by kernel (the
+that tree's times. A peer's name (``--ops mamba_ssm:mamba_chunk_scan_combined``, as ``linrnn
+bench --ops`` takes it) gives that peer's kernels on the same inputs. ``--compare`` puts two such JSON files side by side, kernel by kernel (the
 kernels of either, matched by name), with each op's total. Kernel times from a profiler hold
 per launch; the sum can exceed the op's wall time where launches overlap (rarely, on one
 stream) and leaves out host gaps between launches (``linrnn bench`` times the call).
@@ -38,14 +39,27 @@ def bench_case(op: str, shape: dict, dtype: str, device: str) -> dict:
                 device=device)  # fmt: skip
 
 
+def build(op: str, shape: dict, dtype: str, device: str):
+    """``(leaves, fwd)`` of ``op`` as ``linrnn bench`` builds it: a linrnn op by
+    :func:`bench_case`, a peer (``mamba_ssm:mamba_chunk_scan_combined``, ``fla:chunk_gla``) by
+    its builder in :mod:`linrnn.bench.peers`, on the same inputs."""
+    from linrnn.bench import peers, registry
+
+    if peers.library_of(op) == "linrnn":
+        return registry.build_linrnn(bench_case(op, shape, dtype, device), shape)
+    case = dict(op=op, dtype=dtype, seed=0, device=device)
+    return peers.BUILDERS[peers.library_of(op)](case, shape)
+
+
 def kernel_times(op: str, shape_id: str, dtype: str = "bf16", iters: int = 5) -> dict:
     """``{"op", "shape", "iters", "kernels": {name: (ms per iteration, launches per
-    iteration)}, "total_ms"}`` for one forward+backward of ``op`` at ``shape_id``."""
+    iteration)}, "total_ms"}`` for one forward+backward of ``op`` (a linrnn op or a peer) at
+    ``shape_id``."""
     from linrnn.bench import registry
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shape = registry.parse_shape(shape_id)
-    leaves, fwd = registry.build_linrnn(bench_case(op, shape, dtype, device), shape)
+    leaves, fwd = build(op, shape, dtype, device)
 
     def once():
         for x in leaves:

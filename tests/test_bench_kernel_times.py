@@ -42,3 +42,14 @@ def test_rows_json_and_comparison(tmp_path, capsys):
     assert lines[0].split()[-1] == "-1000.000"  # the largest change first
     assert any(ln.split()[0] == "only_there_kernel" and ln.split()[1] == "0.000" for ln in lines)
     assert "simple_gla B1-T32-H2-K16-V16 bf16" in text
+
+
+def test_peer_rows(tmp_path):
+    """A peer's name takes that peer's builder on the op's inputs (SDPA runs on the CPU)."""
+    kt = _module()
+    out = tmp_path / "peer.json"
+    assert kt.main(["--ops", "torch:sdpa_causal", "--shapes", "B1-T32-H2-K16-V16", "--iters",
+                    "1", "--out", str(out)]) == 0  # fmt: skip
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["op"] == "torch:sdpa_causal" and row["total_ms"] > 0
+    assert any("scaled_dot_product" in name for name in row["kernels"]), row["kernels"]
