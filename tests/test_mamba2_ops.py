@@ -478,16 +478,18 @@ def test_triton_large_groups(case, backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["triton"])
-def test_group_tiles_share_the_time_tile(backend, monkeypatch):
-    """dq and dk read the gradient matrix in dscores_kernel's tiles: GROUP_TILES entries with
-    different time tiles are refused by name, not run."""
+@pytest.mark.parametrize("tiles", [(16, 32), (32, 16)], ids=["dq-tile-larger", "dq-tile-smaller"])
+def test_group_tiles_of_other_heights(tiles, backend, monkeypatch):
+    """dq and dk read dscores_kernel's gradient matrix and per-tile sums by token, so their
+    row tile may differ from its tile: one larger (a dq/dk tile spans several dscores tiles, one
+    cut by a short chunk) and one smaller, each against the fp64 loop with packed sequences."""
     from linrnn.engine import scalar
 
-    monkeypatch.setitem(scalar.GROUP_TILES, "dscores", (16, 16, 16, 4, 2))
-    monkeypatch.setitem(scalar.GROUP_TILES, "dq_dk", (32, 16, 16, 8, 2))
+    t_scores, t_dq = tiles
+    monkeypatch.setitem(scalar.GROUP_TILES, "dscores", (t_scores, 16, 16, 4, 2))
+    monkeypatch.setitem(scalar.GROUP_TILES, "dq_dk", (t_dq, 16, 16, 8, 2))
     monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)
-    with pytest.raises(ValueError, match=r"dscores and dq_dk need one time tile, got 16 and 32"):
-        _check_triton(("chunk", 1, 40, 4, 1, 16, 8, 32, False, False), backend)
+    _check_triton(("chunk", 1, 60, 8, 2, 32, 32, 32, True, True), backend)
 
 
 def _check_triton(case, backend, per_channel_skip=False):

@@ -324,7 +324,8 @@ GROUP_SCORE_TILES = {"out": (64, 32, 64, 8, 2), "dv": (64, 32, 64, 8, 2)}
 # num_stages): dscores_kernel's K tile is the depth of its scores C·Bᵀ, dqk_group_kernel's the
 # K columns of its output. Sizes whose sm_90 builds (Mamba2's K = 128, V = 64, L = 128, bf16)
 # keep their tiles in registers (64-row tiles on 8 warps do too, at fewer blocks per SM). The
-# two time tiles must be equal: dq and dk read the gradient matrix in dscores_kernel's tiles.
+# two time tiles are independent: dq and dk read the gradient matrix and dscores_kernel's
+# per-tile sums by token.
 GROUP_TILES = {"dscores": (32, 64, 64, 4, 2), "dq_dk": (32, 64, 64, 8, 2)}
 
 # --------------------------------------------------------------------------------------------

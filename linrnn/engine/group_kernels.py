@@ -32,14 +32,15 @@ from linrnn.engine.triton_common import _chunk_rows, _state_tile, _tile, _tile_t
 @triton.jit(do_not_specialize=["T", "NT", "NQ"])
 def dscores_kernel(
     do, v, q, k, g, gi, dm, qdq, kdk, chunks, T, H, G, K, V, L, NT, NQ, scale,
-    BQ: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr, HAS_DECAY: tl.constexpr,
-    HAS_IGATE: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+    BQ: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr, ND: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, DOT_PREC: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):  # fmt: skip
     """Grid (chunks × row tiles × column tiles, B·HK): dm [B·HK, NT, L, L] (chunk-local rows r,
     columns s) of one tile on or below the diagonal, and per value head the tile's row sums of
     M^h∘(q·k) at qdq [column tiles, B·H, T] (``HAS_DECAY``) and its column sums at kdk [row
     tiles, B·H, T] (with a gate). Tiles above the diagonal (and past a chunk's end) store
-    nothing, neither do their slots get read."""
+    nothing, neither do their slots get read. ``ND`` = cdiv(V, BD), the depth tiles."""
     i_x, i_p = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_cq, i_j = i_x // NQ, i_x % NQ  # (chunk, row tile), column tile
     i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
@@ -69,8 +70,8 @@ def dscores_kernel(
         p_do = do + (i_b * T * H + i_h) * V
         p_v = v + (i_b * T * H + i_h) * V
         b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
-        for d0 in range(0, V, BD):
-            o_d = d0 + tl.arange(0, BD)
+        for i_d in tl.static_range(ND):  # unrolled: the loop over heads is the one pipelined
+            o_d = i_d * BD + tl.arange(0, BD)
             m_d = o_d < V
             b_do = _tile(p_do, o_r, o_d, H * V, m_r, m_d)  # [BQ, BD]
             b_p += tl.dot(b_do, _tile_t(p_v, o_s, o_d, H * V, m_s, m_d), input_precision=DOT_PREC)
@@ -94,12 +95,11 @@ def dscores_kernel(
 @triton.jit(do_not_specialize=["T", "NT", "NQ"])
 def dqk_group_kernel(
     x, a, b, st, g, gi, dm, out, part, part_in, chunks, T, H, G, K, V, L, NT, NQ, scale,
-    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, DK: tl.constexpr,
-    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, DOT_PREC: tl.constexpr,
-    VARLEN: tl.constexpr,
+    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, ND: tl.constexpr, BS: tl.constexpr,
+    NS: tl.constexpr, DK: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
+    DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (chunks × row tiles, K tiles, B·HK): one row tile (rows r, BQ the tile of
-    :func:`dscores_kernel`) of
+    """Grid (chunks × row tiles, K tiles, B·HK): one row tile (rows r) of
 
     * dq [B, T, HK, K] (``DK`` false: x = do, a = q, b = k, st = the chunk states h): the sum
       over the group of scale·e^h_r do^h_r C^hᵀ, plus Σ_{s≤r} dm_rs k_s;
@@ -108,7 +108,12 @@ def dqk_group_kernel(
 
     With a gate (``HAS_DECAY``; for dk also ``HAS_IGATE``): per value head this K tile's part
     of a·out (q·dq, k·dk) at part [K tiles, B·H, T], the first K tile's with the intra-chunk
-    sums of dscores_kernel (part_in: its row sums for dq, column sums for dk) added."""
+    sums of dscores_kernel (part_in, in its NS = cdiv(L, BS) tiles of BS rows: its row sums by
+    column tile for dq, its column sums by row tile for dk) added, the slots it wrote (on and
+    below the diagonal, within the chunk) in tile order. ``ND`` = cdiv(V, BD). The loops over
+    depth and part_in's tiles are unrolled, so that the loop over the group's heads is the
+    innermost one, which Triton pipelines (the next heads' loads in flight during this one's
+    products)."""
     i_cq, i_k, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
     if r0 >= c1:
@@ -119,12 +124,7 @@ def dqk_group_kernel(
     i_b, i_hk = i_p // HK, i_p % HK
     qk = (i_b * T * HK + i_hk) * K
     rows = tl.num_programs(2) * G  # B·H
-    # the partner tiles of the intra-chunk terms: keys up to the diagonal one (dq), queries
-    # from the diagonal one on (dk)
-    if DK:
-        p_lo, p_hi = r0, c1
-    else:
-        p_lo, p_hi = c0, r0 + 1
+    t_r = (o_r - c0) // BS  # each row's tile in dscores_kernel's tiling
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
     if HAS_DECAY or HAS_IGATE:
         b_a = _tile(a + qk, o_r, o_k, HK * K, m_r, m_k).to(tl.float32)
@@ -134,8 +134,8 @@ def dqk_group_kernel(
         p_x = x + (i_b * T * H + i_h) * V
         p_st = st + (i_bh * NT + i_c) * K * V
         b_int = tl.zeros([BQ, BO], dtype=tl.float32)
-        for d0 in range(0, V, BD):
-            o_d = d0 + tl.arange(0, BD)
+        for i_d in tl.static_range(ND):
+            o_d = i_d * BD + tl.arange(0, BD)
             m_d = o_d < V
             b_x = _tile(p_x, o_r, o_d, H * V, m_r, m_d)  # [BQ, BD]
             b_s = _state_tile(p_st, o_d, o_k, 1, V, m_d, m_k)  # C_cᵀ or dC_c+1ᵀ [BD, BO]
@@ -154,21 +154,35 @@ def dqk_group_kernel(
             b_int *= scale
         if HAS_DECAY or HAS_IGATE:
             b_part = tl.sum(b_a * b_int, 1)
-            if i_k == 0:  # the intra-chunk parts, one per partner tile
-                for s0 in range(p_lo, p_hi, BQ):
-                    i_j = (s0 - c0) // BQ
-                    b_part += _vec(part_in + (i_j * rows + i_bh) * T, o_r, m_r)
+            if i_k == 0:  # the intra-chunk parts, one per dscores tile on or below the diagonal
+                for i_t in tl.static_range(NS):
+                    if DK:  # column sums of row tile i_t: written where it is a later tile
+                        # within the chunk (as a vector: the interpreter takes no scalar mask)
+                        m_t = m_r & (t_r <= i_t) & (o_r * 0 + c0 + i_t * BS < c1)
+                    else:  # row sums of column tile i_t: written where it is an earlier tile
+                        m_t = m_r & (t_r >= i_t)
+                    b_part += _vec(part_in + (i_t * rows + i_bh) * T, o_r, m_t)
             tl.store(part + (i_k * rows + i_bh) * T + o_r, b_part, mask=m_r)
         b_acc += b_int
+    # the partner tiles of the intra-chunk terms: keys up to this tile's last row (dq), queries
+    # from its first row on (dk); dm is read on its causal triangle only (dscores_kernel writes
+    # no tile above the diagonal)
+    if DK:
+        p_lo, p_hi = r0, c1
+    else:
+        p_lo, p_hi = c0, tl.minimum(r0 + BQ, c1)
     base = dm + (i_p * NT + i_c) * L * L - c0 * (L + 1)  # dm's tiles by absolute tokens
     for s0 in range(p_lo, p_hi, BQ):
         o_s = s0 + tl.arange(0, BQ)
         m_s = o_s < c1
         b_b = _tile(b + qk, o_s, o_k, HK * K, m_s, m_k)  # [BQ, BO]
         if DK:
-            b_m = _tile_t(base, o_s, o_r, L, m_s, m_r)  # dm_sr [BQ (r), BQ (s)]
+            causal = (o_s[None, :] >= o_r[:, None]) & m_r[:, None] & m_s[None, :]
+            p_m = base + o_s.to(tl.int64)[None, :] * L + o_r[:, None]  # dm_sr [BQ (r), BQ (s)]
         else:
-            b_m = _tile(base, o_r, o_s, L, m_r, m_s)  # dm_rs [BQ (r), BQ (s)]
+            causal = (o_s[None, :] <= o_r[:, None]) & m_r[:, None] & m_s[None, :]
+            p_m = base + o_r.to(tl.int64)[:, None] * L + o_s[None, :]  # dm_rs [BQ (r), BQ (s)]
+        b_m = tl.load(p_m, mask=causal, other=0.0)
         b_acc += tl.dot(b_m.to(b_b.dtype), b_b, input_precision=DOT_PREC)
     p_out = out + qk + o_r.to(tl.int64)[:, None] * HK * K + o_k[None, :]
     tl.store(p_out, b_acc.to(out.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])

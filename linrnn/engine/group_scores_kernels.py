@@ -53,12 +53,14 @@ def _scores(p_x, p_y, o_r, m_r, o_s, m_s, D, s_x, BT: tl.constexpr, BD: tl.const
 
 @triton.jit
 def _inter(p_x, p_s, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so, BT: tl.constexpr, BO: tl.constexpr,
-           BD: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+           BD: tl.constexpr, ND: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
     """x_r S [BT, BO] fp32: rows o_r of x against a chunk state (or its gradient) S at p_s with
-    element strides (s_sd, s_so), S cast to x's dtype for the product."""
+    element strides (s_sd, s_so), S cast to x's dtype for the product; ND = cdiv(D, BD) depth
+    tiles, unrolled (so that the kernels' loop over heads is the innermost loop, which Triton
+    pipelines)."""
     b_acc = tl.zeros([BT, BO], dtype=tl.float32)
-    for d0 in range(0, D, BD):
-        o_d = d0 + tl.arange(0, BD)
+    for i_d in tl.static_range(ND):
+        o_d = i_d * BD + tl.arange(0, BD)
         m_d = o_d < D
         b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BT, BD]
         b_s = _state_tile(p_s, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
@@ -79,8 +81,8 @@ def _gate(ptr, i_bh, T, idx, mask, BT: tl.constexpr, HAS: tl.constexpr):
 def group_out_kernel(
     q, k, v, h, g, gi, o, chunks,
     T, H, G, K, V, L, NT, NQ, scale,
-    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HPP: tl.constexpr, TWO: tl.constexpr,
-    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, DOT_PREC: tl.constexpr,
+    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, ND: tl.constexpr, HPP: tl.constexpr,
+    TWO: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, skip=None, HAS_SKIP: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, V tiles, B·H / HPP): for each of the program's HPP value
@@ -117,7 +119,7 @@ def group_out_kernel(
         p_v = v + (i_b * T * H + i_h) * V
         b_br = _gate(g, i_bh, T, o_r, m_r, BQ, HAS_DECAY)
         b_acc = _inter(p_q, h + (i_bh * NT + i_c) * K * V, o_r, m_r, o_v, m_v, K, HK * K, V, 1,
-                       BQ, BO, BD, DOT_PREC)  # fmt: skip
+                       BQ, BO, BD, ND, DOT_PREC)  # fmt: skip
         b_acc *= tl.exp(b_br)[:, None]
         b_ar = _gate(gi, i_bh, T, o_r, m_r, BQ, HAS_IGATE)
         b_w = _log_weights(b_br, b_br, b_ar, b_m, causal, HAS_DECAY, HAS_IGATE, False)
@@ -145,8 +147,8 @@ def group_out_kernel(
 def group_dv_kernel(
     k, q, do, dh, g, gi, dv, chunks,
     T, H, G, K, V, L, NT, NS, scale,
-    BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HPP: tl.constexpr, TWO: tl.constexpr,
-    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, DOT_PREC: tl.constexpr,
+    BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, ND: tl.constexpr, HPP: tl.constexpr,
+    TWO: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, DOT_PREC: tl.constexpr,
     VARLEN: tl.constexpr, v=None, skip=None, dskip=None, HAS_SKIP: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, V tiles, B·H / HPP): for each of the program's HPP value heads
@@ -194,7 +196,7 @@ def group_dv_kernel(
             lw += tl.load(g + i_bh * T + c1 - 1)
         w_s = tl.exp(tl.where(m_s, lw, float("-inf")))  # [BS], ≤ 1
         b_int = _inter(p_k, dh + (i_bh * NT + i_c) * K * V, o_s, m_s, o_v, m_v, K, HK * K, V, 1,
-                       BS, BO, BD, DOT_PREC)  # fmt: skip
+                       BS, BO, BD, ND, DOT_PREC)  # fmt: skip
         b_d = _log_weights(b_bs, b_bs, b_as, b_m, diag, HAS_DECAY, HAS_IGATE, False)
         b_mt = b_m0 * tl.trans(b_d)
         b_dos = _tile(do + vo, o_s, o_v, H * V, m_s, m_v)  # [BS, BO]

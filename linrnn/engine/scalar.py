@@ -388,31 +388,29 @@ def _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c):
     BH, NT, L = c.rows, c.NT, c.L
     f32 = dict(device=q.device, dtype=torch.float32)
     gates = c.has_decay or c.has_igate
-    (t, ds, ks, *_), (t_qk, d, o, *_) = GROUP_TILES["dscores"], GROUP_TILES["dq_dk"]
-    if t != t_qk:  # dq and dk read the gradient matrix in the tiles dscores_kernel writes
-        raise ValueError(f"GROUP_TILES: dscores and dq_dk need one time tile, got {t} and {t_qk}")
+    (ts, ds, ks, *_), (t, d, o, *_) = GROUP_TILES["dscores"], GROUP_TILES["dq_dk"]
     fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
-    BQ, BO = fit(t, L), fit(o, K)
-    NQ, nK = cdiv(L, BQ), cdiv(K, BO)
+    BS, BDS, BQ, BD, BO = fit(ts, L), fit(ds, V), fit(t, L), fit(d, V), fit(o, K)
+    NS, NQ, nK = cdiv(L, BS), cdiv(L, BQ), cdiv(K, BO)
     launch = {name: dict(num_warps=e[3], num_stages=e[4]) for name, e in GROUP_TILES.items()}
     flags = dict(HAS_DECAY=b is not None, DOT_PREC=c.prec, VARLEN=c.varlen)
     sizes = dict(chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT)
     dm = torch.empty(B * HK, NT, L, L, device=q.device, dtype=q.dtype)
     # per-tile intra parts of q·dq (by key tile) and k·dk (by query tile); the first K tile of
     # the dq and dk kernels reads the slots of the tiles on and below the diagonal
-    qdq_in = torch.empty(NQ, BH, T, **f32) if c.has_decay else None
-    kdk_in = torch.empty(NQ, BH, T, **f32) if gates else None
-    group.dscores_kernel[(NT * NQ * NQ, B * HK)](
-        do=do, v=v, q=q, k=k, g=b, gi=a, dm=dm, qdq=qdq_in, kdk=kdk_in, NQ=NQ, scale=c.scale,
-        BQ=BQ, BD=fit(ds, V), BK=fit(ks, K), HAS_IGATE=a is not None, **sizes, **flags,
-        **launch["dscores"],
+    qdq_in = torch.empty(NS, BH, T, **f32) if c.has_decay else None
+    kdk_in = torch.empty(NS, BH, T, **f32) if gates else None
+    group.dscores_kernel[(NT * NS * NS, B * HK)](
+        do=do, v=v, q=q, k=k, g=b, gi=a, dm=dm, qdq=qdq_in, kdk=kdk_in, NQ=NS, scale=c.scale,
+        BQ=BS, BD=BDS, BK=fit(ks, K), ND=cdiv(V, BDS), HAS_IGATE=a is not None, **sizes,
+        **flags, **launch["dscores"],
     )  # fmt: skip
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
     k_part = torch.empty(nK, BH, T, **f32) if gates else None
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     grid = (NT * NQ, nK, B * HK)
-    tiles = dict(NQ=NQ, scale=c.scale, BQ=BQ, BD=fit(d, V), BO=BO, **sizes, **flags,
-                 **launch["dq_dk"])  # fmt: skip
+    tiles = dict(NQ=NQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, ND=cdiv(V, BD), BS=BS, NS=NS,
+                 **sizes, **flags, **launch["dq_dk"])  # fmt: skip
     group.dqk_group_kernel[grid](
         x=do, a=q, b=k, st=states, g=b, gi=None, dm=dm, out=dq, part=q_part, part_in=qdq_in,
         DK=False, HAS_IGATE=False, **tiles,
@@ -486,7 +484,8 @@ def _group_out(q, k, v, b, a, states, o, c: ChunkConfig, skip):
     HPP = _group_scores(c, G, K, V, "out")
     gsk.group_out_kernel[(c.NT * NQ, cdiv(V, BO), c.rows // HPP)](
         q=q, k=k, v=v, h=states, g=b, gi=a, o=o, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V,
-        L=c.L, NT=c.NT, NQ=NQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, HPP=HPP, TWO=NQ > 1,
+        L=c.L, NT=c.NT, NQ=NQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, ND=cdiv(K, BD), HPP=HPP,
+        TWO=NQ > 1,
         HAS_DECAY=b is not None, HAS_IGATE=a is not None, DOT_PREC=c.prec, VARLEN=c.varlen,
         skip=skip, HAS_SKIP=skip is not None, **launch,
     )  # fmt: skip
@@ -505,7 +504,8 @@ def _group_dv(q, k, v, b, a, do, dstates, c: ChunkConfig, skip):
         dskip = torch.zeros(c.rows, c.NT * nS * nV, device=v.device, dtype=torch.float32)
     gsk.group_dv_kernel[(c.NT * nS, nV, c.rows // HPP)](
         k=k, q=q, do=do, dh=dstates, g=b, gi=a, dv=dv, chunks=c.CHUNKS, T=T, H=H, G=G, K=K,
-        V=V, L=c.L, NT=c.NT, NS=nS, scale=c.scale, BS=BS, BD=BD, BO=BO, HPP=HPP, TWO=nS > 1,
+        V=V, L=c.L, NT=c.NT, NS=nS, scale=c.scale, BS=BS, BD=BD, BO=BO, ND=cdiv(K, BD), HPP=HPP,
+        TWO=nS > 1,
         HAS_DECAY=b is not None, HAS_IGATE=a is not None, DOT_PREC=c.prec, VARLEN=c.varlen,
         v=v if skip is not None else None, skip=skip, dskip=dskip, HAS_SKIP=skip is not None,
         **launch,
