@@ -326,7 +326,7 @@ GROUP_SCORE_TILES = {"out": (64, 32, 64, 8, 2), "dv": (64, 32, 64, 8, 2)}
 # keep their tiles in registers (64-row tiles on 8 warps do too, at fewer blocks per SM). The
 # two time tiles are independent: dq and dk read the gradient matrix and dscores_kernel's
 # per-tile sums by token.
-GROUP_TILES = {"dscores": (32, 64, 64, 4, 2), "dq_dk": (32, 64, 64, 8, 2)}
+GROUP_TILES = {"dscores": (32, 64, 64, 4, 2), "dq_dk": (64, 64, 64, 8, 3)}
 
 # --------------------------------------------------------------------------------------------
 # The delta rule's chunk path (linrnn.engine.delta)
