@@ -318,15 +318,14 @@ SCORE_TILES = {
 # Mamba2's large B/C groups (scalar gates, linrnn.engine.scalar, docs/DESIGN.md §11). The output
 # and dv kernels (group_scores_kernels): per kernel (time tile, depth tile, V tile, num_warps,
 # num_stages), each clipped to the problem; a chunk may span at most two time tiles (the scores
-# a program holds), so these kernels take L ≤ 2 × the time tile.
-GROUP_SCORE_TILES = {"out": (64, 32, 64, 8, 2), "dv": (64, 32, 64, 8, 2)}
+# a program holds), so these kernels take L ≤ 2 × the time tile. The stages pipeline the loop
+# over a program's heads. Picked by a GPU sweep (docs/tuning.md, "Mamba2's large groups").
+GROUP_SCORE_TILES = {"out": (64, 32, 64, 8, 3), "dv": (64, 32, 64, 8, 3)}
 # dB and dC (group_kernels): per kernel (time tile, V depth tile, K tile, num_warps,
 # num_stages): dscores_kernel's K tile is the depth of its scores C·Bᵀ, dqk_group_kernel's the
-# K columns of its output. Sizes whose sm_90 builds (Mamba2's K = 128, V = 64, L = 128, bf16)
-# keep their tiles in registers (64-row tiles on 8 warps do too, at fewer blocks per SM). The
-# two time tiles are independent: dq and dk read the gradient matrix and dscores_kernel's
-# per-tile sums by token.
-GROUP_TILES = {"dscores": (32, 64, 64, 4, 2), "dq_dk": (64, 64, 64, 8, 3)}
+# K columns of its output. The two time tiles are independent: dq and dk read the gradient
+# matrix and dscores_kernel's per-tile sums by token. Picked by the same sweep.
+GROUP_TILES = {"dscores": (64, 64, 64, 8, 3), "dq_dk": (64, 64, 64, 4, 3)}
 
 # --------------------------------------------------------------------------------------------
 # The delta rule's chunk path (linrnn.engine.delta)
