@@ -28,6 +28,7 @@ from validation_cases import (
 )
 
 import linrnn
+from linrnn.ops import _generic
 
 # --------------------------------------------------------------------------------------------
 # mode, backend, chunk_size
@@ -285,3 +286,16 @@ def test_initial_state_device_mix(op_id, part):
         ValueError, match=rf"^{name} is on device meta but the other inputs are on cpu; "
     ):
         call(op_id, {**build(op_id), "initial_state": state})
+
+
+@pytest.mark.skipif(_generic.interpreter is None, reason="needs triton")
+def test_triton_on_cpu_names_a_broken_interpreter(monkeypatch):
+    """Where the interpreter cannot run the kernels' loops over loaded bounds (Triton ≤ 3.6
+    with NumPy ≥ 2.4), a CPU call with backend='triton' says so, with the versions, before any
+    kernel runs; here the interpreter works (the probe's own result)."""
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU, the tests import triton for it, not for the interpreter")
+    assert _generic.interpreter.problem() is None
+    monkeypatch.setattr(_generic.interpreter, "problem", lambda: "the interpreter is broken here")
+    with pytest.raises(RuntimeError, match=r"^simple_gla: the interpreter is broken here$"):
+        call("simple_gla", {**build("simple_gla"), "backend": "triton"})

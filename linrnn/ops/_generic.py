@@ -28,10 +28,10 @@ MODES = ("reference", "recurrent", "parallel", "chunk", "fused_chunk")
 BACKENDS = (None, "torch", "triton")
 
 try:  # the Triton engine; without Triton the PyTorch path serves every call
-    from linrnn.engine import custom_ops, scalar, vector
+    from linrnn.engine import custom_ops, interpreter, scalar, vector
     from linrnn.engine import recurrent as triton_rec
 except ImportError:
-    scalar = vector = custom_ops = triton_rec = None
+    scalar = vector = custom_ops = triton_rec = interpreter = None
 
 # The modes with a Triton kernel (they take the inputs in their own dtype and fuse the
 # normalizer, so run() hands them the family's switches instead of the generic recurrence).
@@ -91,6 +91,8 @@ def route(family: str, q: Tensor, v: Tensor, *, g=None, gv=None, u=None, grad: b
                 f"{family}: backend='triton' needs the triton package (pip install "
                 "'linrnn[triton]'); backend='torch' or None runs without it"
             )
+        if device.type == "cpu" and (problem := interpreter.problem()) is not None:
+            raise RuntimeError(f"{family}: {problem}")
         if mode not in TRITON_MODES:
             raise NotImplementedError(
                 f"{family}: the Triton kernel for mode={mode!r} is not implemented yet; "
