@@ -9,13 +9,14 @@
 # .git may not be the tree's own commit).
 #
 # Stages:
-#   check [matrix|kernels]
+#   check [matrix [EXPR]|kernels]
 #                pytest tests/gpu (the correctness matrix, offsets beyond 2^31 elements,
 #                determinism, gate-gradient precision), the Triton kernel tests and the
 #                numerical hardening tests (non-finite inputs, extreme gates) and the Mamba2
 #                group kernels' bitwise match with the per-head ones on CUDA; with
-#                matrix or kernels, only that part, with the whole call; both parts spread
-#                their work over the visible GPUs
+#                matrix or kernels, only that part, with the whole call (matrix EXPR: the
+#                tests/gpu tests that pytest -k EXPR selects); both parts spread their work
+#                over the visible GPUs
 #   paper-rows [OTHER]
 #                the paper suite's linrnn rows (every op, mode chunk, the suite's shapes, or
 #                those of PAPER_SHAPES, e.g. "B8-T8192-H32-K128-V128 B8-T8192-H64-K64-V64"),
@@ -125,13 +126,17 @@ check)
     # CPU-bound), then the kernel test files side by side, one process each, in what is left of
     # the call. On one GPU with 16 cores neither part finishes in its share: `check matrix` and
     # `check kernels` give one part the whole call. With 4 GPUs and 64 cores, 56 workers ran
-    # all 78 tasks in 547 s (some failing early) and 48 ran 57 of them in 251 s.
+    # all 78 tasks in 547 s (some failing early) and 48 ran 57 of them in 251 s; with 2 GPUs
+    # and 32 cores, 40 workers did not finish 54 tasks in 560 s, and Mamba2's 6 took 258 s on
+    # 6 workers. `check matrix EXPR` runs the tests pytest's `-k EXPR` selects (e.g.
+    # "mamba2 or delta", "not (matches_fp64 and (gla or rwkv6 or mamba2 or delta))"), so the
+    # matrix can be split over calls.
     part=${2:-both}
     if [ "$part" != kernels ]; then
         t=$([ "$part" = matrix ] && echo 560 || echo 330)
         jobs=$(( $(nproc) * 3 / 4 > 4 ? $(nproc) * 3 / 4 : 4 ))
         LINRNN_GPU_JOBS=${LINRNN_GPU_JOBS:-$jobs} timeout "$t" python3 -m pytest tests/gpu -q \
-            -p no:cacheprovider 2>&1 | tee "$OUT/tests_gpu.txt"
+            -p no:cacheprovider ${3:+-k "$3"} 2>&1 | tee "$OUT/tests_gpu.txt"
     fi
     if [ "$part" != matrix ]; then
         t=$([ "$part" = kernels ] && echo 540 || echo 220)

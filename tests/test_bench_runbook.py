@@ -48,6 +48,16 @@ def test_check_parts_run_alone(tmp_path):
         assert {c[2] if c[2].startswith("tests") else c[-1] for c in pytest_calls} == want
 
 
+def test_check_matrix_takes_a_selection(tmp_path):
+    """`check matrix EXPR` hands EXPR to pytest's -k, as one argument (spaces and parentheses
+    kept), and runs no kernel test file."""
+    expr = "not (matches_fp64 and (gla or rwkv6))"
+    calls, res = stage(tmp_path, "check", "matrix", expr)
+    assert res.returncode == 0, res.stderr
+    (call,) = [c for c in calls if c[:2] == ["-m", "pytest"]]
+    assert call[2] == "tests/gpu" and call[call.index("-k") + 1] == expr
+
+
 def test_paper_rows_times_the_linrnn_chunk_rows_of_both_checkouts(tmp_path):
     other = tmp_path / "base"
     other.mkdir()
