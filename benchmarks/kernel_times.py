@@ -10,8 +10,9 @@ kernel's device time summed over its launches and averaged over the iterations.
 The op and the kernels come from whichever ``linrnn`` is imported (the checkout on
 ``PYTHONPATH``), so running this file from one checkout with another one's ``linrnn`` gives
 that tree's times. A peer's name (``--ops mamba_ssm:mamba_chunk_scan_combined``, as ``linrnn
-bench --ops`` takes it) gives that peer's kernels on the same inputs. ``--compare`` puts two such JSON files side by side, kernel by kernel (the
-kernels of either, matched by name), with each op's total. Kernel times from a profiler hold
+bench --ops`` takes it) gives that peer's kernels on the same inputs. ``--compare`` puts two
+such JSON files side by side, kernel by kernel (the kernels of either, matched by name), with
+each op's total. Kernel times from a profiler hold
 per launch; the sum can exceed the op's wall time where launches overlap (rarely, on one
 stream) and leaves out host gaps between launches (``linrnn bench`` times the call).
 Without a GPU it runs on the CPU backend's operators (a check of the command, not a timing).
