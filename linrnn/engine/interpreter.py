@@ -4,9 +4,9 @@ the engine's kernels here.
 The kernels loop over chunk ranges read from tables (``for i_c in range(c_lo, c_hi)`` with
 loaded bounds). The interpreters of Triton 3.6 and before turn such a bound into an int from a
 one-element NumPy array, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted
-to Python scalars", Triton issue 9171, fixed in later Triton): every kernel call would fail
-deep inside the interpreter. :func:`problem` runs that construct once on a tiny kernel, so a
-call can say up front what is wrong and how to fix it.
+to Python scalars"; fixed in later Triton: github.com/triton-lang/triton/issues/9171): every
+kernel call would fail deep inside the interpreter. :func:`problem` runs that construct once on
+a tiny kernel, so a call can say up front what is wrong and how to fix it.
 """
 
 from __future__ import annotations
@@ -51,6 +51,6 @@ def problem() -> str | None:
     return (
         f"the Triton interpreter (triton {triton.__version__}, numpy {numpy.__version__}) "
         f"cannot run linrnn's kernels ({failure}); Triton 3.6 and older need numpy < 2.4 "
-        "under TRITON_INTERPRET=1 (Triton issue 9171). Install numpy<2.4 or a newer Triton, "
-        "or use backend='torch'"
+        "under TRITON_INTERPRET=1 (github.com/triton-lang/triton/issues/9171). Install "
+        "numpy<2.4 or a newer Triton, or use backend='torch'"
     )
