@@ -91,8 +91,10 @@ def route(family: str, q: Tensor, v: Tensor, *, g=None, gv=None, u=None, grad: b
                 f"{family}: backend='triton' needs the triton package (pip install "
                 "'linrnn[triton]'); backend='torch' or None runs without it"
             )
-        if device.type == "cpu" and (problem := interpreter.problem()) is not None:
-            raise RuntimeError(f"{family}: {problem}")
+        # (an eager call probes; a traced one cannot launch a kernel at trace time)
+        if device.type == "cpu" and not _runtime.tracing():
+            if (problem := interpreter.problem()) is not None:
+                raise RuntimeError(f"{family}: {problem}")
         if mode not in TRITON_MODES:
             raise NotImplementedError(
                 f"{family}: the Triton kernel for mode={mode!r} is not implemented yet; "
