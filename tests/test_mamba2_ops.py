@@ -478,18 +478,22 @@ def test_triton_large_groups(case, backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["triton"])
-@pytest.mark.parametrize("tiles", [(16, 32), (32, 16)], ids=["dq-tile-larger", "dq-tile-smaller"])
-def test_group_tiles_of_other_heights(tiles, backend, monkeypatch):
+@pytest.mark.parametrize(
+    ("tiles", "L"), [((16, 32), 32), ((32, 16), 32), ((16, 32), 48)],
+    ids=["dq-tile-larger", "dq-tile-smaller", "dq-tile-past-the-chunk"],
+)  # fmt: skip
+def test_group_tiles_of_other_heights(tiles, L, backend, monkeypatch):
     """dq and dk read dscores_kernel's gradient matrix and per-tile sums by token, so their
     row tile may differ from its tile: one larger (a dq/dk tile spans several dscores tiles, one
-    cut by a short chunk) and one smaller, each against the fp64 loop with packed sequences."""
+    cut by a short chunk), one smaller, and chunks of 48 rows, whose second dq/dk tile runs past
+    the chunk's end; each against the fp64 loop with packed sequences."""
     from linrnn.engine import scalar
 
     t_scores, t_dq = tiles
     monkeypatch.setitem(scalar.GROUP_TILES, "dscores", (t_scores, 16, 16, 4, 2))
     monkeypatch.setitem(scalar.GROUP_TILES, "dq_dk", (t_dq, 16, 16, 8, 2))
     monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)
-    _check_triton(("chunk", 1, 60, 8, 2, 32, 32, 32, True, True), backend)
+    _check_triton(("chunk", 1, 60, 8, 2, 32, 32, L, True, True), backend)
 
 
 def _check_triton(case, backend, per_channel_skip=False):
