@@ -299,3 +299,36 @@ def test_triton_on_cpu_names_a_broken_interpreter(monkeypatch):
     monkeypatch.setattr(_generic.interpreter, "problem", lambda: "the interpreter is broken here")
     with pytest.raises(RuntimeError, match=r"^simple_gla: the interpreter is broken here$"):
         call("simple_gla", {**build("simple_gla"), "backend": "triton"})
+
+
+@pytest.mark.skipif(_generic.interpreter is None, reason="needs triton")
+def test_interpreter_probe_names_versions_when_the_loop_fails(monkeypatch):
+    """The probe's own sentence when its kernel fails in the interpreter (here a loop bound that
+    is a two-element block, which no interpreter takes as an int): the error, the versions and
+    the ways out."""
+    import numpy
+    import triton
+    import triton.language as tl
+
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU, the tests import triton for it, not for the interpreter")
+
+    @triton.jit
+    def block_bound(n, out):
+        count = 0
+        for _ in range(tl.load(n + tl.arange(0, 2))):
+            count += 1
+        tl.store(out, count)
+
+    probe = _generic.interpreter
+    monkeypatch.setattr(probe, "_loaded_bound_kernel", block_bound)
+    probe.problem.cache_clear()
+    try:
+        text = probe.problem()
+    finally:
+        probe.problem.cache_clear()
+    assert text is not None and text.startswith(
+        f"the Triton interpreter (triton {triton.__version__}, numpy {numpy.__version__}) "
+        "cannot run linrnn's kernels ("
+    ), text
+    assert text.endswith("Install numpy<2.4 or a newer Triton, or use backend='torch'"), text

@@ -32,8 +32,9 @@ def problem() -> str | None:
     """None when the interpreter runs a loop over a loaded bound correctly; else a sentence
     naming the versions and the way out. Computed once per process."""
     import numpy
+    from triton.runtime.interpreter import InterpretedFunction
 
-    if type(_loaded_bound_kernel).__name__ != "InterpretedFunction":
+    if not isinstance(_loaded_bound_kernel, InterpretedFunction):
         return (
             "TRITON_INTERPRET=1 was set after triton was imported, so its kernels were built "
             "for a GPU; set it before the first import of triton (or linrnn), or use "
