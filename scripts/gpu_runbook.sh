@@ -9,14 +9,14 @@
 # .git may not be the tree's own commit).
 #
 # Stages:
-#   check [matrix [EXPR]|kernels]
+#   check [matrix [EXPR]|kernels [FILE...]]
 #                pytest tests/gpu (the correctness matrix, offsets beyond 2^31 elements,
 #                determinism, gate-gradient precision), the Triton kernel tests and the
 #                numerical hardening tests (non-finite inputs, extreme gates) and the Mamba2
 #                group kernels' bitwise match with the per-head ones on CUDA; with
 #                matrix or kernels, only that part, with the whole call (matrix EXPR: the
-#                tests/gpu tests that pytest -k EXPR selects); both parts spread their work
-#                over the visible GPUs
+#                tests/gpu tests that pytest -k EXPR selects; kernels FILE...: those test
+#                files instead of all); both parts spread their work over the visible GPUs
 #   paper-rows [OTHER]
 #                the paper suite's linrnn rows (every op, mode chunk, the suite's shapes, or
 #                those of PAPER_SHAPES, e.g. "B8-T8192-H32-K128-V128 B8-T8192-H64-K64-V64"),
@@ -124,14 +124,15 @@ check)
     # tests/gpu first and alone (its matrix compiles 78 op × mode × dtype tasks in
     # LINRNN_GPU_JOBS worker processes, default three per four CPU cores: compilation is
     # CPU-bound), then the kernel test files in one pytest over LINRNN_TEST_JOBS xdist workers
-    # (default the same three per four cores) in what is left of
-    # the call. On one GPU with 16 cores neither part finishes in its share: `check matrix` and
-    # `check kernels` give one part the whole call. With 4 GPUs and 64 cores, 56 workers ran
-    # all 78 tasks in 547 s (some failing early) and 48 ran 57 of them in 251 s; with 2 GPUs
-    # and 32 cores, 40 workers did not finish 54 tasks in 560 s, and Mamba2's 6 took 258 s on
-    # 6 workers. `check matrix EXPR` runs the tests pytest's `-k EXPR` selects (e.g.
-    # "mamba2 or delta", "not (matches_fp64 and (gla or rwkv6 or mamba2 or delta))"), so the
-    # matrix can be split over calls.
+    # (default the same three per four cores) in what is left of the call. On one GPU with 16
+    # cores neither part finishes in its share: `check matrix` and `check kernels` give one
+    # part the whole call. There, 18 workers ran 18 matrix tasks in 251 s (one task, an op ×
+    # mode × dtype at its shapes, takes 150-250 s), and 15 workers ran 258 of the 263 tests of
+    # test_triton_engine.py and test_triton_vector.py in 490 s: give those two files a call
+    # each (`check kernels tests/test_triton_engine.py`). With 4 GPUs and 64 cores, 56 workers
+    # ran all 78 tasks in 547 s (some failing early). `check matrix EXPR` runs the tests
+    # pytest's `-k EXPR` selects (e.g. "linear_attn or retention", "mlstm and matches_fp64"),
+    # so the matrix can be split over calls.
     part=${2:-both}
     if [ "$part" != kernels ]; then
         t=$([ "$part" = matrix ] && echo 560 || echo 330)
@@ -146,11 +147,16 @@ check)
         # (130 tests each) unfinished after 530 s while the others were done in 10-170 s.
         w=$(($(nproc) * 3 / 4 > 2 ? $(nproc) * 3 / 4 : 2))
         log="$OUT/kernel-tests.txt"
-        timeout "$t" python3 -m pytest -q -p no:cacheprovider -n "${LINRNN_TEST_JOBS:-$w}" \
-            tests/test_triton_*.py tests/test_hardening_numerics.py \
-            tests/test_mamba2_group_scores.py >"$log" 2>&1
+        files=(tests/test_triton_*.py tests/test_hardening_numerics.py
+            tests/test_mamba2_group_scores.py)
+        [ "$part" = kernels ] && [ $# -gt 2 ] && files=("${@:3}")
+        # -v: each finished test's id is in the log, so a call cut by its timeout says which
+        # tests are left (the ids missing from "PASSED" lines)
+        timeout "$t" python3 -m pytest -v -p no:cacheprovider -n "${LINRNN_TEST_JOBS:-$w}" \
+            "${files[@]}" >"$log" 2>&1
         echo "rc=$?" >>"$log"
         tail -n 2 "$log"
+        echo "$(grep -c " PASSED " "$log") passed, $(grep -c " FAILED " "$log") failed"
         # the failures themselves, here: a call brings back only a few files
         grep -E "^FAILED|^ERROR|^E  " "$log" | cut -c1-240 | head -n 60 || true
     fi

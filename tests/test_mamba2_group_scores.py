@@ -123,12 +123,15 @@ def _config(B, T, H, groups, N, P, L=None, **kw):
 @pytest.mark.parametrize(
     "shape,kw,hpp",
     [
-        ((8, 8192, 64, 1, 128, 64), {}, 64),  # 1024 programs with the whole group each
+        # 512 programs per set of heads (a 128-row chunk is one time tile): the group's 64
+        # heads split in two to reach GROUP_MIN_PROGRAMS
+        ((8, 8192, 64, 1, 128, 64), {}, 32),
         ((2, 8192, 64, 8, 128, 64), {}, 8),
         ((1, 256, 64, 1, 128, 64), {}, 1),  # too few programs: the per-head kernels
         ((8, 8192, 64, 32, 128, 64), {}, 0),  # groups of 2
         ((8, 8192, 32, 8, 128, 64), {}, 0),  # groups of 4: the per-head kernels are faster
-        ((8, 8192, 64, 1, 128, 64), dict(chunk_size=256), 0),  # four row tiles per chunk
+        ((8, 8192, 64, 1, 128, 64), dict(chunk_size=256), 32),  # two time tiles per chunk
+        ((8, 8192, 64, 1, 128, 64), dict(chunk_size=512), 0),  # four time tiles per chunk
         ((8, 8192, 64, 1, 128, 64), dict(stabilize=True), 0),
         ((8, 8192, 64, 1, 128, 64), dict(normalizer="sum"), 0),
         ((8, 8192, 64, 1, 128, 64), dict(fused=True, chunk_size=64), 0),
