@@ -8,6 +8,8 @@ e.g. ``TILES``, ``VEC_TILES``, ``SCORE_TILES``, ``STEP_TILE``) against the shipp
               "VEC_TILES[states]=(64, 32, 128, 4, 2); VEC_TILES[cols]=(16, 64, 32, 64, 4, 2)"
     python3 benchmarks/tune.py --op mlstm --entry "TILES[out_fwd]" \\
         --values "(64, 32, 256, 4, 2)" "(64, 64, 128, 8, 3)"          # one entry, several values
+    python3 benchmarks/tune.py --op mamba2 --shape B8-T8192-H8-HV32-K128-V64 \\
+        --try "scalar.GROUP_MIN_HEADS=4"                       # an engine module's constant
 
 Each candidate sets its entries in place (the engine reads its tables at launch; a tile is a
 ``tl.constexpr``, so a candidate compiles its own kernels), runs one forward+backward and
@@ -41,6 +43,8 @@ if not torch.cuda.is_available():  # before Triton is imported (linrnn imports i
 from linrnn.bench import registry, report, timing
 
 ENTRY = re.compile(r"\s*([A-Za-z_][\w.]*)\[([^\]]+)\]\s*=\s*(.+?)\s*")
+# A module constant of the engine (a threshold such as scalar.GROUP_MIN_PROGRAMS): MODULE.NAME=value
+CONSTANT = re.compile(r"\s*([a-z_]\w*)\.([A-Z][A-Z0-9_]*)\s*=\s*(.+?)\s*")
 
 
 def tile_tables(package: str = "linrnn.engine") -> dict[str, dict]:
@@ -65,14 +69,38 @@ def tile_tables(package: str = "linrnn.engine") -> dict[str, dict]:
     return found
 
 
+def module_constant(text: str, tables: dict[str, dict]) -> tuple[str, str, str] | None:
+    """``"MODULE.NAME=value"`` naming an int, float or bool constant of a ``linrnn.engine``
+    module -> ``(table, NAME, value text)``, the module's namespace entered in ``tables`` as
+    table ``module:MODULE`` (so that :func:`patched` sets and restores it like a tile entry).
+    It takes effect where that module's code reads the name at call time; a module that
+    imported the constant by name keeps its own binding, so name the module that uses it.
+    None when ``text`` is not of that form; ``ValueError`` for a module or constant that does
+    not exist."""
+    m = CONSTANT.fullmatch(text)
+    if not m:
+        return None
+    module, name, raw = m.groups()
+    try:
+        namespace = vars(importlib.import_module(f"linrnn.engine.{module}"))
+    except ImportError as exc:
+        raise ValueError(f"linrnn.engine has no module {module!r}") from exc
+    if not isinstance(namespace.get(name), (int, float)):
+        raise ValueError(f"linrnn.engine.{module} has no int, float or bool constant {name!r}")
+    tables.setdefault(f"module:{module}", namespace)
+    return f"module:{module}", name, raw
+
+
 def parse_entry(text: str, tables: dict[str, dict]) -> tuple[str, str, object]:
     """``"TABLE[key]=value"`` -> ``(table, key, value)``; the value is a Python literal whose
     type matches the current entry's (a tuple of ints for tile tuples, an int for
-    ``STEP_TILE`` entries). ``ValueError`` names what is wrong."""
+    ``STEP_TILE`` entries). ``"MODULE.NAME=value"`` sets an engine module's constant
+    (:func:`module_constant`). ``ValueError`` names what is wrong."""
     m = ENTRY.fullmatch(text)
-    if not m:
-        raise ValueError(f"{text!r} is not of the form TABLE[key]=value")
-    table, key, raw = m.groups()
+    constant = None if m else module_constant(text, tables)
+    if not m and not constant:
+        raise ValueError(f"{text!r} is not of the form TABLE[key]=value or MODULE.NAME=value")
+    table, key, raw = m.groups() if m else constant
     key = key.strip().strip("'\"")
     if table not in tables:
         raise ValueError(f"unknown table {table!r}; choose from {sorted(tables)}")
@@ -199,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, help="chunk size (default: the op's)")
     p.add_argument("--dtype", choices=sorted(registry.DTYPES), default="bf16")
     p.add_argument("--try", dest="try_", nargs="+", metavar="CANDIDATE",
-                   help='"TABLE[key]=value; TABLE[key]=value" per candidate')  # fmt: skip
+                   help='"TABLE[key]=value; MODULE.NAME=value" per candidate')  # fmt: skip
     p.add_argument("--entry", metavar="TABLE[key]", help="with --values: one entry's candidates")
     p.add_argument("--values", nargs="+", metavar="VALUE", help="values of --entry")
     p.add_argument("--tol", type=float, default=1e-2, help="RMS-relative error vs default")

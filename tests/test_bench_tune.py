@@ -55,6 +55,26 @@ def test_parse_entry_checks_table_key_and_arity(tune, tables):
             tune.parse_entry(bad, tables)
 
 
+def test_module_constants_parse_set_and_restore(tune, tables):
+    from linrnn.engine import scalar
+
+    tables = dict(tables)  # the module's namespace is entered as a table of its own
+    before = scalar.GROUP_MIN_HEADS
+    entry = tune.parse_entry("scalar.GROUP_MIN_HEADS=3", tables)
+    assert entry == ("module:scalar", "GROUP_MIN_HEADS", 3)
+    with tune.patched(tables, [entry]):
+        assert scalar.GROUP_MIN_HEADS == 3
+    assert scalar.GROUP_MIN_HEADS == before
+    for bad, words in [
+        ("scalar.NOPE=1", "no int, float or bool constant"),
+        ("nomodule.GROUP_MIN_HEADS=1", "no module"),
+        ("scalar.GROUP_MIN_HEADS=(1,)", "is a int"),
+        ("scalar.group_min_heads=1", "form"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            tune.parse_entry(bad, tables)
+
+
 def test_patched_sets_and_restores_even_on_error(tune, tables):
     name, key = scalar_table(tables)
     before = tables[name][key]
