@@ -350,13 +350,16 @@ DELTA_MAX_CHUNK = 128
 DELTA_TILES = {"wy": (16, 64, 2, 2), "wy_long": (16, 16, 8, 1), "walk": (128, 8192, 4, 1)}
 DELTA_MAX_K = 256
 
-# The delta rule backward's own kernels (delta_bwd_kernels), sized to compile for sm_90 without
-# register spills (ptxas -v at K = V = 128 and 256, L = 64 and 128): dv_local (largest V tile,
-# num_warps); walk (largest V tile, fp32 state elements per program: with the K blocks this
-# sets the V tile, halved again for 128-row chunks, num_warps); wy (K and V tile, num_warps) for
-# chunks of up to 64 rows, wy_long above. The walk and the WY kernel run one pipeline stage: a
-# second (or Triton's default third) copy of their per-chunk tiles over the whole K does not fit
-# in sm_90's 227 KiB of shared memory at fp32 or K = 256 (compile_check reports the size).
+# The delta rule backward's own kernels (delta_bwd_kernels): dv_local (largest V tile, num_warps);
+# walk (largest V tile, fp32 state elements per program: with the K blocks this sets the V tile,
+# halved again for 128-row chunks, num_warps); wy (K and V tile, num_warps) for chunks of up to 64
+# rows, wy_long above. Registers (ptxas, Triton 3.6, sm_90, K = V = 128, L = 64, bf16, gated):
+# dv_local 241, no spills; the walk and wy at these 4 warps 255 with 2.9 and 3.3 KB spilled (on 8
+# warps 1.8 and 0.5 KB; the walk with a 32-wide V tile on 8 warps 0.8 KB): the less spilled forms
+# are not yet timed against these (docs/tuning.md, the delta rule). The walk and the WY kernel run
+# one pipeline stage: a second (or Triton's default third) copy of their per-chunk tiles over the
+# whole K does not fit in sm_90's 227 KiB of shared memory at fp32 or K = 256 (compile_check
+# reports the size).
 DELTA_BWD_TILES = {"dv_local": (128, 8), "walk": (64, 8192, 4), "wy": (64, 4), "wy_long": (32, 8)}
 
 
