@@ -38,7 +38,16 @@ class Counted:
 
 
 @pytest.fixture
-def small_tiles(monkeypatch):
+def launches(monkeypatch):
+    """The launch counts of the group kernels, by name."""
+    counts = {}
+    for name in ("group_out_kernel", "group_dv_kernel"):
+        monkeypatch.setattr(gsk, name, Counted(getattr(gsk, name), counts, name))
+    return counts
+
+
+@pytest.fixture
+def small_tiles(monkeypatch, launches):
     """16-wide tiles for the group kernels and the per-head kernels they replace, groups of 4
     heads on the group path (below its threshold by default); returns the launch counts of
     the group kernels."""
@@ -47,10 +56,7 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)
     for name in ("out_fwd", "dv_bwd"):
         monkeypatch.setitem(config.TILES, name, TILE)
-    counts = {}
-    for name in ("group_out_kernel", "group_dv_kernel"):
-        monkeypatch.setattr(gsk, name, Counted(getattr(gsk, name), counts, name))
-    return counts
+    return launches
 
 
 def _inputs(case, dtype):
@@ -109,6 +115,18 @@ def test_group_kernels_fp32_all_gradients(backend, small_tiles, monkeypatch):
     monkeypatch.setattr(scalar, "score_heads_per_program", lambda G, programs: G)
     _check_triton(("chunk", 2, 45, 8, 2, 16, 16, 32, False, True), backend)
     assert small_tiles == {"group_out_kernel": 1, "group_dv_kernel": 1}
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+def test_shipped_tiles_two_time_tiles(backend, launches, monkeypatch):
+    """The shipped tiles at the longest chunk the group kernels take (two time tiles: 256 rows
+    at the 128-row tile), one group of 8 heads, a short last chunk: every output and gradient
+    of fp32 against the fp64 loop."""
+    BT = scalar.GROUP_SCORE_TILES["out"][0]
+    assert scalar.GROUP_SCORE_TILES["dv"][0] == BT
+    monkeypatch.setattr(scalar, "score_heads_per_program", lambda G, programs: G)
+    _check_triton(("chunk", 1, 2 * BT + 44, 8, 1, 16, 8, 2 * BT, False, False), backend)
+    assert launches == {"group_out_kernel": 1, "group_dv_kernel": 1}
 
 
 def _config(B, T, H, groups, N, P, L=None, **kw):
