@@ -123,17 +123,17 @@ def _calls(linrnn, torch, F):
 
 
 def _mamba2_large_groups(linrnn, torch, x, pre, Bm, Cm, kw):
-    """Mamba2 with all its heads in one B/C group, on the output and dv kernels that share a
-    group's scores (group_scores_kernels) and the dq/dk kernels of group_kernels, at chunks of
-    one and of two row tiles, with and without D. Those take several heads per program only
-    where the grid is large, and groups of at least GROUP_MIN_HEADS heads; both forced here for
-    these calls."""
+    """Mamba2 with all its heads in one B/C group, on the dv kernel that shares a group's
+    scores (group_scores_kernels) and the dq/dk kernels of group_kernels, at chunks of one and
+    of two time tiles, with and without D. Those take several heads per program only where the
+    grid is large, and groups of at least GROUP_DV_MIN_HEADS and GROUP_MIN_HEADS heads; both
+    forced here for these calls."""
     from linrnn.engine import scalar
 
     HM = x.shape[2]
-    real, least = scalar.score_heads_per_program, scalar.GROUP_MIN_HEADS
+    real = scalar.score_heads_per_program, scalar.GROUP_MIN_HEADS, scalar.GROUP_DV_MIN_HEADS
     scalar.score_heads_per_program = lambda G, programs: G
-    scalar.GROUP_MIN_HEADS = min(least, HM)
+    scalar.GROUP_MIN_HEADS = scalar.GROUP_DV_MIN_HEADS = min(real[1], real[2], HM)
     try:
         for L, D in ((16, pre(HM)), (128, pre(HM)), (128, None)):
             args = (x, pre(*x.shape[:3]), -torch.rand(HM).requires_grad_(), Bm[:, :, :1],
@@ -141,7 +141,7 @@ def _mamba2_large_groups(linrnn, torch, x, pre, Bm, Cm, kw):
             yield (linrnn.mamba2, args, dict(kw, chunk_size=L, D=D, dt_bias=pre(HM),
                                              dt_softplus=True))  # fmt: skip
     finally:
-        scalar.score_heads_per_program, scalar.GROUP_MIN_HEADS = real, least
+        scalar.score_heads_per_program, scalar.GROUP_MIN_HEADS, scalar.GROUP_DV_MIN_HEADS = real
 
 
 def _delta_head_dims(linrnn, torch, F, dt):

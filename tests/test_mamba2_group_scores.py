@@ -1,8 +1,8 @@
-"""Mamba2 on the Triton chunk path's output and dv kernels for large B/C groups
-(linrnn.engine.group_scores_kernels: one program forms a chunk's C·Bᵀ once for several value
+"""Mamba2 on the Triton chunk path's dv kernel for B/C groups
+(linrnn.engine.group_scores_kernels: one program forms a chunk's B·Cᵀ once for several value
 heads of a group): every output and gradient against the fp64 loop, and bitwise against the
-per-head kernels they stand in for (the same tiles, the same numbers per head). Small tiles
-(16) give chunks of two row tiles, short last chunks and several V and depth tiles on tiny
+per-head kernel it stands in for (the same tiles, the same numbers per head). Small tiles (16)
+give chunks of two time tiles, short last chunks and several V and depth tiles on tiny
 shapes."""
 
 from __future__ import annotations
@@ -39,21 +39,19 @@ class Counted:
 
 @pytest.fixture
 def launches(monkeypatch):
-    """The launch counts of the group kernels, by name."""
+    """The launch counts of the group dv kernel."""
     counts = {}
-    for name in ("group_out_kernel", "group_dv_kernel"):
-        monkeypatch.setattr(gsk, name, Counted(getattr(gsk, name), counts, name))
+    monkeypatch.setattr(gsk, "group_dv_kernel", Counted(gsk.group_dv_kernel, counts, "dv"))
     return counts
 
 
 @pytest.fixture
 def small_tiles(monkeypatch, launches):
-    """16-wide tiles for the group kernels and the per-head kernels they replace, groups of 4
-    heads on the group path (below its threshold by default); returns the launch counts of
-    the group kernels."""
-    monkeypatch.setitem(scalar.GROUP_SCORE_TILES, "out", TILE)
+    """16-wide tiles for the group dv kernel and the per-head kernels, groups of 4 heads on
+    the group paths (whatever their thresholds); returns the group dv kernel's launch count."""
     monkeypatch.setitem(scalar.GROUP_SCORE_TILES, "dv", TILE)
     monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)
+    monkeypatch.setattr(scalar, "GROUP_DV_MIN_HEADS", 4)
     for name in ("out_fwd", "dv_bwd"):
         monkeypatch.setitem(config.TILES, name, TILE)
     return launches
@@ -72,7 +70,7 @@ def _inputs(case, dtype):
 
 def _run(case, inputs, h0, dtype, hpp, monkeypatch):
     """Mamba2's outputs and gradients in ``dtype`` on the Triton chunk path with ``hpp`` value
-    heads per group-kernel program (1: the per-head kernels)."""
+    heads per group dv program (1: the per-head kernel)."""
     monkeypatch.setattr(scalar, "score_heads_per_program", lambda G, programs: hpp)
     return with_grads(op, inputs, h0, dtype, mode="chunk", chunk_size=case[6],
                       cu_seqlens=case[7], backend="triton", dt_softplus=True)  # fmt: skip
@@ -82,17 +80,17 @@ def _run(case, inputs, h0, dtype, hpp, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_group_kernels_match_per_head(name, dtype, backend, small_tiles, monkeypatch):
-    """Outputs and every gradient bitwise equal to the per-head kernels' (both tiled alike),
-    the group kernels launched once each; y, the final state, dx and dD against the fp64 loop
+    """Outputs and every gradient bitwise equal to the per-head kernel's (both tiled alike),
+    the group dv kernel launched once; y, the final state, dx and dD against the fp64 loop
     (the rest come from kernels both paths share)."""
     case = CASES[name]
     inputs, h0 = _inputs(case, dtype)
     got = _run(case, inputs, h0, dtype, case[8], monkeypatch)
-    assert small_tiles == {"group_out_kernel": 1, "group_dv_kernel": 1}
+    assert small_tiles == {"dv": 1}
     small_tiles.clear()
     per_head = _run(case, inputs, h0, dtype, 1, monkeypatch)
     assert small_tiles == {}
-    assert torch.equal(got[0], per_head[0]), "y differs from the per-head kernel"
+    assert torch.equal(got[0], per_head[0]), "y differs"
     assert torch.equal(got[1], per_head[1]), "final state differs"
     for n in got[2]:
         assert torch.equal(got[2][n], per_head[2][n]), f"d{n} differs from the per-head path"
@@ -114,19 +112,18 @@ def test_group_kernels_fp32_all_gradients(backend, small_tiles, monkeypatch):
     test_mamba2_ops)."""
     monkeypatch.setattr(scalar, "score_heads_per_program", lambda G, programs: G)
     _check_triton(("chunk", 2, 45, 8, 2, 16, 16, 32, False, True), backend)
-    assert small_tiles == {"group_out_kernel": 1, "group_dv_kernel": 1}
+    assert small_tiles == {"dv": 1}
 
 
 @pytest.mark.parametrize("backend", ["triton"])
 def test_shipped_tiles_two_time_tiles(backend, launches, monkeypatch):
-    """The shipped tiles at the longest chunk the group kernels take (two time tiles: 256 rows
+    """The shipped tile at the longest chunk the group dv kernel takes (two time tiles: 256 rows
     at the 128-row tile), one group of 8 heads, a short last chunk: every output and gradient
     of fp32 against the fp64 loop."""
-    BT = scalar.GROUP_SCORE_TILES["out"][0]
-    assert scalar.GROUP_SCORE_TILES["dv"][0] == BT
+    BT = scalar.GROUP_SCORE_TILES["dv"][0]
     monkeypatch.setattr(scalar, "score_heads_per_program", lambda G, programs: G)
     _check_triton(("chunk", 1, 2 * BT + 44, 8, 1, 16, 8, 2 * BT, False, False), backend)
-    assert launches == {"group_out_kernel": 1, "group_dv_kernel": 1}
+    assert launches == {"dv": 1}
 
 
 def _config(B, T, H, groups, N, P, L=None, **kw):
@@ -146,8 +143,9 @@ def _config(B, T, H, groups, N, P, L=None, **kw):
         ((8, 8192, 64, 1, 128, 64), {}, 32),
         ((2, 8192, 64, 8, 128, 64), {}, 8),
         ((1, 256, 64, 1, 128, 64), {}, 1),  # too few programs: the per-head kernels
-        ((8, 8192, 64, 32, 128, 64), {}, 0),  # groups of 2
-        ((8, 8192, 32, 8, 128, 64), {}, 0),  # groups of 4: the per-head kernels are faster
+        ((8, 8192, 32, 8, 128, 64), {}, 4),  # groups of 4
+        ((8, 8192, 64, 32, 128, 64), {}, 2),  # groups of 2: GROUP_DV_MIN_HEADS
+        ((8, 8192, 64, 64, 128, 64), {}, 0),  # no groups
         ((8, 8192, 64, 1, 128, 64), dict(chunk_size=256), 32),  # two time tiles per chunk
         ((8, 8192, 64, 1, 128, 64), dict(chunk_size=512), 0),  # four time tiles per chunk
         ((8, 8192, 64, 1, 128, 64), dict(stabilize=True), 0),
@@ -156,11 +154,14 @@ def _config(B, T, H, groups, N, P, L=None, **kw):
     ],
 )
 def test_group_path_choice(shape, kw, hpp):
-    """Where the group kernels serve and with how many heads per program (HPP)."""
+    """Where the group dv kernel serves and with how many heads per program (HPP); the group
+    dq/dk kernels from GROUP_MIN_HEADS heads per group on."""
     c = _config(*shape, **kw)
     G, N, P = shape[2] // shape[3], shape[4], shape[5]
-    assert scalar._group_scores(c, G, N, P, "out") == hpp
-    assert scalar._group_scores(c, G, N, P, "dv") == hpp
+    assert scalar._group_dv_heads(c, G, N, P) == hpp
+    assert scalar.group_path(G, c) == (
+        G >= 4 and not kw.get("stabilize") and "normalizer" not in kw
+    )
 
 
 def test_unrolled_heads_are_bounded():

@@ -470,7 +470,7 @@ def test_triton_large_groups(case, backend, monkeypatch):
     monkeypatch.setattr(scalar, "group", type("Group", (), {n: Counted(n) for n in names}))
     monkeypatch.setitem(scalar.GROUP_TILES, "dscores", (16, 16, 16, 4, 2))
     monkeypatch.setitem(scalar.GROUP_TILES, "dq_dk", (16, 16, 16, 8, 2))
-    monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)  # (groups of 4 below it by default)
+    monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)  # (whatever its shipped value)
     monkeypatch.setattr(scalar, "heads_per_program", lambda G, programs: pytest.fail("HPP path"))
     Bsz, T, H, G, N, P, packed = case
     _check_triton(("chunk", Bsz, T, H, G, N, P, 32, packed, True), backend)

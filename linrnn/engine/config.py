@@ -315,13 +315,13 @@ SCORE_TILES = {
 }
 
 
-# Mamba2's large B/C groups (scalar gates, linrnn.engine.scalar, docs/DESIGN.md §11). The output
-# and dv kernels (group_scores_kernels): per kernel (time tile, depth tile, V tile, num_warps,
-# num_stages), each clipped to the problem; a chunk may span at most two time tiles (the scores
-# a program holds), so these kernels take L ≤ 2 × the time tile. The stages pipeline the loop
-# over a program's heads. Picked by GPU sweeps (docs/tuning.md, "Mamba2's large groups"): a
-# 128-row time tile holds a default 128-row chunk's scores whole.
-GROUP_SCORE_TILES = {"out": (128, 32, 64, 8, 2), "dv": (128, 32, 64, 8, 3)}
+# Mamba2's B/C groups (scalar gates, linrnn.engine.scalar, docs/DESIGN.md §11). The dv kernel
+# (group_scores_kernels): (time tile, depth tile, V tile, num_warps, num_stages), each clipped
+# to the problem; a chunk may span at most two time tiles (the scores a program holds), so it
+# takes L ≤ 2 × the time tile. The stages pipeline the loop over a program's heads. Picked by
+# GPU sweeps (docs/tuning.md, "Mamba2's large groups"): a 128-row time tile holds a default
+# 128-row chunk's scores whole.
+GROUP_SCORE_TILES = {"dv": (128, 32, 64, 8, 3)}
 # dB and dC (group_kernels): per kernel (time tile, V depth tile, K tile, num_warps,
 # num_stages): dscores_kernel's K tile is the depth of its scores C·Bᵀ, dqk_group_kernel's the
 # K columns of its output. The two time tiles are independent: dq and dk read the gradient

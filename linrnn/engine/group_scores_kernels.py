@@ -1,17 +1,18 @@
-"""The scalar engine's output and dv kernels for large q/k groups (Mamba2's B/C groups): one
-program forms a chunk's raw intra-chunk scores C_r·B_sᵀ once and applies them to several value
-heads of the group (docs/DESIGN.md §11).
+"""The scalar engine's dv kernel for q/k groups (Mamba2's B/C groups): one program forms a
+chunk's raw intra-chunk scores B_s·C_rᵀ once and applies them to several value heads of the
+group (docs/DESIGN.md §11).
 
-In the per-head kernels of :mod:`linrnn.engine.scalar_kernels` (``out_fwd_kernel``,
-``dv_bwd_kernel``) every value head forms the scores of its q/k head again, though only the
-decay weights D^h_rs = exp(b^h_r − b^h_s + a^h_s) and the values differ per head: at
-N = K = 128 and P = V = 64 that is about half of their tensor-core work. Here a program takes
-one (chunk, row tile, V tile) and ``HPP`` consecutive value heads of one group; it keeps the raw
-fp32 scores of the tiles it needs in registers (row tile r: the key tiles s ≤ r of the chunk; a
-chunk has at most two row tiles, ``TWO``) and loops over its heads, each with its own gates,
-chunk state and values. Per head the numbers are formed as in the per-head kernels (the same
-depth order of the fp32 sums, the same exponent forms, every exponent ≤ 0, masks by where), so
-the results are those kernels' to the bit where both run the same instructions.
+In the per-head kernel of :mod:`linrnn.engine.scalar_kernels` (``dv_bwd_kernel``) every value
+head forms the scores of its q/k head again, though only the decay weights
+D^h_rs = exp(b^h_r − b^h_s + a^h_s) and the output gradients differ per head: at N = K = 128
+and P = V = 64 that is about half of its tensor-core work. Here a program takes one (chunk, key
+tile, V tile) and ``HPP`` consecutive value heads of one group; it keeps the raw fp32 scores of
+the tiles it needs in registers (key tile s: the query tiles r ≥ s of the chunk; a chunk has at
+most two time tiles, ``TWO``) and loops over its heads, each with its own gates, chunk state
+gradient and output gradients. Per head the numbers are formed as in the per-head kernel (the
+same depth order of the fp32 sums, the same exponent forms, every exponent ≤ 0, masks by
+where), so the results are that kernel's to the bit where both run the same instructions. (The
+output has no such kernel: measured, the per-head output kernel is faster at every group size.)
 
 Scalar gates without the max state and without the normalizer (``HAS_DECAY``: g, the rows of
 the chunk-local cumulative log decay b; ``HAS_IGATE``: gi, the rows of the log input gate a);
@@ -26,7 +27,6 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.triton_common import (
-    _causal_dot_at,
     _chunk_rows,
     _log_weights,
     _state_tile,
@@ -75,72 +75,6 @@ def _gate(ptr, i_bh, T, idx, mask, BT: tl.constexpr, HAS: tl.constexpr):
         return _vec(ptr + i_bh * T, idx, mask)
     else:
         return tl.zeros([BT], dtype=tl.float32)
-
-
-@triton.jit(do_not_specialize=["T", "NT", "NQ"])
-def group_out_kernel(
-    q, k, v, h, g, gi, o, chunks,
-    T, H, G, K, V, L, NT, NQ, scale,
-    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, ND: tl.constexpr, HPP: tl.constexpr,
-    TWO: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, DOT_PREC: tl.constexpr,
-    VARLEN: tl.constexpr, skip=None, HAS_SKIP: tl.constexpr = False,
-):  # fmt: skip
-    """Grid (chunks × query tiles, V tiles, B·H / HPP): for each of the program's HPP value
-    heads h (one group), o^h_r = scale·[exp(b_r) q_r C^h_c + Σ_{s≤r} D^h_rs (q_r·k_s) v^h_s]
-    (+ skip[h]·v^h_r with ``HAS_SKIP``) of one query tile, the raw scores q_r·k_s formed once.
-    ``TWO``: a chunk may have two query tiles (L > BQ), so the second one also needs the key
-    tile before it."""
-    i_cq, i_v, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    NP = H // HPP  # programs per batch row
-    i_b, i_h0 = i_p // NP, (i_p % NP) * HPP  # the program's first value head
-    i_c, c0, c1, _i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
-    if r0 >= c1:
-        return
-    o_v = i_v * BO + tl.arange(0, BO)
-    m_v = o_v < V
-    HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
-    qk = (i_b * T * HK + i_h0 // G) * K
-    p_q, p_k = q + qk, k + qk
-    # The group's raw scores: the diagonal key tile, and (second query tile) the one before it
-    b_p0 = _scores(p_q, p_k, o_r, m_r, o_r, m_r, K, HK * K, BQ, BD, DOT_PREC)
-    o_s = c0 + tl.arange(0, BQ)  # the key tile before the second query tile: the chunk's first
-    m_s = o_s < c1
-    if TWO:
-        if r0 > c0:
-            b_p1 = _scores(p_q, p_k, o_r, m_r, o_s, m_s, K, HK * K, BQ, BD, DOT_PREC)
-        else:
-            b_p1 = tl.zeros([BQ, BQ], dtype=tl.float32)
-    causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
-    full = m_r[:, None] & m_s[None, :]  # every s < r0 ≤ r
-    b_m = tl.zeros([BQ], dtype=tl.float32)  # (no max state)
-    for j in range(HPP):
-        i_h = i_h0 + j
-        i_bh = i_b * H + i_h
-        p_v = v + (i_b * T * H + i_h) * V
-        b_br = _gate(g, i_bh, T, o_r, m_r, BQ, HAS_DECAY)
-        b_acc = _inter(p_q, h + (i_bh * NT + i_c) * K * V, o_r, m_r, o_v, m_v, K, HK * K, V, 1,
-                       BQ, BO, BD, ND, DOT_PREC)  # fmt: skip
-        b_acc *= tl.exp(b_br)[:, None]
-        b_ar = _gate(gi, i_bh, T, o_r, m_r, BQ, HAS_IGATE)
-        b_w = _log_weights(b_br, b_br, b_ar, b_m, causal, HAS_DECAY, HAS_IGATE, False)
-        b_w = tl.where(causal, b_p0 * b_w, 0.0)  # not b_p0·w: a later key's NaN score times 0
-        b_acc = _causal_dot_at(b_acc, b_w, causal, p_v, o_r, o_v, H * V, m_r, m_v, DOT_PREC)
-        if TWO:
-            if r0 > c0:
-                b_bs = _gate(g, i_bh, T, o_s, m_s, BQ, HAS_DECAY)
-                b_as = _gate(gi, i_bh, T, o_s, m_s, BQ, HAS_IGATE)
-                b_w = b_p1 * _log_weights(b_br, b_bs, b_as, b_m, full, HAS_DECAY, HAS_IGATE,
-                                          False)  # fmt: skip
-                b_vs = _tile(p_v, o_s, o_v, H * V, m_s, m_v)
-                b_acc += tl.dot(b_w.to(b_vs.dtype), b_vs, input_precision=DOT_PREC)
-        b_acc *= scale
-        if HAS_SKIP:
-            # one fma, as the per-head output kernel (scalar_kernels._out_tile): the same bits
-            b_acc = tl.fma(
-                tl.load(skip + i_h), _tile(p_v, o_r, o_v, H * V, m_r, m_v).to(tl.float32), b_acc
-            )
-        p_o = o + (i_b * T * H + i_h) * V + o_r.to(tl.int64)[:, None] * H * V + o_v[None, :]
-        tl.store(p_o, b_acc.to(o.dtype.element_ty), mask=m_r[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NS"])

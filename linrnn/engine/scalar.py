@@ -166,18 +166,15 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
     o = torch.empty_like(v, dtype=q.dtype)
     den = torch.empty(BH, T, **f32) if c.norm else None
     m_row = torch.empty(BH, T, **f32) if c.stab else None
-    if _group_scores(c, G, K, V, "out") > 1:
-        _group_out(q, k, v, b, a, states, o, c, skip)
-    else:
-        BQ, BD, BO, launch = c.tiles("out_fwd", K, V)
-        NQ = cdiv(L, BQ)
-        fix_pass.launch(
-            kern.out_fwd_kernel, (NT * NQ, cdiv(V, BO), BH), q.device,
-            q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
-            chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ,
-            scale=c.scale, eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip,
-            HAS_SKIP=skip is not None, **gates, **launch,
-        )  # fmt: skip
+    BQ, BD, BO, launch = c.tiles("out_fwd", K, V)
+    NQ = cdiv(L, BQ)
+    fix_pass.launch(
+        kern.out_fwd_kernel, (NT * NQ, cdiv(V, BO), BH), q.device,
+        q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
+        chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ,
+        scale=c.scale, eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip,
+        HAS_SKIP=skip is not None, **gates, **launch,
+    )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
     tables = dict(states=states, ns=ns, mc=mc, den=den, m_row=m_row)
     return o, S_T, n_T, m_T, tables
@@ -313,7 +310,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
         dq, dk, q_dq, k_dk = _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row,
                                     R_A, R_D, G, flags, c)  # fmt: skip
     skip = s.get("skip")  # (absent where the custom ops rebuild the saved tensors)
-    if _group_scores(c, G, K, V, "dv") > 1:
+    if _group_dv_heads(c, G, K, V) > 1:
         dv, dskip = _group_dv(q, k, v, b, a, do, dstates, c, skip)
     else:
         BS, BD, BO, launch = c.tiles("dv_bwd", K, V)
@@ -367,11 +364,16 @@ def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, 
     return dq, dk, q_dq, k_dk
 
 
-# From this many value heads per q/k head on (Mamba2's large B/C groups), without the max state
-# and the normalizer (and its state), the output and dv take group_scores_kernels (the scores
-# q·kᵀ once for several heads) and dq and dk take group_kernels (the intra-chunk gradient
-# matrix once per group and chunk) instead of the intra-chunk products per value head.
-GROUP_MIN_HEADS = 8
+# Value heads that share a q/k head (Mamba2's B/C groups), without the max state and the
+# normalizer (and its state): from GROUP_MIN_HEADS heads per q/k head on, dq and dk take
+# group_kernels (the intra-chunk gradient matrix once per group and chunk), and from
+# GROUP_DV_MIN_HEADS on, dv takes group_scores_kernels (the scores q·kᵀ once for several heads),
+# instead of the intra-chunk products per value head. Measured on an H200 (docs/tuning.md,
+# "Mamba2's large groups"): the group dv kernel wins from 2 heads per group on, the group dq/dk
+# kernels from 4 (even at 2). The output has no group form: its per-head kernel was 10-14% faster
+# than a group kernel at every group size from 8 to 64.
+GROUP_MIN_HEADS = 4
+GROUP_DV_MIN_HEADS = 2
 
 
 def group_path(G: int, c: ChunkConfig) -> bool:
@@ -458,13 +460,13 @@ def group_tiles(c: ChunkConfig, name: str, K: int, V: int):
     return fit(t, c.L), fit(d, K), fit(o, V), dict(num_warps=nw, num_stages=ns)
 
 
-def _group_scores(c: ChunkConfig, G: int, K: int, V: int, name: str) -> int:
-    """HPP, the value heads one program of group kernel ``name`` serves from one set of
-    scores, where that path applies (mode "chunk", a group of ≥ :data:`GROUP_MIN_HEADS` value
-    heads, no max state, no normalizer, chunks of at most two time tiles); 0 where it does not,
-    1 where too few programs would share (the per-head kernels then)."""
-    BT, _, BO, _ = group_tiles(c, name, K, V)
-    if c.fused or c.stab or c.norm or G < GROUP_MIN_HEADS or c.L > 2 * BT:
+def _group_dv_heads(c: ChunkConfig, G: int, K: int, V: int) -> int:
+    """HPP, the value heads one program of group_dv_kernel serves from one set of scores, where
+    that path applies (mode "chunk", a group of ≥ :data:`GROUP_DV_MIN_HEADS` value heads, no max
+    state, no normalizer, chunks of at most two time tiles); 0 where it does not, 1 where too
+    few programs would share (the per-head kernel then)."""
+    BT, _, BO, _ = group_tiles(c, "dv", K, V)
+    if c.fused or c.stab or c.norm or G < GROUP_DV_MIN_HEADS or c.L > 2 * BT:
         return 0
     return score_heads_per_program(G, c.NT * cdiv(c.L, BT) * cdiv(V, BO) * (c.rows // G))
 
@@ -475,29 +477,13 @@ def score_heads_per_program(G: int, programs: int) -> int:
     return _split_group(G, programs, G)
 
 
-def _group_out(q, k, v, b, a, states, o, c: ChunkConfig, skip):
-    """The output o from the chunk states by group_out_kernel (docs/DESIGN.md §11)."""
-    T, K, H, V = q.shape[1], q.shape[3], v.shape[2], v.shape[3]
-    G = H // q.shape[2]
-    BQ, BD, BO, launch = group_tiles(c, "out", K, V)
-    NQ = cdiv(c.L, BQ)
-    HPP = _group_scores(c, G, K, V, "out")
-    gsk.group_out_kernel[(c.NT * NQ, cdiv(V, BO), c.rows // HPP)](
-        q=q, k=k, v=v, h=states, g=b, gi=a, o=o, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V,
-        L=c.L, NT=c.NT, NQ=NQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, ND=cdiv(K, BD), HPP=HPP,
-        TWO=NQ > 1,
-        HAS_DECAY=b is not None, HAS_IGATE=a is not None, DOT_PREC=c.prec, VARLEN=c.varlen,
-        skip=skip, HAS_SKIP=skip is not None, **launch,
-    )  # fmt: skip
-
-
 def _group_dv(q, k, v, b, a, do, dstates, c: ChunkConfig, skip):
     """(dv, dskip) by group_dv_kernel; dskip as dv_bwd_kernel stores it (None without skip)."""
     T, K, H, V = q.shape[1], q.shape[3], v.shape[2], v.shape[3]
     G = H // q.shape[2]
     BS, BD, BO, launch = group_tiles(c, "dv", K, V)
     nS, nV = cdiv(c.L, BS), cdiv(V, BO)
-    HPP = _group_scores(c, G, K, V, "dv")
+    HPP = _group_dv_heads(c, G, K, V)
     dv = torch.empty_like(v)
     dskip = None
     if skip is not None:
