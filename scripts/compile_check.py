@@ -120,6 +120,25 @@ def _calls(linrnn, torch, F):
                 yield (linrnn.delta_rule, (q, k, vg, beta), dkw)
                 yield (linrnn.gated_delta_rule, (q, k, vg, decay(B, T, HV), beta), dkw)
         yield from _delta_head_dims(linrnn, torch, F, dt)
+        yield from _norm_gates(torch, dt)
+
+
+def _norm_gates(torch, dt):
+    """The layers' fused norm and output gate: RMSNorm and LayerNorm, each gate form, a head
+    width and a block norm's width (the 8-warp tile)."""
+    from linrnn.layers.common import norm_gate
+
+    def op(*args, **kw):
+        return norm_gate(*args, **kw), None
+
+    for S, D in ((4, 64), (1, 2048)):
+        x, z = (torch.randn(3, 5, S, D, dtype=dt).requires_grad_() for _ in "xz")
+        w, b = (torch.randn(S * D).requires_grad_() for _ in "wb")
+        for layer, act, first in ((False, None, False), (False, "silu", False),
+                                  (True, "sigmoid", False), (False, "silu", True)):  # fmt: skip
+            gate = z if act else None
+            yield (op, (x, w, b if layer else None, gate),
+                   dict(layer=layer, act=act, gate_first=first, backend="triton"))  # fmt: skip
 
 
 def _mamba2_large_groups(linrnn, torch, x, pre, Bm, Cm, kw):

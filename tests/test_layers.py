@@ -240,3 +240,31 @@ def test_grouped_query_softmax_attention():
     assert_close("gqa", gqa(x), full(x), torch.float64)
     with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
         SoftmaxAttention(D, 4, num_kv_heads=3)
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+@pytest.mark.parametrize("name", ["gla", "simple_gla", "retention", "rwkv6", "mlstm_exp"])
+def test_layer_on_triton_matches_fp64(name, backend):
+    """fp32 on the Triton kernels (the op and the fused output norm and gate; the interpreter
+    without a GPU) against the fp64 reference layer: the output and every gradient."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ref = make(name, mode="reference")
+    layer = make(name, torch.float32, backend=backend, chunk_size=16)
+    layer.load_state_dict(ref.state_dict())
+    with torch.no_grad():  # norm weights and biases away from their 1/0 initialization
+        for p in (ref.norm.weight, ref.norm.bias):
+            if p is not None:
+                p.add_(0.3 * torch.randn_like(p))
+    layer.load_state_dict(ref.state_dict())
+    layer.to(device)
+    x = torch.randn(2, 21, D, dtype=torch.float64)
+    dy = torch.randn(2, 21, D, dtype=torch.float64)
+    xr, xl = x.clone().requires_grad_(), x.float().to(device).requires_grad_()
+    y_ref, y = ref(xr), layer(xl)
+    (y_ref * dy).sum().backward()
+    (y * dy.float().to(device)).sum().backward()
+    assert_close(f"{name} y", y.cpu(), y_ref, torch.float32)
+    assert_close(f"{name} dx", xl.grad.cpu(), xr.grad, torch.float32)
+    params = dict(layer.named_parameters())
+    for key, p in ref.named_parameters():
+        assert_close(f"{name} d{key}", params[key].grad.cpu(), p.grad, torch.float32)

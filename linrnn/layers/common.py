@@ -21,6 +21,7 @@ one-token steps gives what one call over the whole sequence gives.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,13 @@ from torch import Tensor, nn
 from linrnn import _validation
 from linrnn._runtime import tracing
 from linrnn.ops._generic import OUT_STATE
+
+try:  # the fused output norm and gate
+    from linrnn.engine import norm_gate as triton_norm_gate
+except ImportError:
+    triton_norm_gate = None
+
+GATE_ACTS = {"silu": F.silu, "sigmoid": torch.sigmoid}
 
 
 class Cache:
@@ -202,41 +210,98 @@ def softcap(x: Tensor, cap: float | None) -> Tensor:
     return x if cap is None else cap * torch.tanh(x / cap)
 
 
-class RMSNorm(nn.Module):
-    """``x / rms(x) · weight`` over the last dimension, computed in fp32."""
+def norm_gate(x: Tensor, weight: Tensor, bias: Tensor | None = None, gate: Tensor | None = None,
+              *, layer: bool = False, act: str | None = None, gate_first: bool = False,
+              eps: float = 1e-6, backend: str | None = None,
+              out_dtype: torch.dtype | None = None) -> Tensor:  # fmt: skip
+    """The norm and output gate of a layer over rows ``x [..., S, D]`` (S heads or groups of
+    D channels): each row normalized (RMSNorm; LayerNorm with ``layer``), times ``weight``
+    (``[S·D]``, a weight per channel of every row, or ``[D]``, shared) plus ``bias``, times
+    ``act(gate)`` (``act`` "silu" or "sigmoid", ``gate`` shaped as x). With ``gate_first``
+    the row normalized is ``x·act(gate)`` instead (Mamba2's gated RMSNorm). Computed in fp32
+    (fp64 for fp64 inputs) and rounded once, to ``out_dtype`` (x's dtype by default).
 
-    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None) -> None:
+    One Triton pass each way (:mod:`linrnn.engine.norm_gate`) for eager calls on a GPU with
+    ``backend`` None or "triton" (and on CPU tensors with "triton" under the interpreter); the
+    PyTorch form otherwise, and while ``torch.compile`` traces, where inductor fuses it."""
+    if act not in (None, *GATE_ACTS):
+        raise ValueError(f"act must be None, 'silu' or 'sigmoid', got {act!r}")
+    if (gate is None) != (act is None):
+        raise ValueError("norm_gate: give both gate and act, or neither")
+    out_dtype = out_dtype or x.dtype
+    if _fused(x, gate, backend):
+        return triton_norm_gate.norm_gate(x, gate, weight, bias, layer=layer, act=act,
+                                          gate_first=gate_first, eps=eps,
+                                          out_dtype=out_dtype)  # fmt: skip
+    h = upcast(x)
+    a = GATE_ACTS[act](upcast(gate)) if gate is not None else None
+    if gate_first and a is not None:
+        h = h * a
+    if layer:
+        h = h - h.mean(-1, keepdim=True)
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    y = y * weight.view(-1, x.shape[-1]).to(y.dtype)
+    if bias is not None:
+        y = y + bias.view(-1, x.shape[-1]).to(y.dtype)
+    if a is not None and not gate_first:
+        y = y * a
+    return y.to(out_dtype)
+
+
+def _fused(x: Tensor, gate: Tensor | None, backend: str | None) -> bool:
+    """Whether :func:`norm_gate` runs the Triton kernels (see there)."""
+    if triton_norm_gate is None or backend == "torch" or tracing():
+        return False
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    if x.shape[-1] > triton_norm_gate.MAX_D or x.numel() == 0:
+        return False
+    if gate is not None and gate.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    if x.is_cuda:
+        return True
+    return backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) · weight`` over the last dimension, computed in fp32; ``forward(x, gate,
+    act)`` also multiplies by ``act(gate)`` before rounding (:func:`norm_gate`). ``backend``:
+    :func:`norm_gate`'s, for calls that give none."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None,
+                 backend: str | None = None) -> None:  # fmt: skip
         super().__init__()
-        self.eps = eps
+        self.eps, self.backend = eps, backend
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(y.dtype)).to(x.dtype)
+    def forward(self, x: Tensor, gate: Tensor | None = None, act: str | None = None,
+                backend: str | None = None) -> Tensor:  # fmt: skip
+        return norm_gate(x.unsqueeze(-2), self.weight, None,
+                         None if gate is None else gate.unsqueeze(-2), act=act, eps=self.eps,
+                         backend=backend or self.backend).squeeze(-2)  # fmt: skip
 
 
 class LayerNorm(nn.Module):
     """``(x − mean(x)) / std(x) · weight + bias`` over the last dimension, computed in fp32
-    (RWKV's block norms)."""
+    (RWKV's block norms); ``backend`` as :func:`norm_gate`'s."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None,
+                 backend: str | None = None) -> None:  # fmt: skip
         super().__init__()
-        self.eps = eps
+        self.eps, self.backend = eps, backend
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        xf = xf - xf.mean(-1, keepdim=True)
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(y.dtype) + self.bias.to(y.dtype)).to(x.dtype)
+        return norm_gate(x.unsqueeze(-2), self.weight, self.bias, layer=True, eps=self.eps,
+                         backend=self.backend).squeeze(-2)  # fmt: skip
 
 
 class HeadNorm(nn.Module):
     """Normalization of each head on its own (``kind="rms"``: RMSNorm, ``"layer"``: LayerNorm,
     i.e. GroupNorm with one group per head), with a weight (and for "layer" a bias) per channel
-    of all heads: ``[B, T, H, Dh]`` → ``[B, T, H·Dh]``."""
+    of all heads: ``[B, T, H, Dh]`` → ``[B, T, H·Dh]``; ``forward(x, gate, act)`` multiplies
+    by ``act(gate)`` (gate ``[B, T, H·Dh]``) before the one rounding (:func:`norm_gate`)."""
 
     def __init__(
         self, num_heads: int, head_dim: int, kind: str = "rms", eps: float = 1e-6,
@@ -252,15 +317,13 @@ class HeadNorm(nn.Module):
         if kind == "layer":
             self.bias = nn.Parameter(torch.zeros(num_heads * head_dim, **kw))
 
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        if self.kind == "layer":
-            xf = xf - xf.mean(-1, keepdim=True)
-        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
-        y = y * self.weight.to(y.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.to(x.dtype)
+    def forward(self, x: Tensor, gate: Tensor | None = None, act: str | None = None,
+                backend: str | None = None) -> Tensor:  # fmt: skip
+        if gate is not None:
+            gate = gate.unflatten(-1, (self.num_heads, self.head_dim))
+        y = norm_gate(x, self.weight, self.bias, gate, layer=self.kind == "layer", act=act,
+                      eps=self.eps, backend=backend)  # fmt: skip
+        return y.flatten(-2)
 
 
 class Mixer(nn.Module):
@@ -388,7 +451,7 @@ class GatedHeadsMixer(Mixer):
             q, k, v, entry.get("state"), **self.decays(x),
             **self.op_kwargs(x, packing, want_state),
         )  # fmt: skip
-        o = self.norm(o) * F.silu(self.g_proj(x))
+        o = self.norm(o, self.g_proj(x), "silu", self.backend)
         return self.o_proj(o), {"state": state, **extra}
 
     def rotate(self, q, k, packing, entry):

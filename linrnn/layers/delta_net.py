@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linrnn.layers.common import Mixer, RMSNorm, check_divisible, model_width, split_heads, upcast
@@ -128,10 +127,10 @@ class DeltaNet(Mixer):
             initial_state=entry.get("state"), use_qk_l2norm=True,
             **self.op_kwargs(x, packing, want_state),
         )  # fmt: skip
-        o = self.o_norm(upcast(o))  # [B, T, HV, Dv]; the gated norm in fp32, rounded once
-        if self.g_proj is not None:
-            o = o * F.silu(upcast(split_heads(self.g_proj(x), self.num_v_heads)))
-        y = self.o_proj(o.to(x.dtype).flatten(-2))
+        gate = None if self.g_proj is None else split_heads(self.g_proj(x), self.num_v_heads)
+        # [B, T, HV, Dv]: the norm and the gate in fp32, rounded once
+        o = self.o_norm(o, gate, None if gate is None else "silu", self.backend)
+        y = self.o_proj(o.flatten(-2))
         return y, {"state": state, "conv_q": conv_q, "conv_k": conv_k, "conv_v": conv_v}
 
     def extra_repr(self) -> str:

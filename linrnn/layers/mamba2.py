@@ -18,18 +18,17 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linrnn import _validation
-from linrnn.layers.common import Mixer, check_divisible, upcast
+from linrnn.layers.common import Mixer, check_divisible, norm_gate, upcast
 from linrnn.layers.conv import ShortConvolution
 from linrnn.ops import mamba2
 
 
 class GatedRMSNorm(nn.Module):
     """``RMSNorm(y·SiLU(z))·weight`` over each of ``groups`` equal groups of the channels, in
-    fp32 (fp64 for fp64 inputs); returns that dtype (the caller rounds once)."""
+    fp32 (fp64 for fp64 inputs), rounded once to y's dtype (:func:`norm_gate`)."""
 
     def __init__(self, dim: int, groups: int = 1, eps: float = 1e-5, device=None,
                  dtype=None) -> None:  # fmt: skip
@@ -37,10 +36,11 @@ class GatedRMSNorm(nn.Module):
         self.groups, self.eps = groups, eps
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
-    def forward(self, y: Tensor, z: Tensor) -> Tensor:
-        h = (upcast(y) * F.silu(upcast(z))).unflatten(-1, (self.groups, -1))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return h.flatten(-2) * self.weight.to(h.dtype)
+    def forward(self, y: Tensor, z: Tensor, backend: str | None = None) -> Tensor:
+        groups = (self.groups, -1)
+        h = norm_gate(y.unflatten(-1, groups), self.weight, None, z.unflatten(-1, groups),
+                      act="silu", gate_first=True, eps=self.eps, backend=backend)  # fmt: skip
+        return h.flatten(-2)
 
 
 class Mamba2(Mixer):
@@ -147,8 +147,8 @@ class Mamba2(Mixer):
             dt_bias=self.dt_bias, dt_softplus=True,
             initial_state=entry.get("state"), **self.op_kwargs(x, packing, want_state),
         )  # fmt: skip
-        y = self.norm(y.flatten(-2), z)
-        return self.out_proj(y.to(x.dtype)), {"state": state, "conv": conv}
+        y = self.norm(y.flatten(-2), z, self.backend)
+        return self.out_proj(y), {"state": state, "conv": conv}
 
     def extra_repr(self) -> str:
         return (

@@ -109,7 +109,7 @@ class mLSTMLayer(Mixer):
             eps=self.eps, initial_state=entry.get("state"),
             **self.op_kwargs(x, packing, want_state),
         )  # fmt: skip
-        y = self.o_proj(torch.sigmoid(self.og_proj(x)) * self.norm(h))
+        y = self.o_proj(self.norm(h, self.og_proj(x), "sigmoid", self.backend))
         return y, {"state": state}
 
     def extra_repr(self) -> str:

@@ -17,7 +17,6 @@ A cache keeps the state S and the last token (for the shift of the next call).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from linrnn.layers.common import (
@@ -145,7 +144,7 @@ class RWKV6TimeMix(Mixer):
             rwkv6, r, k, v, w, self.bonus, scale=1.0, initial_state=entry.get("state"),
             **self.op_kwargs(x, packing, want_state),
         )  # fmt: skip
-        y = self.o_proj(self.norm(o) * F.silu(self.g_proj(xg)))
+        y = self.o_proj(self.norm(o, self.g_proj(xg), "silu", self.backend))
         new = {"state": state}
         if want_state:
             if packing is None:

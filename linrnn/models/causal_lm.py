@@ -151,7 +151,8 @@ class Block(nn.Module):
 
 def make_norm(config: LMConfig, device=None, dtype=None) -> nn.Module:
     norm = RMSNorm if config.norm == "rms" else LayerNorm
-    return norm(config.d_model, config.norm_eps, device=device, dtype=dtype)
+    return norm(config.d_model, config.norm_eps, device=device, dtype=dtype,
+                backend=config.backend)  # fmt: skip
 
 
 class CausalLM(nn.Module):
