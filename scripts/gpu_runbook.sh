@@ -51,6 +51,8 @@
 #                (540) s into $OUT/train-T<T>.json (loss curves in $OUT/train-T<T>/); the
 #                mixers it had no time for are left to a second call with that JSON
 #   tune ARGS    benchmarks/tune.py ARGS (tile candidates against the shipped tables)
+#   glue         benchmarks/norm_gate.py: the layers' fused norm and gate against the PyTorch
+#                form, per layer kind, into $OUT/norm_gate.json
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -118,7 +120,7 @@ suite_parts() {
     python3 -m linrnn.bench --suite "$suite" --plan --resume --out "$J"  # what is left
 }
 
-stage=${1:?stage: check, paper-rows, kernels, decode, varlen, delta, delta-decode, mamba2, train, tune}
+stage=${1:?stage: check, paper-rows, kernels, decode, varlen, delta, delta-decode, mamba2, train, tune, glue}
 case "$stage" in
 check)
     # tests/gpu first and alone (its matrix compiles 78 op × mode × dtype tasks in
@@ -238,6 +240,10 @@ train)
 tune)
     shift
     timeout 570 python3 benchmarks/tune.py "$@" --out "$OUT/tune.json"
+    ;;
+glue)
+    timeout 570 python3 benchmarks/norm_gate.py --out "$OUT/norm_gate.json" \
+        2>&1 | tee "$OUT/norm_gate.log"
     ;;
 *)
     echo "unknown stage: $stage" >&2
