@@ -121,6 +121,7 @@ def _calls(linrnn, torch, F):
                 yield (linrnn.gated_delta_rule, (q, k, vg, decay(B, T, HV), beta), dkw)
         yield from _delta_head_dims(linrnn, torch, F, dt)
         yield from _norm_gates(torch, dt)
+        yield from _short_convs(torch, dt)
 
 
 def _norm_gates(torch, dt):
@@ -139,6 +140,19 @@ def _norm_gates(torch, dt):
             gate = z if act else None
             yield (op, (x, w, b if layer else None, gate),
                    dict(layer=layer, act=act, gate_first=first, backend="triton"))  # fmt: skip
+
+
+def _short_convs(torch, dt):
+    """The layers' short convolution: with and without SiLU and bias, dense and packed."""
+    from linrnn.layers.conv import ShortConvolution
+
+    for act, bias, cu in (("silu", False, None), (None, True, [0, 7, 20])):
+        conv = ShortConvolution(48, 4, act, bias)
+
+        def op(x, conv=conv, cu=cu):
+            return conv(x, cu_seqlens=cu, backend="triton")
+
+        yield (op, (torch.randn(1, 20, 48, dtype=dt).requires_grad_(),), {})
 
 
 def _mamba2_large_groups(linrnn, torch, x, pre, Bm, Cm, kw):

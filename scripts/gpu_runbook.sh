@@ -51,8 +51,8 @@
 #                (540) s into $OUT/train-T<T>.json (loss curves in $OUT/train-T<T>/); the
 #                mixers it had no time for are left to a second call with that JSON
 #   tune ARGS    benchmarks/tune.py ARGS (tile candidates against the shipped tables)
-#   glue         benchmarks/norm_gate.py: the layers' fused norm and gate against the PyTorch
-#                form, per layer kind, into $OUT/norm_gate.json
+#   glue         benchmarks/layer_glue.py: the layers' fused norm and gate and short convolution
+#                against their PyTorch forms, per kind, into $OUT/glue.json
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -242,8 +242,8 @@ tune)
     timeout 570 python3 benchmarks/tune.py "$@" --out "$OUT/tune.json"
     ;;
 glue)
-    timeout 570 python3 benchmarks/norm_gate.py --out "$OUT/norm_gate.json" \
-        2>&1 | tee "$OUT/norm_gate.log"
+    timeout 570 python3 benchmarks/layer_glue.py --out "$OUT/glue.json" \
+        2>&1 | tee "$OUT/glue.log"
     ;;
 *)
     echo "unknown stage: $stage" >&2

@@ -95,11 +95,11 @@ def test_kernels_profiles_both_checkouts_with_this_trees_script(tmp_path):
     assert any("--compare" in c for c in calls)
 
 
-def test_glue_times_the_norm_gate(tmp_path):
+def test_glue_times_the_layer_glue(tmp_path):
     calls, res = stage(tmp_path, "glue")
     assert res.returncode == 0, res.stderr
-    (run,) = [c for c in calls if c[:1] == ["benchmarks/norm_gate.py"]]
-    assert run[run.index("--out") + 1] == str(tmp_path / "out" / "norm_gate.json")
+    (run,) = [c for c in calls if c[:1] == ["benchmarks/layer_glue.py"]]
+    assert run[run.index("--out") + 1] == str(tmp_path / "out" / "glue.json")
 
 
 def test_unknown_stage_exits_2(tmp_path):

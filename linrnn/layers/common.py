@@ -250,15 +250,20 @@ def norm_gate(x: Tensor, weight: Tensor, bias: Tensor | None = None, gate: Tenso
 
 def _fused(x: Tensor, gate: Tensor | None, backend: str | None) -> bool:
     """Whether :func:`norm_gate` runs the Triton kernels (see there)."""
-    if triton_norm_gate is None or backend == "torch" or tracing():
+    if triton_norm_gate is None or x.shape[-1] > triton_norm_gate.MAX_D or x.numel() == 0:
         return False
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    return glue_on_triton(backend, x, *([] if gate is None else [gate]))
+
+
+def glue_on_triton(backend: str | None, *tensors: Tensor) -> bool:
+    """Whether a layer's glue kernel (norm and gate, short convolution) serves an eager call
+    on ``tensors`` (fp16, bf16 or fp32): on CUDA with ``backend`` None or "triton", on CPU
+    with "triton" under the Triton interpreter; never while ``torch.compile`` traces."""
+    if backend == "torch" or tracing():
         return False
-    if x.shape[-1] > triton_norm_gate.MAX_D or x.numel() == 0:
+    if any(t.dtype not in (torch.float16, torch.bfloat16, torch.float32) for t in tensors):
         return False
-    if gate is not None and gate.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return False
-    if x.is_cuda:
+    if tensors[0].is_cuda:
         return True
     return backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
 

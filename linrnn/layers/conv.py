@@ -22,6 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linrnn._runtime import to_device
+from linrnn.layers.common import glue_on_triton
+
+try:  # the Triton convolution
+    from linrnn.engine import short_conv as triton_conv
+except ImportError:
+    triton_conv = None
+
 ACTIVATIONS = ("silu", "swish", None)
 
 
@@ -36,6 +44,10 @@ class ShortConvolution(nn.Module):
 
     The weight ``[D, 1, W]`` and its initialization are those of ``nn.Conv1d(D, D, W,
     groups=D)``, so depthwise convolution weights of other implementations load unchanged.
+
+    Eager calls without a cache run one Triton kernel (:mod:`linrnn.engine.short_conv`) on a
+    GPU with ``backend`` None or "triton" (on CPU tensors with "triton" under the
+    interpreter); calls with a cache (decoding), traced calls and fp64 the PyTorch form.
     """
 
     def __init__(
@@ -75,6 +87,7 @@ class ShortConvolution(nn.Module):
         cu_seqlens: Sequence[int] | Tensor | None = None,
         cache_state: Tensor | None = None,
         output_final_state: bool = True,
+        backend: str | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """``x [B, T, D]`` → ``(y [B, T, D], new cache_state [N, W−1, D] or None)``.
 
@@ -86,6 +99,7 @@ class ShortConvolution(nn.Module):
                 cu_seqlens) from the previous call; None: zeros (a sequence start).
             output_final_state: return the new cache (the last W−1 inputs of each sequence,
                 the cached ones included where a sequence had fewer); False returns None.
+            backend: None, "triton" or "torch" (see the class).
         """
         if x.dim() != 3 or x.shape[-1] != self.hidden_size:
             raise ValueError(
@@ -102,12 +116,29 @@ class ShortConvolution(nn.Module):
                     f"got {tuple(cache_state.shape)}"
                 )
             cache_state = cache_state.to(x.dtype)
+        if cache_state is None and self._fused(x, backend):
+            sid = None
+            if cu is not None:
+                lens = to_device([b - a for a, b in itertools.pairwise(cu)], x.device)
+                sid = torch.repeat_interleave(torch.arange(N, device=x.device, dtype=torch.int32),
+                                              lens, output_size=x.shape[1])  # fmt: skip
+            y = triton_conv.short_conv(x, self.weight, self.bias, sid, self.activation is not None)
+            new = None
+            if output_final_state:
+                new = self._dense(x, None, False)[1] if cu is None else self._packed_cache(x, cu)
+            return y, new
         if cu is None:
             y, new = self._dense(x, cache_state)
         else:
             y, new = self._packed(x, cu, cache_state, output_final_state)
         y = F.silu(y) if self.activation is not None else y
         return y, (new if output_final_state else None)
+
+    def _fused(self, x: Tensor, backend: str | None) -> bool:
+        """Whether a call without a cache runs the Triton kernel (see the class)."""
+        if triton_conv is None or x.shape[1] == 0 or self.kernel_size > triton_conv.MAX_TAPS:
+            return False
+        return glue_on_triton(backend, x)
 
     def _conv(self, xp: Tensor) -> Tensor:
         """Valid convolution of ``xp [B, T + W − 1, D]`` (left context included) → ``[B, T, D]``
@@ -118,13 +149,26 @@ class ShortConvolution(nn.Module):
         b = None if self.bias is None else self.bias.to(xp.dtype)
         return F.conv1d(xp.transpose(1, 2), w, b, groups=self.hidden_size).transpose(1, 2)
 
-    def _dense(self, x: Tensor, cache_state: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _dense(self, x: Tensor, cache_state: Tensor | None, conv: bool = True):
+        """``(convolution or None, new cache)`` of unpacked rows."""
         W1 = self.kernel_size - 1
         if cache_state is None:
             xp = F.pad(x, (0, 0, W1, 0))
         else:
             xp = torch.cat([cache_state, x], dim=1)
-        return self._conv(xp), xp[:, xp.shape[1] - W1 :]
+        return self._conv(xp) if conv else None, xp[:, xp.shape[1] - W1 :]
+
+    def _packed_cache(self, x: Tensor, cu: list[int]) -> Tensor:
+        """The new cache of packed sequences that started from zeros: each sequence's last
+        W−1 inputs, zeros before its start."""
+        W1, N = self.kernel_size - 1, len(cu) - 1
+        if W1 == 0:
+            return x.new_zeros(N, 0, x.shape[-1])
+        xp = F.pad(x[0], (0, 0, W1, 0))  # rows 0 … W1−1 zeros, token j at row W1 + j
+        # cache row i of sequence n: its input at position p = length − W1 + i (row 0 if p < 0)
+        rows = [[cu[n + 1] + i if cu[n + 1] - cu[n] - W1 + i >= 0 else 0 for i in range(W1)]
+                for n in range(N)]  # fmt: skip
+        return xp[to_device(rows, x.device)]
 
     def _packed(self, x, cu, cache_state, want_cache):
         """One packed sequence: the convolution of the whole row is right everywhere except at

@@ -115,9 +115,10 @@ class DeltaNet(Mixer):
 
     def mix(self, x, packing, entry, want_state):
         cu = None if packing is None else packing.cu_seqlens
-        q, conv_q = self.q_conv(self.q_proj(x), cu, entry.get("conv_q"), want_state)
-        k, conv_k = self.k_conv(self.k_proj(x), cu, entry.get("conv_k"), want_state)
-        v, conv_v = self.v_conv(self.v_proj(x), cu, entry.get("conv_v"), want_state)
+        conv = dict(cu_seqlens=cu, output_final_state=want_state, backend=self.backend)
+        q, conv_q = self.q_conv(self.q_proj(x), cache_state=entry.get("conv_q"), **conv)
+        k, conv_k = self.k_conv(self.k_proj(x), cache_state=entry.get("conv_k"), **conv)
+        v, conv_v = self.v_conv(self.v_proj(x), cache_state=entry.get("conv_v"), **conv)
         beta = torch.sigmoid(upcast(self.b_proj(x)))
         if self.allow_neg_eigval:
             beta = 2 * beta

@@ -138,7 +138,7 @@ class Mamba2(Mixer):
         cu = None if packing is None else packing.cu_seqlens
         H, P, G, N = self.num_heads, self.head_dim, self.n_groups, self.state_size
         z, xBC, dt = self.in_proj(x).split([self.d_inner, self.conv_dim, H], dim=-1)
-        xBC, conv = self.conv1d(xBC, cu, entry.get("conv"), want_state)
+        xBC, conv = self.conv1d(xBC, cu, entry.get("conv"), want_state, backend=self.backend)
         xs, B, C = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         A = -torch.exp(upcast(self.A_log))  # fp32 for 16-bit parameters, fp64 kept
         y, state = self.call_op(

@@ -1,14 +1,17 @@
-"""The layers' output norm and gate (:func:`linrnn.layers.common.norm_gate`): the Triton pass
-against the PyTorch form, side by side in one process, forward and forward+backward, and the
-memory the forward keeps for the backward, per layer kind at the training suite's shape
-(65,536 tokens, width 512: 4 heads of 128) and at a wide one (16 heads of 128).
+"""The layers' glue on Triton against its PyTorch form, side by side in one process: the output
+norm and gate (:func:`linrnn.layers.common.norm_gate`) and the short convolution
+(:class:`linrnn.layers.conv.ShortConvolution`), forward and forward+backward, and the memory
+the forward keeps for the backward, per kind at the training suite's shape (65,536 tokens,
+width 512: 4 heads of 128) and at a wide one (16 heads of 128).
 
-    python3 benchmarks/norm_gate.py                         # every kind, both widths
-    python3 benchmarks/norm_gate.py --tokens 4096 --out norm_gate.json
+    python3 benchmarks/layer_glue.py                        # every kind, both widths
+    python3 benchmarks/layer_glue.py --tokens 4096 --out glue.json
 
 Kinds: ``rms+silu`` (GLA, simple GLA, retention, DeltaNet), ``layer+silu`` (RWKV6),
 ``layer+sigmoid`` (mLSTM), ``gate-first`` (Mamba2's gated RMSNorm), ``block rms`` (the
-models' block norm, no gate, one row per token). Inputs bf16 (the op's output and the gate
+models' block norm, no gate, one row per token), ``conv`` (DeltaNet's q, k, v convolutions:
+4 taps, SiLU, one per channel of the width), ``conv+bias`` (Mamba2's, over x, B and C: the
+width plus 256 channels, with a bias). Inputs bf16 (the op's output and the gate
 projection), fp32 weights, as under autocast. Times are medians of
 ``triton.testing.do_bench`` on a GPU (``time.perf_counter`` means without one: the PyTorch
 form only, a check of the command, not a timing). "saved MiB": the bytes autograd holds
@@ -26,13 +29,16 @@ import time
 import torch
 
 from linrnn.layers.common import norm_gate
+from linrnn.layers.conv import ShortConvolution
 
-KINDS = {  # name: (layer, act, gate_first, bias, heads?)
+KINDS = {  # name: (layer, act, gate_first, bias, heads?) of a norm, or "conv" and its bias
     "rms+silu": (False, "silu", False, False, True),
     "layer+silu": (True, "silu", False, True, True),
     "layer+sigmoid": (True, "sigmoid", False, True, True),
     "gate-first": (False, "silu", True, False, True),
     "block rms": (False, None, False, False, False),
+    "conv": ("conv", False),
+    "conv+bias": ("conv", True),
 }
 WIDTHS = ((4, 128), (16, 128))  # (heads, head dim)
 
@@ -70,6 +76,16 @@ def _timer(device: str):
 
 def case(kind: str, tokens: int, heads: int, dim: int, device: str):
     """(leaves, forward(backend)) of one kind at ``tokens`` × ``heads`` × ``dim``."""
+    if KINDS[kind][0] == "conv":
+        bias = KINDS[kind][1]
+        width = heads * dim + (256 if bias else 0)
+        conv = ShortConvolution(width, 4, "silu", bias, device=device)
+        x = torch.randn(1, tokens, width, device=device, dtype=torch.bfloat16).requires_grad_()
+
+        def run(backend):
+            return conv(x, output_final_state=False, backend=backend)[0]
+
+        return [x, *conv.parameters()], run
     layer, act, first, has_bias, per_head = KINDS[kind]
     S, D = (heads, dim) if per_head else (1, heads * dim)
     bf16 = dict(device=device, dtype=torch.bfloat16)
@@ -88,7 +104,7 @@ def case(kind: str, tokens: int, heads: int, dim: int, device: str):
 
 def measure(kind, tokens, heads, dim, device, backends) -> list[dict]:
     leaves, forward = case(kind, tokens, heads, dim, device)
-    dy = torch.randn(tokens * heads * dim, device=device, dtype=torch.bfloat16)
+    dy = torch.randn(leaves[0].numel(), device=device, dtype=torch.bfloat16)
     timed = _timer(device)
     rows = []
     for backend in backends:
@@ -118,7 +134,7 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     backends = ("torch", "triton") if device == "cuda" else ("torch",)
     rows = []
-    print(f"norm_gate, {args.tokens} tokens, bf16 ({device}); ms forward+backward / forward, "
+    print(f"layer glue, {args.tokens} tokens, bf16 ({device}); ms forward+backward / forward, "
           "MiB saved for the backward")  # fmt: skip
     for heads, dim in WIDTHS:
         for kind in args.kinds:

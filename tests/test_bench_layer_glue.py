@@ -1,4 +1,4 @@
-"""benchmarks/norm_gate.py on the CPU: a row per kind and width, the JSON; and with the Triton
+"""benchmarks/layer_glue.py on the CPU: a row per kind and width, the JSON; and with the Triton
 pass (the interpreter) beside the PyTorch form, the memory each keeps for the backward."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "norm_gate.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "layer_glue.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("linrnn_norm_gate_bench", SCRIPT)
+    spec = importlib.util.spec_from_file_location("linrnn_layer_glue_bench", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -22,11 +22,11 @@ def _module():
 def test_rows_and_json(tmp_path, capsys):
     ng = _module()
     out = tmp_path / "ng.json"
-    assert ng.main(["--tokens", "32", "--kinds", "rms+silu", "block rms", "--out",
+    assert ng.main(["--tokens", "32", "--kinds", "rms+silu", "conv+bias", "--out",
                     str(out)]) == 0  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
     assert [(r["kind"], r["heads"]) for r in rows] == [
-        ("rms+silu", 4), ("block rms", 4), ("rms+silu", 16), ("block rms", 16)
+        ("rms+silu", 4), ("conv+bias", 4), ("rms+silu", 16), ("conv+bias", 16)
     ]  # fmt: skip
     assert all(r["ms"] > 0 and r["fwd_ms"] > 0 and r["saved_mib"] > 0 for r in rows)
     assert "H16x128 rms+silu" in capsys.readouterr().out
@@ -37,9 +37,9 @@ def test_fused_pass_keeps_less_for_the_backward(backend):
     """The PyTorch form keeps fp32 copies of its [tokens, H·D] intermediates; the Triton pass
     keeps its bf16 inputs and one fp32 number per row (per row also the mean for LayerNorm)."""
     ng = _module()
-    tokens, heads, dim = 64, 4, 128
-    for kind in ("rms+silu", "layer+sigmoid", "gate-first"):
+    tokens, heads, dim = 256, 4, 128  # (enough tokens for the weights not to count)
+    for kind in ("rms+silu", "layer+sigmoid", "gate-first", "conv"):
         torch_row, fused_row = ng.measure(kind, tokens, heads, dim, "cpu", ("torch", backend))
-        inputs = 2 * tokens * heads * dim * 2 / 2**20  # x and the gate, bf16
+        inputs = (1 if kind == "conv" else 2) * tokens * heads * dim * 2 / 2**20  # bf16 x, gate
         assert fused_row["saved_mib"] < inputs * 1.1, kind
-        assert torch_row["saved_mib"] > 2 * fused_row["saved_mib"], kind
+        assert torch_row["saved_mib"] > 1.9 * fused_row["saved_mib"], kind
