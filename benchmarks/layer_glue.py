@@ -11,7 +11,8 @@ Kinds: ``rms+silu`` (GLA, simple GLA, retention, DeltaNet), ``layer+silu`` (RWKV
 ``layer+sigmoid`` (mLSTM), ``gate-first`` (Mamba2's gated RMSNorm), ``block rms`` (the
 models' block norm, no gate, one row per token), ``conv`` (DeltaNet's q, k, v convolutions:
 4 taps, SiLU, one per channel of the width), ``conv+bias`` (Mamba2's, over x, B and C: the
-width plus 256 channels, with a bias). Inputs bf16 (the op's output and the gate
+width plus 256 channels, with a bias), ``token mix`` (RWKV6's five data-dependent
+interpolations of x and the previous token). Inputs bf16 (the op's output and the gate
 projection), fp32 weights, as under autocast. Times are medians of
 ``triton.testing.do_bench`` on a GPU (``time.perf_counter`` means without one: the PyTorch
 form only, a check of the command, not a timing). "saved MiB": the bytes autograd holds
@@ -30,6 +31,7 @@ import torch
 
 from linrnn.layers.common import norm_gate
 from linrnn.layers.conv import ShortConvolution
+from linrnn.layers.rwkv6 import RWKV6TimeMix
 
 KINDS = {  # name: (layer, act, gate_first, bias, heads?) of a norm, or "conv" and its bias
     "rms+silu": (False, "silu", False, False, True),
@@ -39,6 +41,7 @@ KINDS = {  # name: (layer, act, gate_first, bias, heads?) of a norm, or "conv" a
     "block rms": (False, None, False, False, False),
     "conv": ("conv", False),
     "conv+bias": ("conv", True),
+    "token mix": ("token mix",),
 }
 WIDTHS = ((4, 128), (16, 128))  # (heads, head dim)
 
@@ -76,6 +79,16 @@ def _timer(device: str):
 
 def case(kind: str, tokens: int, heads: int, dim: int, device: str):
     """(leaves, forward(backend)) of one kind at ``tokens`` × ``heads`` × ``dim``."""
+    if kind == "token mix":
+        layer = RWKV6TimeMix(heads * dim, heads, device=device)
+        x = torch.randn(1, tokens, heads * dim, device=device).requires_grad_()
+
+        def mixes(backend):
+            layer.backend = backend
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                return torch.stack(layer.interpolations(x, None, None))
+
+        return [x, layer.mu_x, layer.mu, layer.mix_a, layer.mix_b], mixes
     if KINDS[kind][0] == "conv":
         bias = KINDS[kind][1]
         width = heads * dim + (256 if bias else 0)
@@ -104,7 +117,8 @@ def case(kind: str, tokens: int, heads: int, dim: int, device: str):
 
 def measure(kind, tokens, heads, dim, device, backends) -> list[dict]:
     leaves, forward = case(kind, tokens, heads, dim, device)
-    dy = torch.randn(leaves[0].numel(), device=device, dtype=torch.bfloat16)
+    dy = torch.randn(leaves[0].numel() * (5 if kind == "token mix" else 1), device=device,
+                     dtype=torch.bfloat16)  # fmt: skip
     timed = _timer(device)
     rows = []
     for backend in backends:
@@ -113,7 +127,7 @@ def measure(kind, tokens, heads, dim, device, backends) -> list[dict]:
             for t in leaves:
                 t.grad = None
             y = forward(backend)
-            y.backward(dy.view(y.shape))
+            y.backward(dy.view(y.shape).to(y.dtype))
 
         def fwd(backend=backend):
             with torch.no_grad():

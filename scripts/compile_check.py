@@ -122,6 +122,7 @@ def _calls(linrnn, torch, F):
         yield from _delta_head_dims(linrnn, torch, F, dt)
         yield from _norm_gates(torch, dt)
         yield from _short_convs(torch, dt)
+        yield from _token_mixes(torch, dt)
 
 
 def _norm_gates(torch, dt):
@@ -153,6 +154,23 @@ def _short_convs(torch, dt):
             return conv(x, cu_seqlens=cu, backend="triton")
 
         yield (op, (torch.randn(1, 20, 48, dtype=dt).requires_grad_(),), {})
+
+
+def _token_mixes(torch, dt):
+    """RWKV6's token shift and interpolations: the shift-mix and the five mixes, dense and
+    packed."""
+    from linrnn.engine.token_mix import lerp_shift
+    from linrnn.layers.common import sequence_ids
+
+    def op(*args):
+        return lerp_shift(*args), None
+
+    for cu in (None, [0, 7, 20]):
+        x = torch.randn(1, 20, 48, dtype=dt).requires_grad_()
+        sid = sequence_ids(cu, "cpu")
+        yield (op, (x, sid, torch.rand(1, 48).requires_grad_()), {})
+        yield (op, (x, sid, torch.rand(5, 48).requires_grad_(),
+                    torch.randn(1, 20, 5, 48, dtype=dt).requires_grad_()), {})  # fmt: skip
 
 
 def _mamba2_large_groups(linrnn, torch, x, pre, Bm, Cm, kw):

@@ -22,12 +22,12 @@ def _module():
 def test_rows_and_json(tmp_path, capsys):
     ng = _module()
     out = tmp_path / "ng.json"
-    assert ng.main(["--tokens", "32", "--kinds", "rms+silu", "conv+bias", "--out",
-                    str(out)]) == 0  # fmt: skip
+    assert ng.main(["--tokens", "32", "--kinds", "rms+silu", "conv+bias", "token mix",
+                    "--out", str(out)]) == 0  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
     assert [(r["kind"], r["heads"]) for r in rows] == [
-        ("rms+silu", 4), ("conv+bias", 4), ("rms+silu", 16), ("conv+bias", 16)
-    ]  # fmt: skip
+        (kind, heads) for heads in (4, 16) for kind in ("rms+silu", "conv+bias", "token mix")
+    ]
     assert all(r["ms"] > 0 and r["fwd_ms"] > 0 and r["saved_mib"] > 0 for r in rows)
     assert "H16x128 rms+silu" in capsys.readouterr().out
 

@@ -21,6 +21,7 @@ one-token steps gives what one call over the whole sequence gives.
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linrnn import _validation
-from linrnn._runtime import tracing
+from linrnn._runtime import to_device, tracing
 from linrnn.ops._generic import OUT_STATE
 
 try:  # the fused output norm and gate
@@ -253,6 +254,23 @@ def _fused(x: Tensor, gate: Tensor | None, backend: str | None) -> bool:
     if triton_norm_gate is None or x.shape[-1] > triton_norm_gate.MAX_D or x.numel() == 0:
         return False
     return glue_on_triton(backend, x, *([] if gate is None else [gate]))
+
+
+def sequence_ids(cu_seqlens: list[int] | None, device) -> Tensor | None:
+    """The int32 index of the sequence each packed token belongs to (None without packing):
+    how the glue kernels keep packed sequences apart."""
+    if cu_seqlens is None:
+        return None
+    cu = list(cu_seqlens)
+    lens = to_device([b - a for a, b in itertools.pairwise(cu)], device)
+    ids = torch.arange(len(cu) - 1, device=device, dtype=torch.int32)
+    return torch.repeat_interleave(ids, lens, output_size=cu[-1])
+
+
+def compute_dtype_for(x: Tensor) -> torch.dtype:
+    """The dtype a projection of x computes in: autocast's where it is on, else x's."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
 
 
 def glue_on_triton(backend: str | None, *tensors: Tensor) -> bool:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linrnn._runtime import to_device
-from linrnn.layers.common import glue_on_triton
+from linrnn.layers.common import glue_on_triton, sequence_ids
 
 try:  # the Triton convolution
     from linrnn.engine import short_conv as triton_conv
@@ -117,11 +117,7 @@ class ShortConvolution(nn.Module):
                 )
             cache_state = cache_state.to(x.dtype)
         if cache_state is None and self._fused(x, backend):
-            sid = None
-            if cu is not None:
-                lens = to_device([b - a for a, b in itertools.pairwise(cu)], x.device)
-                sid = torch.repeat_interleave(torch.arange(N, device=x.device, dtype=torch.int32),
-                                              lens, output_size=x.shape[1])  # fmt: skip
+            sid = sequence_ids(cu, x.device)
             y = triton_conv.short_conv(x, self.weight, self.bias, sid, self.activation is not None)
             new = None
             if output_final_state:

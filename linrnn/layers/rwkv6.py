@@ -24,12 +24,20 @@ from linrnn.layers.common import (
     Mixer,
     alias,
     check_divisible,
+    compute_dtype_for,
+    glue_on_triton,
     model_width,
+    sequence_ids,
     split_heads,
     token_shift,
     upcast,
 )
 from linrnn.ops import rwkv6
+
+try:  # the Triton token shift and interpolations
+    from linrnn.engine import token_mix as triton_token_mix
+except ImportError:
+    triton_token_mix = None
 
 
 class RWKV6TimeMix(Mixer):
@@ -131,10 +139,7 @@ class RWKV6TimeMix(Mixer):
 
     def mix(self, x, packing, entry, want_state):
         cu = None if packing is None else packing.cu_seqlens
-        delta = token_shift(x, cu, entry.get("shift")) - x
-        lora = torch.tanh((x + delta * self.mu_x) @ self.mix_a).unflatten(-1, (5, -1))
-        m = torch.einsum("btfr,frd->btfd", lora, self.mix_b) + self.mu  # [B, T, 5, D]
-        xw, xk, xv, xr, xg = (x + delta * m[:, :, j] for j in range(5))
+        xw, xk, xv, xr, xg = self.interpolations(x, cu, entry.get("shift"))
         r = split_heads(self.r_proj(xr), self.num_heads)
         k = split_heads(self.k_proj(xk), self.num_heads)
         v = split_heads(self.v_proj(xv), self.num_heads)
@@ -153,6 +158,23 @@ class RWKV6TimeMix(Mixer):
                 prev = entry.get("shift")
                 new["shift"] = packing.last(x.detach(), prev)
         return y, new
+
+    def interpolations(self, x, cu, previous):
+        """The token shift's data-dependent interpolations x + (x_{t−1} − x)·(mu_f + m_f),
+        f = w, k, v, r, g, with m from the LoRA over x + (x_{t−1} − x)·mu_x. Without a cached
+        previous token, eager calls on a GPU run them as one Triton pass each
+        (:mod:`linrnn.engine.token_mix`), in the dtype the projections compute in."""
+        if previous is None and triton_token_mix is not None and glue_on_triton(self.backend, x):
+            sid, dtype = sequence_ids(cu, x.device), compute_dtype_for(x)
+            shift = triton_token_mix.lerp_shift
+            xx = shift(x, sid, self.mu_x.view(1, -1), None, dtype)[0]
+            lora = torch.tanh(xx @ self.mix_a).unflatten(-1, (5, -1))
+            m = torch.einsum("btfr,frd->btfd", lora, self.mix_b)  # [B, T, 5, D]
+            return shift(x, sid, self.mu, m, dtype).unbind(0)
+        delta = token_shift(x, cu, previous) - x
+        lora = torch.tanh((x + delta * self.mu_x) @ self.mix_a).unflatten(-1, (5, -1))
+        m = torch.einsum("btfr,frd->btfd", lora, self.mix_b) + self.mu  # [B, T, 5, D]
+        return tuple(x + delta * m[:, :, j] for j in range(5))
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, key_dim={self.key_dim}, value_dim={self.value_dim}"
