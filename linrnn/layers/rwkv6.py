@@ -164,7 +164,8 @@ class RWKV6TimeMix(Mixer):
         f = w, k, v, r, g, with m from the LoRA over x + (x_{t−1} − x)·mu_x. Without a cached
         previous token, eager calls on a GPU run them as one Triton pass each
         (:mod:`linrnn.engine.token_mix`), in the dtype the projections compute in."""
-        if previous is None and triton_token_mix is not None and glue_on_triton(self.backend, x):
+        fused = previous is None and triton_token_mix is not None and x.shape[1] > 0
+        if fused and glue_on_triton(self.backend, x):
             sid, dtype = sequence_ids(cu, x.device), compute_dtype_for(x)
             shift = triton_token_mix.lerp_shift
             xx = shift(x, sid, self.mu_x.view(1, -1), None, dtype)[0]
