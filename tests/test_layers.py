@@ -268,3 +268,40 @@ def test_layer_on_triton_matches_fp64(name, backend):
     params = dict(layer.named_parameters())
     for key, p in ref.named_parameters():
         assert_close(f"{name} d{key}", params[key].grad.cpu(), p.grad, torch.float32)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_garbage_in_padding_stays_there(name):
+    """NaN and inf at padded positions change nothing: the valid rows equal a call with zeros
+    there, bitwise, and the padded outputs are zeros."""
+    layer = make(name, torch.float32)
+    x = torch.randn(2, 7, D)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[0, 4:], mask[1, :2] = 0, 0  # right and left padding
+    dirty = x.clone()
+    dirty[0, 5], dirty[1, 0] = float("nan"), float("inf")
+    clean = torch.where(mask[..., None].bool(), x, 0.0)
+    y, y_clean = layer(dirty, attention_mask=mask), layer(clean, attention_mask=mask)
+    assert torch.equal(y, y_clean)
+    assert not y[mask == 0].any()
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_all_padding_gives_zeros_and_keeps_the_cache(name):
+    """A batch of padding only (garbage included): zero outputs and gradients, and a cache
+    entry left as it was, so the next call continues as if the empty one had not happened."""
+    layer = make(name, torch.float32)
+    x = torch.randn(2, 6, D)
+    x[0, 2] = float("nan")
+    x.requires_grad_()
+    y = layer(x, attention_mask=torch.zeros(2, 6, dtype=torch.long))
+    assert torch.equal(y, torch.zeros_like(y))
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.zeros_like(x))
+    z = torch.randn(2, 5, D)
+    with torch.no_grad():
+        cache, ref = Cache(), Cache()
+        layer(z[:, :3], cache=cache), layer(z[:, :3], cache=ref)
+        layer(x.detach(), attention_mask=torch.zeros(2, 6, dtype=torch.long), cache=cache)
+        assert_close(name, layer(z[:, 3:], cache=cache), layer(z[:, 3:], cache=ref),
+                     torch.float32)  # fmt: skip

@@ -380,6 +380,11 @@ class Mixer(nn.Module):
         if x.dim() != 3:
             raise ValueError(f"x must be [B, T, D], got shape {tuple(x.shape)}")
         packing = as_packing(attention_mask, x, cu_seqlens)
+        if packing is not None and packing.cu_seqlens[-1] == 0:
+            # Only padding: no token to mix, zeros out (never x·0: padding may hold NaN), and a
+            # cache entry stays as it was (nothing was consumed), as for a row of padding in a
+            # batch with tokens.
+            return torch.where(torch.zeros_like(x, dtype=torch.bool), x, 0.0)
         entry = cache[self.layer_idx] if cache is not None else {}
         target = None
         if getattr(cache, "inplace_state", False) and "state" in entry and not tracing():

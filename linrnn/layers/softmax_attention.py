@@ -73,6 +73,8 @@ class SoftmaxAttention(Mixer):
             document, inside = packing.document_positions(x.device)
         else:
             valid = packing.mask
+            # padding may hold garbage (NaN, inf): a masked key's weight is 0, but 0·NaN is not
+            x = torch.where(valid[..., None], x, 0.0)
         entry = cache[self.layer_idx] if cache is not None else {}
         start = entry.get("pos", torch.zeros(B, dtype=torch.long, device=x.device))
         if document is None:
@@ -113,7 +115,7 @@ class SoftmaxAttention(Mixer):
                 allowed = allowed & (document[:, None] == document[None, :])[None]
             allowed = allowed | (cols == rows)[None]  # a padding query sees itself
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
-        o = o.transpose(1, 2).flatten(-2) * valid[..., None].to(x.dtype)
+        o = torch.where(valid[..., None], o.transpose(1, 2).flatten(-2), 0.0)
         return self.o_proj(o)
 
     def extra_repr(self) -> str:
