@@ -326,3 +326,15 @@ def layer_grads(layer, x, y) -> dict:
     layer.zero_grad()
     x.grad = None
     return out
+
+
+def benchmark_script(name: str):
+    """The module of ``benchmarks/<name>.py`` (that folder is not a package), loaded anew."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"linrnn_bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

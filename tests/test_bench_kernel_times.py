@@ -3,22 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_times.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("linrnn_kernel_times", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import benchmark_script
 
 
 def test_rows_json_and_comparison(tmp_path, capsys):
-    kt = _module()
+    kt = benchmark_script("kernel_times")
     out = tmp_path / "now.json"
     assert kt.main(["--ops", "simple_gla", "--shapes", "B1-T32-H2-K16-V16", "--iters", "1",
                     "--out", str(out)]) == 0  # fmt: skip
@@ -46,7 +37,7 @@ def test_rows_json_and_comparison(tmp_path, capsys):
 
 def test_peer_rows(tmp_path):
     """A peer's name takes that peer's builder on the op's inputs (SDPA runs on the CPU)."""
-    kt = _module()
+    kt = benchmark_script("kernel_times")
     out = tmp_path / "peer.json"
     assert kt.main(["--ops", "torch:sdpa_causal", "--shapes", "B1-T32-H2-K16-V16", "--iters",
                     "1", "--out", str(out)]) == 0  # fmt: skip

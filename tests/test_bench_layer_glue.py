@@ -3,24 +3,14 @@ pass (the interpreter) beside the PyTorch form, the memory each keeps for the ba
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "layer_glue.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("linrnn_layer_glue_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import benchmark_script
 
 
 def test_rows_and_json(tmp_path, capsys):
-    ng = _module()
+    ng = benchmark_script("layer_glue")
     out = tmp_path / "ng.json"
     assert ng.main(["--tokens", "32", "--kinds", "rms+silu", "conv+bias", "token mix",
                     "--out", str(out)]) == 0  # fmt: skip
@@ -36,7 +26,7 @@ def test_rows_and_json(tmp_path, capsys):
 def test_fused_pass_keeps_less_for_the_backward(backend):
     """The PyTorch form keeps fp32 copies of its [tokens, H·D] intermediates; the Triton pass
     keeps its bf16 inputs and one fp32 number per row (per row also the mean for LayerNorm)."""
-    ng = _module()
+    ng = benchmark_script("layer_glue")
     tokens, heads, dim = 256, 4, 128  # (enough tokens for the weights not to count)
     for kind in ("rms+silu", "layer+sigmoid", "gate-first", "conv"):
         torch_row, fused_row = ng.measure(kind, tokens, heads, dim, "cpu", ("torch", backend))

@@ -3,22 +3,13 @@ figures, the table with each length over the shortest, and the JSON."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "long_context.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("linrnn_long_context", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import benchmark_script
 
 
 def test_rows_table_and_json(tmp_path, capsys):
-    lc = _module()
+    lc = benchmark_script("long_context")
     out = tmp_path / "long.json"
     assert lc.main(["--ops", "simple_gla", "gla", "--lengths", "24", "48", "--heads",
                     "H2-K8-V8", "--iters", "1", "--out", str(out)]) == 0  # fmt: skip

@@ -2,7 +2,8 @@
 autograd of the formula written here: values and the gradients of x, mu and the LoRA's mix;
 the plain shift-mix (one output, no mix) and the five data-dependent ones, dense rows and
 packed sequences (an empty one, one token long), widths below and above a channel tile, more
-tokens than one backward program takes, fp32 and bf16, outputs in another dtype (autocast's)."""
+tokens than one backward program takes, the mix contiguous and strided as the LoRA's einsum
+leaves it (read in place), fp32 and bf16, outputs in another dtype (autocast's)."""
 
 from __future__ import annotations
 
@@ -52,12 +53,17 @@ def test_values_and_gradients(case, dtype):
 
     B, T, D, F, has_mix, cu = case
     x, mu = torch.randn(B, T, D), torch.rand(F, D)
-    mix = 0.3 * torch.randn(B, T, F, D) if has_mix else None
+    mix = None
+    if has_mix:  # laid out as the LoRA's einsum leaves it, [F, B, T, D] underneath, but once
+        mix = 0.3 * torch.randn(F, B, T, D).permute(1, 2, 0, 3)
+        mix = mix.contiguous() if T == 37 else mix
+        assert mix.is_contiguous() == (T == 37)
     dy = torch.randn(F, B, T, D)
     leaves = [t for t in (x, mu, mix) if t is not None]
     got = [x.to(DEVICE, dtype).requires_grad_(), mu.to(DEVICE).requires_grad_()]
     if has_mix:
         got.append(mix.to(DEVICE, dtype).requires_grad_())
+        assert got[-1].is_contiguous() == (T == 37)
     out_dtype = torch.bfloat16 if dtype == torch.float32 and has_mix else dtype
     y = lerp_shift(got[0], sequence_ids(cu, DEVICE), got[1], got[2] if has_mix else None,
                    out_dtype)  # fmt: skip

@@ -35,9 +35,9 @@ MAX_D = 8192  # the widest row a program holds (wider rows: the PyTorch form)
 
 def _token_tile(D: int) -> tuple[int, int, int]:
     """(BR, BD, num_warps): tokens per tile (16 up to D = 128), the padded row width, and
-    warps for 8 elements of each [BR, BD] tensor per thread, 16 at the widest rows (ptxas,
-    Triton 3.6 and 3.9, sm_90, ``scripts/compile_check.py --resources``: the backward takes
-    71-96 registers at D = 64 and 80-202 at D = 2048, spilling at most 12 bytes)."""
+    warps for 8 elements of each [BR, BD] tensor per thread, 16 at the widest rows
+    (docs/tuning.md, "Layer glue": ptxas finds the backward at most 202 registers, spilling
+    at most 24 bytes, at D = 64 and 2048)."""
     BD = next_pow2(D)
     BR = max(1, min(16, TILE // BD))
     return BR, BD, max(4, min(16, BR * BD // 256))
@@ -62,6 +62,20 @@ def _tile(sx, sz, i_t, s, n, D, BR: tl.constexpr, BD: tl.constexpr):
     return o_t, o_d, m, o_t[:, None] * sx + col, o_t[:, None] * sz + col
 
 
+@triton.jit
+def _row_input(X, Z, px, pz, m, ACT: tl.constexpr, GATE_FIRST: tl.constexpr):
+    """x, the row to normalize h (x, or x·act(z) with GATE_FIRST), act(z) and act'(z) of a
+    tile, fp32 (without a gate the last two are x, unused)."""
+    x = tl.load(X + px, mask=m, other=0.0).to(tl.float32)
+    a, da = x, x
+    if ACT != 0:
+        a, da = _act(tl.load(Z + pz, mask=m, other=0.0).to(tl.float32), ACT)
+    h = x
+    if GATE_FIRST:
+        h = x * a
+    return x, h, a, da
+
+
 @triton.jit(do_not_specialize=["n"])
 def norm_gate_fwd_kernel(
     X, Z, W, B, Y, RS, MU, n, S, D, sx, sz, WS, eps,
@@ -72,12 +86,7 @@ def norm_gate_fwd_kernel(
     RS, MU ``[n, S]`` fp32 (MU only for LayerNorm); WS: the weight's row-slot stride (D or 0)."""
     i_t, s = tl.program_id(0), tl.program_id(1)
     o_t, o_d, m, px, pz = _tile(sx, sz, i_t, s, n, D, BR, BD)
-    h = tl.load(X + px, mask=m, other=0.0).to(tl.float32)
-    if ACT != 0:
-        z = tl.load(Z + pz, mask=m, other=0.0).to(tl.float32)
-        a, _ = _act(z, ACT)
-        if GATE_FIRST:
-            h = h * a
+    _, h, a, _ = _row_input(X, Z, px, pz, m, ACT, GATE_FIRST)
     if LAYER:
         mu = tl.sum(h, 1) / D
         h = tl.where(m, h - mu[:, None], 0.0)
@@ -112,15 +121,9 @@ def norm_gate_bwd_kernel(
     for j in range(NB):
         o_t, o_d, m, px, pz = _tile(sx, sz, i_p * NB + j, s, n, D, BR, BD)
         po = o_t[:, None] * (S * D) + s * D + o_d[None, :]
-        x = tl.load(X + px, mask=m, other=0.0).to(tl.float32)
+        x, h, a, da = _row_input(X, Z, px, pz, m, ACT, GATE_FIRST)
         dy = tl.load(DY + po, mask=m, other=0.0).to(tl.float32)
         r = tl.load(RS + o_t * S + s, mask=o_t < n, other=0.0)
-        h = x
-        if ACT != 0:
-            z = tl.load(Z + pz, mask=m, other=0.0).to(tl.float32)
-            a, da = _act(z, ACT)
-            if GATE_FIRST:
-                h = x * a
         if LAYER:
             mu = tl.load(MU + o_t * S + s, mask=o_t < n, other=0.0)
             h = tl.where(m, h - mu[:, None], 0.0)
@@ -160,13 +163,13 @@ class NormGate(torch.autograd.Function):
     """The autograd Function of :func:`norm_gate`."""
 
     @staticmethod
-    def forward(ctx, x, z, w, b, layer, act, gate_first, eps, out_dtype):
+    def forward(ctx, x, z, w, b, layer, act, gate_first, eps):
         S, D = x.shape[-2:]
         xr, sx = _rows(x, S, D)
         zr, sz = _rows(z, S, D) if z is not None else (None, 0)
         n = xr.shape[0]
         f32 = dict(device=x.device, dtype=torch.float32)
-        y = torch.empty(x.shape, device=x.device, dtype=out_dtype)
+        y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
         rs = torch.empty(n, S, **f32)
         mu = torch.empty(n, S, **f32) if layer else None
         WS = D if w.numel() == S * D else 0
@@ -201,17 +204,14 @@ class NormGate(torch.autograd.Function):
         dw = dw.sum((0, 1) if shared else 0).reshape(w.shape).to(w.dtype)
         if db is not None:
             db = db.sum((0, 1) if shared else 0).reshape(b.shape).to(b.dtype)
-        return dx, dz, dw, db, None, None, None, None, None
+        return dx, dz, dw, db, None, None, None, None
 
 
-def norm_gate(x, z, weight, bias=None, *, layer=False, act=None, gate_first=False, eps=1e-6,
-              out_dtype=None):  # fmt: skip
+def norm_gate(x, z, weight, bias=None, *, layer=False, act=None, gate_first=False, eps=1e-6):
     """Rows of ``x [..., S, D]`` normalized (RMSNorm, or LayerNorm with ``layer``), times
     ``weight`` (``[S·D]`` or ``[D]``) plus ``bias``, times ``act(z)`` (``act`` "silu" or
-    "sigmoid"; z shaped as x); with ``gate_first`` the row normalized is ``x·silu(z)``
-    instead. fp32 inside; returns ``out_dtype`` (x's dtype by default). x, z fp16, bf16 or
-    fp32, the leading dimensions of each flattening to one stride."""
-    if (z is None) != (act is None):
-        raise ValueError("norm_gate: give both z and act, or neither")
-    return NormGate.apply(x, z, weight, bias, layer, act, gate_first, eps,
-                          out_dtype or x.dtype)  # fmt: skip
+    "sigmoid", z shaped as x, or both None); with ``gate_first`` the row normalized is
+    ``x·act(z)`` instead. fp32 inside, x's dtype out. x, z fp16, bf16 or fp32, the leading
+    dimensions of each flattening to one stride. (Arguments checked by the caller,
+    :func:`linrnn.layers.common.norm_gate`.)"""
+    return NormGate.apply(x, z, weight, bias, layer, act, gate_first, eps)

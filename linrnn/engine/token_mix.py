@@ -40,12 +40,13 @@ def _delta(X, SID, i_b, o_t, o_d, m, T, D, VARLEN: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T"])
 def lerp_shift_fwd_kernel(
-    X, SID, MU, MIX, Y, T, D,
+    X, SID, MU, MIX, Y, T, D, smt, smf,
     F: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, HAS_MIX: tl.constexpr,
     VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(T, BT), cdiv(D, BD), B). X ``[B, T, D]``, MIX ``[B, T, F, D]``, Y ``[F, B, T,
-    D]``, MU ``[F, D]``, all contiguous; SID ``[T]`` int32 (VARLEN: each token's sequence)."""
+    """Grid (cdiv(T, BT), cdiv(D, BD), B). X ``[B, T, D]``, Y ``[F, B, T, D]`` and MU ``[F, D]``
+    contiguous; MIX ``[B, T, F, D]`` at token stride smt and output stride smf (as the LoRA's
+    einsum leaves it); SID ``[T]`` int32 (VARLEN: each token's sequence)."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     B = tl.num_programs(2)
     o_t = i_t * BT + tl.arange(0, BT)
@@ -56,20 +57,21 @@ def lerp_shift_fwd_kernel(
     for f in range(F):
         c = tl.load(MU + f * D + o_d, mask=o_d < D, other=0.0).to(tl.float32)[None, :]
         if HAS_MIX:
-            c += tl.load(MIX + (row * F + f) * D + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+            c += tl.load(MIX + row * smt + f * smf + o_d[None, :], mask=m, other=0.0).to(tl.float32)
         p = Y + ((f * B * T) + row) * D + o_d[None, :]
         tl.store(p, (b_x + b_dx * c).to(Y.dtype.element_ty), mask=m)
 
 
 @triton.jit(do_not_specialize=["T"])
 def lerp_shift_bwd_kernel(
-    X, SID, MU, MIX, DY, DX, DMIX, DMU, T, D,
+    X, SID, MU, MIX, DY, DX, DMIX, DMU, T, D, smt, smf,
     F: tl.constexpr, FP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, NB: tl.constexpr,
     HAS_MIX: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(T, BT·NB), cdiv(D, BD), B). DY ``[F, B, T, D]``; DX ``[B, T, D]``, DMIX as MIX;
-    DMU ``[B · grid 0, FP, D]`` fp32, this program's partial sums. ∂x_t = Σ_f ∂y_f,t (1 − c_f,t)
-    + Σ_f ∂y_f,t+1 c_f,t+1 (t + 1 in t's sequence), ∂mix_f,t = ∂y_f,t (x_{t−1} − x_t)."""
+    """Grid (cdiv(T, BT·NB), cdiv(D, BD), B). DY ``[F, B, T, D]``; DX ``[B, T, D]``; DMIX as
+    MIX, strides too; DMU ``[B · grid 0, FP, D]`` fp32, this program's partial sums.
+    ∂x_t = Σ_f ∂y_f,t (1 − c_f,t) + Σ_f ∂y_f,t+1 c_f,t+1 (t + 1 in t's sequence),
+    ∂mix_f,t = ∂y_f,t (x_{t−1} − x_t)."""
     i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     B = tl.num_programs(2)
     o_d = i_d * BD + tl.arange(0, BD)
@@ -91,16 +93,16 @@ def lerp_shift_bwd_kernel(
             mu = tl.load(MU + f * D + o_d, mask=o_d < D, other=0.0).to(tl.float32)[None, :]
             c, c1 = mu, mu
             if HAS_MIX:
-                pm = MIX + (row * F + f) * D + o_d[None, :]
+                pm = MIX + row * smt + f * smf + o_d[None, :]
                 c += tl.load(pm, mask=m, other=0.0).to(tl.float32)
-                c1 += tl.load(pm + F * D, mask=mn, other=0.0).to(tl.float32)
+                c1 += tl.load(pm + smt, mask=mn, other=0.0).to(tl.float32)
             py = DY + ((f * B * T) + row) * D + o_d[None, :]
             dy = tl.load(py, mask=m, other=0.0).to(tl.float32)
             dy1 = tl.load(py + D, mask=mn, other=0.0).to(tl.float32)
             dx += dy * (1.0 - c) + dy1 * c1
             g = dy * b_dx
             if HAS_MIX:
-                tl.store(DMIX + (row * F + f) * D + o_d[None, :],
+                tl.store(DMIX + row * smt + f * smf + o_d[None, :],
                          g.to(DMIX.dtype.element_ty), mask=m)  # fmt: skip
             dmu += tl.where(o_f[:, None] == f, tl.sum(g, 0)[None, :], 0.0)
         tl.store(DX + row * D + o_d[None, :], dx.to(DX.dtype.element_ty), mask=m)
@@ -117,15 +119,21 @@ class LerpShift(torch.autograd.Function):
         B, T, D = x.shape
         F = mu.shape[0]
         x = x.contiguous()
-        mix = mix.contiguous() if mix is not None else None
+        smt = smf = 0
+        if mix is not None:
+            # read in place where its [B·T, F, D] view has unit channel stride (the einsum's
+            # [F, B·T, D] result does): no copy
+            rows = mix.reshape(B * T, F, D)
+            mix = mix if rows.stride(2) == 1 else mix.contiguous()
+            smt, smf = mix.reshape(B * T, F, D).stride()[:2]
         y = torch.empty(F, B, T, D, device=x.device, dtype=out_dtype)
         BD = min(BD_MAX, next_pow2(D))
         flags = dict(F=F, BT=BT, BD=BD, HAS_MIX=mix is not None, VARLEN=sid is not None)
         lerp_shift_fwd_kernel[(cdiv(T, BT), cdiv(D, BD), B)](
-            X=x, SID=sid, MU=mu, MIX=mix, Y=y, T=T, D=D, **flags
+            X=x, SID=sid, MU=mu, MIX=mix, Y=y, T=T, D=D, smt=smt, smf=smf, **flags
         )
         ctx.save_for_backward(x, sid, mu, mix)
-        ctx.flags = flags
+        ctx.flags, ctx.strides = flags, (smt, smf)
         return y
 
     @staticmethod
@@ -137,11 +145,14 @@ class LerpShift(torch.autograd.Function):
         grid = (cdiv(T, BT * NB), cdiv(D, flags["BD"]), B)
         FP = next_pow2(F)
         dx = torch.empty_like(x)
-        dmix = torch.empty_like(mix) if mix is not None else None
+        dmix = None  # laid out as mix, so the same offsets address both
+        if mix is not None:
+            dmix = torch.empty_strided(mix.shape, mix.stride(), device=x.device, dtype=mix.dtype)
+        smt, smf = ctx.strides
         dmu = torch.empty(B * grid[0], FP, D, device=x.device, dtype=torch.float32)
         lerp_shift_bwd_kernel[grid](
             X=x, SID=sid, MU=mu, MIX=mix, DY=dy.contiguous(), DX=dx, DMIX=dmix, DMU=dmu, T=T,
-            D=D, FP=FP, NB=NB, **flags,
+            D=D, smt=smt, smf=smf, FP=FP, NB=NB, **flags,
         )  # fmt: skip
         return dx, None, dmu.sum(0)[:F].to(mu.dtype), dmix, None
 

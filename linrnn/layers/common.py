@@ -213,14 +213,13 @@ def softcap(x: Tensor, cap: float | None) -> Tensor:
 
 def norm_gate(x: Tensor, weight: Tensor, bias: Tensor | None = None, gate: Tensor | None = None,
               *, layer: bool = False, act: str | None = None, gate_first: bool = False,
-              eps: float = 1e-6, backend: str | None = None,
-              out_dtype: torch.dtype | None = None) -> Tensor:  # fmt: skip
+              eps: float = 1e-6, backend: str | None = None) -> Tensor:  # fmt: skip
     """The norm and output gate of a layer over rows ``x [..., S, D]`` (S heads or groups of
     D channels): each row normalized (RMSNorm; LayerNorm with ``layer``), times ``weight``
     (``[S·D]``, a weight per channel of every row, or ``[D]``, shared) plus ``bias``, times
     ``act(gate)`` (``act`` "silu" or "sigmoid", ``gate`` shaped as x). With ``gate_first``
     the row normalized is ``x·act(gate)`` instead (Mamba2's gated RMSNorm). Computed in fp32
-    (fp64 for fp64 inputs) and rounded once, to ``out_dtype`` (x's dtype by default).
+    (fp64 for fp64 inputs) and rounded once, to x's dtype.
 
     One Triton pass each way (:mod:`linrnn.engine.norm_gate`) for eager calls on a GPU with
     ``backend`` None or "triton" (and on CPU tensors with "triton" under the interpreter); the
@@ -229,11 +228,9 @@ def norm_gate(x: Tensor, weight: Tensor, bias: Tensor | None = None, gate: Tenso
         raise ValueError(f"act must be None, 'silu' or 'sigmoid', got {act!r}")
     if (gate is None) != (act is None):
         raise ValueError("norm_gate: give both gate and act, or neither")
-    out_dtype = out_dtype or x.dtype
     if _fused(x, gate, backend):
         return triton_norm_gate.norm_gate(x, gate, weight, bias, layer=layer, act=act,
-                                          gate_first=gate_first, eps=eps,
-                                          out_dtype=out_dtype)  # fmt: skip
+                                          gate_first=gate_first, eps=eps)  # fmt: skip
     h = upcast(x)
     a = GATE_ACTS[act](upcast(gate)) if gate is not None else None
     if gate_first and a is not None:
@@ -246,7 +243,7 @@ def norm_gate(x: Tensor, weight: Tensor, bias: Tensor | None = None, gate: Tenso
         y = y + bias.view(-1, x.shape[-1]).to(y.dtype)
     if a is not None and not gate_first:
         y = y * a
-    return y.to(out_dtype)
+    return y.to(x.dtype)
 
 
 def _fused(x: Tensor, gate: Tensor | None, backend: str | None) -> bool:

@@ -121,7 +121,7 @@ class ShortConvolution(nn.Module):
             y = triton_conv.short_conv(x, self.weight, self.bias, sid, self.activation is not None)
             new = None
             if output_final_state:
-                new = self._dense(x, None, False)[1] if cu is None else self._packed_cache(x, cu)
+                new = self._dense_cache(x) if cu is None else self._packed_cache(x, cu)
             return y, new
         if cu is None:
             y, new = self._dense(x, cache_state)
@@ -145,14 +145,19 @@ class ShortConvolution(nn.Module):
         b = None if self.bias is None else self.bias.to(xp.dtype)
         return F.conv1d(xp.transpose(1, 2), w, b, groups=self.hidden_size).transpose(1, 2)
 
-    def _dense(self, x: Tensor, cache_state: Tensor | None, conv: bool = True):
-        """``(convolution or None, new cache)`` of unpacked rows."""
+    def _dense(self, x: Tensor, cache_state: Tensor | None) -> tuple[Tensor, Tensor]:
         W1 = self.kernel_size - 1
         if cache_state is None:
             xp = F.pad(x, (0, 0, W1, 0))
         else:
             xp = torch.cat([cache_state, x], dim=1)
-        return self._conv(xp) if conv else None, xp[:, xp.shape[1] - W1 :]
+        return self._conv(xp), xp[:, xp.shape[1] - W1 :]
+
+    def _dense_cache(self, x: Tensor) -> Tensor:
+        """The new cache of unpacked rows that started from zeros: their last W−1 inputs,
+        zeros before the start (only those rows are copied)."""
+        W1, T = self.kernel_size - 1, x.shape[1]
+        return F.pad(x[:, max(T - W1, 0) :], (0, 0, max(W1 - T, 0), 0))
 
     def _packed_cache(self, x: Tensor, cu: list[int]) -> Tensor:
         """The new cache of packed sequences that started from zeros: each sequence's last
