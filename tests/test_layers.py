@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_close
+from helpers import assert_close, assert_decay_grad_close, decay_grad_scale
 
 from linrnn.layers import (
     Cache,
@@ -244,9 +244,12 @@ def test_grouped_query_softmax_attention():
 
 @pytest.mark.parametrize("backend", ["triton"])
 @pytest.mark.parametrize("name", ["gla", "simple_gla", "retention", "rwkv6", "mlstm_exp"])
-def test_layer_on_triton_matches_fp64(name, backend):
+def test_layer_on_triton_matches_fp64(name, backend, monkeypatch):
     """fp32 on the Triton kernels (the op and the fused output norm and gate; the interpreter
-    without a GPU) against the fp64 reference layer: the output and every gradient."""
+    without a GPU) against the fp64 reference layer: the output and every gradient. mLSTM's
+    per-head gate biases sum their gate gradients over every token, and the kernels form those
+    from the identity of DESIGN §6.5, whose fp32 error is absolute: they are held to
+    ``u·Σ_t (‖q_t‖‖dq_t‖ + ‖k_t‖‖dk_t‖)`` per head on top of the relative tolerance."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ref = make(name, mode="reference")
     layer = make(name, torch.float32, backend=backend, chunk_size=16)
@@ -260,14 +263,34 @@ def test_layer_on_triton_matches_fp64(name, backend):
     x = torch.randn(2, 21, D, dtype=torch.float64)
     dy = torch.randn(2, 21, D, dtype=torch.float64)
     xr, xl = x.clone().requires_grad_(), x.float().to(device).requires_grad_()
-    y_ref, y = ref(xr), layer(xl)
+    op_inputs = {}
+    if name.startswith("mlstm"):
+        import linrnn.layers.mlstm as module
+
+        def spy(q, k, *args, **kwargs):
+            for key, t in (("q", q), ("k", k)):
+                t.retain_grad()
+                op_inputs[key] = t
+            return mlstm(q, k, *args, **kwargs)
+
+        mlstm = module.mlstm
+        monkeypatch.setattr(module, "mlstm", spy)
+    y_ref = ref(xr)
+    monkeypatch.undo()
+    y = layer(xl)
     (y_ref * dy).sum().backward()
     (y * dy.float().to(device)).sum().backward()
     assert_close(f"{name} y", y.cpu(), y_ref, torch.float32)
     assert_close(f"{name} dx", xl.grad.cpu(), xr.grad, torch.float32)
     params = dict(layer.named_parameters())
     for key, p in ref.named_parameters():
-        assert_close(f"{name} d{key}", params[key].grad.cpu(), p.grad, torch.float32)
+        if key in ("i_proj.bias", "f_proj.bias"):
+            q, k = op_inputs["q"], op_inputs["k"]
+            scale = decay_grad_scale(q, q.grad, k, k.grad, q.shape[2]).sum(0)  # [H]
+            assert_decay_grad_close(f"{name} d{key}", params[key].grad.cpu(), p.grad, scale,
+                                    torch.float32, factor=1.0)  # fmt: skip
+        else:
+            assert_close(f"{name} d{key}", params[key].grad.cpu(), p.grad, torch.float32)
 
 
 @pytest.mark.parametrize("name", LAYERS)
