@@ -21,7 +21,8 @@ Host side (plain Python and PyTorch):
                   intra-chunk kernels on them (docs/DESIGN.md §10).
 * ``delta_recurrent``  the delta rule's recurrent mode (decoding, short sequences), with backward.
 * ``torch_delta``  the delta rule's chunk form in PyTorch.
-* ``gate_grads``  the gate-gradient reductions the hosts share.
+* ``gate_grads``  the gate gradients the hosts share: chunk mode's kernel launch, and the
+                  PyTorch sums and max-state routing of the hosts without chunk states.
 * ``mamba2_gates``  Mamba2's gates g = Δ·A, gi = log Δ from dt (and their gradients) in one
                   Triton kernel each way, for the Triton chunk path.
 * ``custom_ops``  torch.library ops over the hosts' forward/backward, for torch.compile.
@@ -40,6 +41,8 @@ Kernels (Triton):
   ``vector_scores_kernels``  the stored intra-chunk scores and the fast chunks (gk-only calls),
   ``vector_cumsum_kernels``  the chunk-local gate cumsums (and pre-gated q, k),
   ``vector_gate_grad_kernels``  the per-channel log-decay gradient.
+* ``scalar_gate_grad_kernels``  chunk mode's scalar gate gradients and mLSTM-exp's max-state
+                           routing, one pass.
 * ``fused_kernels``        mode "fused_chunk": the non-materializing kernels, both gate kinds.
 * ``recurrent_kernels``    the recurrent forward and backward kernels.
 * ``delta_kernels``, ``delta_bwd_kernels``  the delta rule's solve, W/U and state walks.

@@ -289,6 +289,10 @@ TILES = {
     "fused": (0, 0, 0, 4, 1),
 }
 
+# The scalar chunk gate-gradient kernel (scalar_gate_grad_kernels): (steps per tile, chunks × L
+# with the chunks clipped to the longest sequence; num_warps). Not tuned yet.
+GATE_GRAD_TILES = {"scalar": (1024, 4)}
+
 # Per kernel: (sub-chunk BC, tile of the other time side, depth tile, output tile, num_warps,
 # num_stages); the states kernels: (time tile, K tile, V tile, num_warps, num_stages). A kernel
 # whose output dimension carries a gate uses GATED_BO as its output tile.

@@ -30,7 +30,7 @@ from linrnn.engine.config import (
     delta_chunk_size,
     fp32_contiguous,
 )
-from linrnn.engine.gate_grads import chunk_local, tokens
+from linrnn.engine.gate_grads import chunk_gate_grads
 from linrnn.engine.host_math import cdiv, next_pow2
 from linrnn.engine.scalar import _chunk_cumsum
 
@@ -181,7 +181,8 @@ def backward(saved: dict, cfg: DeltaConfig, do, dS_T):
     dv, dbeta, db = _wy_bwd(k, v, vn, beta, b, states, dy, dk, cfg, sizes, flags)
     dg = None
     if b is not None:
-        dg = tokens(chunk_local(q_dq.double() - k_dk + db, bnd, cfg).float(), (B, T, HV))
+        dg = chunk_gate_grads(None, None, None, q_dq + db, k_dk, None, bnd, None, None, None,
+                              cfg, (B, T, HV))[0]  # fmt: skip
     dq, dk = _group_sum(dq, cfg.G, q.dtype), _group_sum(dk, cfg.G, k.dtype)
     return dq, dk, dv, dbeta, dg, (dS0 if s["S0"] is not None else None)
 

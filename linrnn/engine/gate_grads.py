@@ -1,5 +1,6 @@
-"""Gate gradients on the host, shared by the scalar, vector and recurrent hosts: cheap
-[B·H, T] reductions in PyTorch over the per-tile partial sums the kernels return.
+"""Gate gradients from the per-tile partial sums the kernels return, shared by the scalar,
+vector and recurrent hosts: in chunk mode one kernel (:func:`chunk_gate_grads`,
+scalar_gate_grad_kernels), elsewhere [B·H, T] reductions in PyTorch (:func:`gate_grads`).
 
 With the max state m held fixed, every log decay g_t enters through the global cumulative sum
 F_t, with +F_t beside q_t and −F_t beside k_t, so
@@ -9,15 +10,16 @@ F_t, with +F_t beside q_t and −F_t beside k_t, so
 
 In chunk mode the reverse sum restarts at every chunk end from the exact value
 ⟨dC, C⟩ + ⟨dn, n⟩ of the state there (the materialized states and their gradients give it), so
-rounding errors in the largely cancelling terms do not pile up over the sequence
-(:func:`chunk_local`). mLSTM-exp adds the gradient through m itself:
+rounding errors in the largely cancelling terms do not pile up over the sequence, and each
+sum is short enough for fp32. Without those values (fused_chunk, recurrent) the sums run
+over whole sequences, in fp64. mLSTM-exp adds the gradient through m itself:
 m_t = F_t + max(m_0, max_{s≤t}(a_s − F_s)) reaches the output only through eps (and the final
 state through its stabilized scale), and routes to F_t and to the argmax (:func:`route_argmax`).
 
-The helpers take a config ``c`` that needs only has_decay, has_igate, stab, track_n, norm,
-varlen, N, offsets (when packed) and, for the chunk restarts, L, tok_chunk and CHUNKS: a
-:class:`~linrnn.engine.config.ChunkConfig`, or :class:`GateFlags` for a host without chunks
-(the recurrent one). Per-channel decays take :func:`reverse_sum`.
+:func:`gate_grads` takes a config ``c`` that needs only has_decay, has_igate, stab, track_n,
+norm, varlen, N and offsets (when packed): a :class:`~linrnn.engine.config.ChunkConfig`, or
+:class:`GateFlags` for a host without chunks (the recurrent one). Per-channel decays take
+:func:`reverse_sum`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from linrnn._runtime import to_device
+from linrnn.engine import scalar_gate_grad_kernels as kern
+from linrnn.engine.config import GATE_GRAD_TILES
+from linrnn.engine.host_math import cdiv, next_pow2
 
 
 @dataclass(frozen=True)
@@ -130,27 +135,6 @@ class Seqs:
         y.view(self.N, self.H, self.Lmax)[n, :, self.last] += vals
 
 
-def chunk_local(dF, bnd, c):
-    """The reverse sum of dF ([rows, T], token layout) restarted at every chunk's end, plus
-    that chunk's exact boundary value bnd ([rows, NT]): fp64."""
-    T = dF.shape[1]
-    if not c.varlen:  # equal chunks: the reverse sums within each, from its prefix sums
-        R, NT = dF.shape[0], -(-T // c.L)
-        x = dF.double()
-        x = (F.pad(x, (0, NT * c.L - T)) if NT * c.L > T else x).view(R, NT, c.L)
-        S = x.cumsum(-1)
-        y = S[..., -1:] - S + x + bnd.double()[:, :, None]
-        return y.view(R, NT * c.L)[:, :T]
-    G = F.pad(rev_cumsum(dF), (0, 1))  # G[:, T] = 0
-    if c.varlen:
-        chunk = c.tok_chunk
-        end = c.CHUNKS.view(-1, 3)[:, 1].long()[chunk]
-    else:
-        chunk = torch.arange(T, device=dF.device) // c.L
-        end = ((chunk + 1) * c.L).clamp_max(T)
-    return G[:, :T] - G[:, end] + bnd.double()[:, chunk]
-
-
 def route_argmax(dm: torch.Tensor, idx: torch.Tensor, width: int) -> torch.Tensor:
     """dz[p] = Σ_{t: idx_t = p} dm_t ([rows, width] fp32), deterministically: idx (a running
     argmax) never decreases along a row, so each p collects one contiguous run of t, and its
@@ -163,42 +147,80 @@ def route_argmax(dm: torch.Tensor, idx: torch.Tensor, width: int) -> torch.Tenso
     return torch.diff(E, dim=1, prepend=E.new_zeros(rows, 1)).float()
 
 
-def gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T, m0, dm0,
-                c, bnd=None):  # fmt: skip
-    """∂L/∂g, ∂L/∂gi ([B, T, H]) and the routed part of ∂L/∂m_0 (see the module docstring).
-    Everything runs per sequence ([N·H, Lmax]), so packed sequences stay independent.
+def final_term(dS_T, dn_T, S_T, n_T, c):
+    """⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩ ([N, H]): the final state's own dependence on its scale, or
+    None without the final state's cotangents."""
+    if dS_T is None:
+        return None
+    end = (dS_T * S_T).sum((-2, -1))
+    return end + (dn_T * n_T).sum(-1) if c.track_n else end
 
-    ``bnd`` ([rows, NT], chunk mode): ⟨dC, C⟩ + ⟨dn, n⟩ of the state leaving each chunk, which
-    equals the reverse sum of q·dq − k·dk from the chunk's end on (final-state term included).
-    With it the long sum restarts at every chunk: its terms largely cancel, so over a whole
-    sequence their rounding errors (bf16 inputs to the kernels' products) would pile up."""
+
+def max_tail(dm_T, end, shape, device) -> torch.Tensor:
+    """∂L/∂m past the last step ([N, H] fp32): the final max state's cotangent less the final
+    state's term (its stabilized scale moves with m)."""
+    tail = torch.zeros(shape, device=device)
+    if dm_T is not None:
+        tail = tail + dm_T.float().reshape(shape)
+    return tail if end is None else tail - end
+
+
+def chunk_gate_grads(b, a, mc, q_dq, k_dk, R_M, bnd, tail, m0, dm0, c, shape):
+    """Chunk mode's ∂L/∂g and ∂L/∂gi ([B, T, H] fp32, None for a gate the call lacks) and
+    ∂L/∂m_0 (dm0 plus the part routed to it), in one kernel (scalar_gate_grad_kernels).
+
+    Rows ``[B·H, T]`` fp32: b, a (the chunk-local cumulative log decay and the log input gate,
+    as the forward kept them), q_dq, k_dk (None without the gate they serve), R_M (∂L/∂m_t, or
+    None); bnd ``[B·H, NT]``: ⟨dC, C⟩ + ⟨dn, n⟩ of the state leaving each chunk, the reverse sum
+    of q·dq − k·dk from the chunk's end on (final-state term included), so the long sum
+    restarts at every chunk; mc, tail (:func:`max_tail`) and m0: the max state's, with
+    ``c.stab``. ``c``: the call's ChunkConfig."""
+    if not c.has_decay and not c.stab:
+        return None, tokens(k_dk, shape) if c.has_igate else None, dm0
+    if c.stab and not c.has_igate:
+        raise ValueError("the max state needs an input gate")
+    B, T, H = shape
+    f32 = dict(device=k_dk.device, dtype=torch.float32)
+    dg = torch.empty(B * H, T, **f32) if c.has_decay else None
+    da = torch.empty(B * H, T, **f32) if c.stab else None
+    route = torch.empty(c.N * H, **f32) if c.stab and m0 is not None else None
+    size, num_warps = GATE_GRAD_TILES["scalar"]
+    LP = max(16, next_pow2(c.L))
+    longest = c.NT
+    if c.varlen:
+        longest = max((cdiv(e - s, c.L) for s, e in itertools.pairwise(c.offsets)), default=1)
+    NC = max(2, min(next_pow2(max(longest, 1)), size // LP))
+    spans = 1 if c.stab else cdiv(max(longest, 1), NC)
+    kern.gate_grad_kernel[(spans, c.walkers)](
+        QD=q_dq, KD=k_dk, BND=bnd, G=b, GI=a, MC=mc, DM=R_M, TAIL=tail, DG=dg, DA=da, DM0=route,
+        CO=c.CO, CHUNKS=c.CHUNKS, T=T, H=H, L=c.L, NT=c.NT, NSEQ=c.NSEQ, NC=NC, LP=LP,
+        HAS_DECAY=c.has_decay, HAS_MAX=c.stab, HAS_DM=R_M is not None, HAS_TAIL=tail is not None,
+        HAS_M0=route is not None, VARLEN=c.varlen, num_warps=num_warps,
+    )  # fmt: skip
+    if route is not None:
+        dm0 = dm0 + route.view(c.N, H)
+    if c.has_igate:
+        da = tokens(da if da is not None else k_dk, shape)
+    return (tokens(dg, shape) if dg is not None else None), da, dm0
+
+
+def gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, dS_T, dn_T, dm_T, m0, dm0, c):
+    """∂L/∂g, ∂L/∂gi ([B, T, H]) and ∂L/∂m_0 with its routed part (see the module docstring),
+    for a host without chunk boundary values: whole-sequence sums in fp64. Everything runs per
+    sequence ([N·H, Lmax]), so packed sequences stay independent."""
     B, T, H = b_shape
     sq = Seqs.of(c, B, T, H, q_dq.device if q_dq is not None else k_dk.device)
     NH = sq.N * H
-    local = None
-    if c.has_decay and bnd is not None:
-        local = chunk_local(q_dq.double() - k_dk, bnd, c)
-        # only the max state's routing is left for dF
-        dF = sq.spread(torch.zeros_like(local)) if c.stab else None
-    else:
-        dF = sq.spread(q_dq.double() - k_dk) if c.has_decay else None
+    dF = sq.spread(q_dq.double() - k_dk) if c.has_decay else None
     da = None
     if c.has_igate:  # (added to in place by the max state's routing)
         da = sq.spread(k_dk.clone() if c.stab else k_dk)
-    end = None  # ⟨dS_T, S_T⟩ + ⟨dn_T, n_T⟩: the final state's own dependence on its scale
-    if dS_T is not None:
-        end = (dS_T * S_T).sum((-2, -1)).view(NH)
-        if c.track_n:
-            end = end + (dn_T * n_T).sum(-1).view(NH)
-        if dF is not None and local is None:
-            sq.add_at_last(dF, end)
+    end = final_term(dS_T, dn_T, S_T, n_T, c)  # [N, H]
+    if end is not None and dF is not None:
+        sq.add_at_last(dF, end.reshape(NH))
     if c.stab:
         dm = sq.spread(R_M.clone()) if c.norm else torch.zeros(dF.shape, device=dF.device)
-        tail = torch.zeros(NH, device=dF.device)
-        if dm_T is not None:
-            tail = tail + dm_T.float().reshape(NH)
-        if end is not None:
-            tail = tail - end
+        tail = max_tail(dm_T, end, (sq.N, H), dF.device).view(NH)
         sq.add_at_last(dm, tail)
         Fg = sq.spread(rows(g).double()).cumsum(-1)
         start = m0.double().reshape(NH, 1) if m0 is not None else Fg.new_full((NH, 1), -torch.inf)
@@ -213,13 +235,9 @@ def gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, m_T, dS_T, dn_T, dm_T,
             empty = (~sq.nonempty)[:, None].float()
             dm0 = dm0 + dz[:, 0].view(sq.N, H) + tail.view(sq.N, H) * empty
     dg = None
-    if local is not None and not c.stab:  # no routing: the chunk-local sums are all of it
-        dg = tokens(local.float(), b_shape)
-    elif dF is not None:  # a reverse sum over whole sequences (up to 10⁵ terms that largely
+    if dF is not None:  # a reverse sum over whole sequences (up to 10⁵ terms that largely
         # cancel): fp64
-        rev = sq.gather(rev_cumsum(dF))
-        rev = rev if local is None else rev + local
-        dg = tokens(rev.float(), b_shape)
+        dg = tokens(sq.gather(rev_cumsum(dF)).float(), b_shape)
     if da is not None:
         da = tokens(sq.gather(da).float(), b_shape)
     return dg, da, dm0

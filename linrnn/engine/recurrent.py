@@ -276,7 +276,7 @@ def _gate_grads(s, do, qdq, kdk, vdv, r_m, dS_T, dn_T, dm_T, dm0, flags: GateFla
     elif g is not None or gi is not None:  # scalar gates: the chunk hosts' helper, per head
         q_dq = _head_rows(qdq) if g is not None else None
         dg, dgi, dm0 = gate_grads(g, gi, do.shape[:3], q_dq, _head_rows(kdk), r_m, S_T, n_T,
-                                  None, dS_T, dn_T, dm_T, s["m0"], dm0, flags)  # fmt: skip
+                                  dS_T, dn_T, dm_T, s["m0"], dm0, flags)  # fmt: skip
     if gv is not None:
         end = None if dS_T is None else (dS_T * S_T).sum(-2)
         dgv = reverse_sum(s["o"].double() * do - vdv, end, flags.offsets)

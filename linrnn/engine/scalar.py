@@ -32,7 +32,14 @@ from linrnn.engine.config import (
     chunk_state_dtype,
     prepare_state,
 )
-from linrnn.engine.gate_grads import final_grads, gate_grads, rows
+from linrnn.engine.gate_grads import (
+    chunk_gate_grads,
+    final_grads,
+    final_term,
+    gate_grads,
+    max_tail,
+    rows,
+)
 from linrnn.engine.host_math import cdiv, next_pow2
 
 # What forward() saves for backward(): the inputs (contiguous; initial states fp32), the outputs,
@@ -102,11 +109,17 @@ def backward_skip(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
     if S0 is not None and cfg.stab:
         dm0 = (dS0 * S0).sum((-2, -1)) + (dn0 * n0).sum(-1)
     dg = dgi = None
-    if cfg.has_decay or cfg.has_igate:
-        dg, dgi, dm0 = gate_grads(
-            g, gi, g.shape if g is not None else gi.shape, q_dq, k_dk, R_M, s["S_T"],
-            s["n_T"], None, dS_T, dn_T, dm_T, m0, dm0, cfg, bnd=bnd,
-        )  # fmt: skip
+    shape = g.shape if g is not None else gi.shape if gi is not None else None
+    if cfg.fused and shape is not None:  # no chunk boundary values: whole-sequence sums
+        dg, dgi, dm0 = gate_grads(g, gi, shape, q_dq, k_dk, R_M, s["S_T"], s["n_T"], dS_T, dn_T,
+                                  dm_T, m0, dm0, cfg)  # fmt: skip
+    elif shape is not None:
+        tail = None
+        if cfg.stab:
+            end = final_term(dS_T, dn_T, s["S_T"], s["n_T"], cfg)
+            tail = max_tail(dm_T, end, (cfg.N, shape[2]), do.device)
+        dg, dgi, dm0 = chunk_gate_grads(s["b"], s["a"], s["mc"], q_dq, k_dk, R_M, bnd, tail, m0,
+                                        dm0, cfg, shape)  # fmt: skip
     if S0 is None:
         dS0 = dn0 = None
     return dq, dk, dv, dg, dgi, dS0, dn0, dm0, dskip
