@@ -21,8 +21,8 @@ Host side (plain Python and PyTorch):
                   intra-chunk kernels on them (docs/DESIGN.md §10).
 * ``delta_recurrent``  the delta rule's recurrent mode (decoding, short sequences), with backward.
 * ``torch_delta``  the delta rule's chunk form in PyTorch.
-* ``gate_grads``  the gate gradients the hosts share: chunk mode's kernel launch, and the
-                  PyTorch sums and max-state routing of the hosts without chunk states.
+* ``gate_grads``  the gate-gradient helpers the hosts share, and the PyTorch sums and
+                  max-state routing of the hosts without chunk states.
 * ``mamba2_gates``  Mamba2's gates g = Δ·A, gi = log Δ from dt (and their gradients) in one
                   Triton kernel each way, for the Triton chunk path.
 * ``custom_ops``  torch.library ops over the hosts' forward/backward, for torch.compile.

@@ -30,9 +30,8 @@ from linrnn.engine.config import (
     delta_chunk_size,
     fp32_contiguous,
 )
-from linrnn.engine.gate_grads import chunk_gate_grads
 from linrnn.engine.host_math import cdiv, next_pow2
-from linrnn.engine.scalar import _chunk_cumsum
+from linrnn.engine.scalar import _chunk_cumsum, chunk_gate_grads
 
 # What forward() saves for backward() (None where the call has no such tensor): the inputs
 # (contiguous; beta, g, S0 fp32), b, A, vn, the chunk states and the final state (the backward

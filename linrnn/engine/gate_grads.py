@@ -1,6 +1,7 @@
 """Gate gradients from the per-tile partial sums the kernels return, shared by the scalar,
-vector and recurrent hosts: in chunk mode one kernel (:func:`chunk_gate_grads`,
-scalar_gate_grad_kernels), elsewhere [B·H, T] reductions in PyTorch (:func:`gate_grads`).
+vector and recurrent hosts: [B·H, T] reductions in PyTorch for the hosts without chunk states
+(chunk mode runs one kernel instead, :func:`linrnn.engine.scalar.chunk_gate_grads`), and the
+helpers both use.
 
 With the max state m held fixed, every log decay g_t enters through the global cumulative sum
 F_t, with +F_t beside q_t and −F_t beside k_t, so
@@ -32,9 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from linrnn._runtime import to_device
-from linrnn.engine import scalar_gate_grad_kernels as kern
-from linrnn.engine.config import GATE_GRAD_TILES
-from linrnn.engine.host_math import cdiv, next_pow2
 
 
 @dataclass(frozen=True)
@@ -163,45 +161,6 @@ def max_tail(dm_T, end, shape, device) -> torch.Tensor:
     if dm_T is not None:
         tail = tail + dm_T.float().reshape(shape)
     return tail if end is None else tail - end
-
-
-def chunk_gate_grads(b, a, mc, q_dq, k_dk, R_M, bnd, tail, m0, dm0, c, shape):
-    """Chunk mode's ∂L/∂g and ∂L/∂gi ([B, T, H] fp32, None for a gate the call lacks) and
-    ∂L/∂m_0 (dm0 plus the part routed to it), in one kernel (scalar_gate_grad_kernels).
-
-    Rows ``[B·H, T]`` fp32: b, a (the chunk-local cumulative log decay and the log input gate,
-    as the forward kept them), q_dq, k_dk (None without the gate they serve), R_M (∂L/∂m_t, or
-    None); bnd ``[B·H, NT]``: ⟨dC, C⟩ + ⟨dn, n⟩ of the state leaving each chunk, the reverse sum
-    of q·dq − k·dk from the chunk's end on (final-state term included), so the long sum
-    restarts at every chunk; mc, tail (:func:`max_tail`) and m0: the max state's, with
-    ``c.stab``. ``c``: the call's ChunkConfig."""
-    if not c.has_decay and not c.stab:
-        return None, tokens(k_dk, shape) if c.has_igate else None, dm0
-    if c.stab and not c.has_igate:
-        raise ValueError("the max state needs an input gate")
-    B, T, H = shape
-    f32 = dict(device=k_dk.device, dtype=torch.float32)
-    dg = torch.empty(B * H, T, **f32) if c.has_decay else None
-    da = torch.empty(B * H, T, **f32) if c.stab else None
-    route = torch.empty(c.N * H, **f32) if c.stab and m0 is not None else None
-    size, num_warps = GATE_GRAD_TILES["scalar"]
-    LP = max(16, next_pow2(c.L))
-    longest = c.NT
-    if c.varlen:
-        longest = max((cdiv(e - s, c.L) for s, e in itertools.pairwise(c.offsets)), default=1)
-    NC = max(2, min(next_pow2(max(longest, 1)), size // LP))
-    spans = 1 if c.stab else cdiv(max(longest, 1), NC)
-    kern.gate_grad_kernel[(spans, c.walkers)](
-        QD=q_dq, KD=k_dk, BND=bnd, G=b, GI=a, MC=mc, DM=R_M, TAIL=tail, DG=dg, DA=da, DM0=route,
-        CO=c.CO, CHUNKS=c.CHUNKS, T=T, H=H, L=c.L, NT=c.NT, NSEQ=c.NSEQ, NC=NC, LP=LP,
-        HAS_DECAY=c.has_decay, HAS_MAX=c.stab, HAS_DM=R_M is not None, HAS_TAIL=tail is not None,
-        HAS_M0=route is not None, VARLEN=c.varlen, num_warps=num_warps,
-    )  # fmt: skip
-    if route is not None:
-        dm0 = dm0 + route.view(c.N, H)
-    if c.has_igate:
-        da = tokens(da if da is not None else k_dk, shape)
-    return (tokens(dg, shape) if dg is not None else None), da, dm0
 
 
 def gate_grads(g, gi, b_shape, q_dq, k_dk, R_M, S_T, n_T, dS_T, dn_T, dm_T, m0, dm0, c):

@@ -6,7 +6,8 @@ autograd Function over them.
     dq, dk, dv, dg, dgi, dS0, dn0, dm0 = backward(saved, cfg, do, dS_T, dn_T, dm_T)
 
 ``saved`` is a dict of the tensors the backward reads (:data:`SAVED`; None where the call does
-not use one, see :func:`kept`). The gate gradients come from the shared host helpers of
+not use one, see :func:`kept`). The gate gradients: in chunk mode one kernel
+(:func:`chunk_gate_grads`, also the delta rule's), in fused_chunk the shared PyTorch sums of
 :mod:`linrnn.engine.gate_grads`. The custom ops of :mod:`linrnn.engine.custom_ops` call the same
 two functions.
 
@@ -17,6 +18,8 @@ o_t += skip[h]·v_t (Mamba2's D·x), inside the output kernel; its gradients (sk
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -24,22 +27,17 @@ from linrnn.engine import fix_pass
 from linrnn.engine import fused_kernels as fused
 from linrnn.engine import group_kernels as group
 from linrnn.engine import group_scores_kernels as gsk
+from linrnn.engine import scalar_gate_grad_kernels as ggk
 from linrnn.engine import scalar_kernels as kern
 from linrnn.engine.config import (
+    GATE_GRAD_TILES,
     GROUP_SCORE_TILES,
     GROUP_TILES,
     ChunkConfig,
     chunk_state_dtype,
     prepare_state,
 )
-from linrnn.engine.gate_grads import (
-    chunk_gate_grads,
-    final_grads,
-    final_term,
-    gate_grads,
-    max_tail,
-    rows,
-)
+from linrnn.engine.gate_grads import final_grads, final_term, gate_grads, max_tail, rows, tokens
 from linrnn.engine.host_math import cdiv, next_pow2
 
 # What forward() saves for backward(): the inputs (contiguous; initial states fp32), the outputs,
@@ -123,6 +121,45 @@ def backward_skip(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
     if S0 is None:
         dS0 = dn0 = None
     return dq, dk, dv, dg, dgi, dS0, dn0, dm0, dskip
+
+
+def chunk_gate_grads(b, a, mc, q_dq, k_dk, R_M, bnd, tail, m0, dm0, c, shape):
+    """Chunk mode's ∂L/∂g and ∂L/∂gi ([B, T, H] fp32, None for a gate the call lacks) and
+    ∂L/∂m_0 (dm0 plus the part routed to it), in one kernel (scalar_gate_grad_kernels).
+
+    Rows ``[B·H, T]`` fp32: b, a (the chunk-local cumulative log decay and the log input gate,
+    as the forward kept them), q_dq, k_dk (None without the gate they serve), R_M (∂L/∂m_t, or
+    None); bnd ``[B·H, NT]``: ⟨dC, C⟩ + ⟨dn, n⟩ of the state leaving each chunk, the reverse sum
+    of q·dq − k·dk from the chunk's end on (final-state term included), so the long sum
+    restarts at every chunk; mc, tail (:func:`max_tail`) and m0: the max state's, with
+    ``c.stab``. ``c``: the call's ChunkConfig."""
+    if not c.has_decay and not c.stab:
+        return None, tokens(k_dk, shape) if c.has_igate else None, dm0
+    if c.stab and not c.has_igate:
+        raise ValueError("the max state needs an input gate")
+    B, T, H = shape
+    f32 = dict(device=k_dk.device, dtype=torch.float32)
+    dg = torch.empty(B * H, T, **f32) if c.has_decay else None
+    da = torch.empty(B * H, T, **f32) if c.stab else None
+    route = torch.empty(c.N * H, **f32) if c.stab and m0 is not None else None
+    size, num_warps = GATE_GRAD_TILES["scalar"]
+    LP = max(16, next_pow2(c.L))
+    longest = c.NT
+    if c.varlen:
+        longest = max((cdiv(e - s, c.L) for s, e in itertools.pairwise(c.offsets)), default=1)
+    NC = max(2, min(next_pow2(max(longest, 1)), size // LP))
+    spans = 1 if c.stab else cdiv(max(longest, 1), NC)
+    ggk.gate_grad_kernel[(spans, c.walkers)](
+        QD=q_dq, KD=k_dk, BND=bnd, G=b, GI=a, MC=mc, DM=R_M, TAIL=tail, DG=dg, DA=da, DM0=route,
+        CO=c.CO, CHUNKS=c.CHUNKS, T=T, H=H, L=c.L, NT=c.NT, NSEQ=c.NSEQ, NC=NC, LP=LP,
+        HAS_DECAY=c.has_decay, HAS_MAX=c.stab, HAS_DM=R_M is not None, HAS_TAIL=tail is not None,
+        HAS_M0=route is not None, VARLEN=c.varlen, num_warps=num_warps,
+    )  # fmt: skip
+    if route is not None:
+        dm0 = dm0 + route.view(c.N, H)
+    if c.has_igate:
+        da = tokens(da if da is not None else k_dk, shape)
+    return (tokens(dg, shape) if dg is not None else None), da, dm0
 
 
 def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig | None = None) -> torch.Tensor:
