@@ -246,10 +246,13 @@ def test_grouped_query_softmax_attention():
 @pytest.mark.parametrize("name", ["gla", "simple_gla", "retention", "rwkv6", "mlstm_exp"])
 def test_layer_on_triton_matches_fp64(name, backend, monkeypatch):
     """fp32 on the Triton kernels (the op and the fused output norm and gate; the interpreter
-    without a GPU) against the fp64 reference layer: the output and every gradient. mLSTM's
-    per-head gate biases sum their gate gradients over every token, and the kernels form those
-    from the identity of DESIGN §6.5, whose fp32 error is absolute: they are held to
-    ``u·Σ_t (‖q_t‖‖dq_t‖ + ‖k_t‖‖dk_t‖)`` per head on top of the relative tolerance."""
+    without a GPU) against the fp64 reference layer: the output and every gradient, within the
+    fp32 tolerance or twice the error of the fp32 reference layer on the same inputs (mLSTM-exp's
+    q/k gradients are that ill-conditioned on some draws). mLSTM's per-head gate biases sum
+    their gate gradients over every token, and the kernels form those from the identity of
+    DESIGN §6.5, whose fp32 error is absolute (the reference's autograd has no such term): they
+    are held to ``u·Σ_t (‖q_t‖‖dq_t‖ + ‖k_t‖‖dk_t‖)`` per head on top of the relative
+    tolerance."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ref = make(name, mode="reference")
     layer = make(name, torch.float32, backend=backend, chunk_size=16)
@@ -280,9 +283,14 @@ def test_layer_on_triton_matches_fp64(name, backend, monkeypatch):
     y = layer(xl)
     (y_ref * dy).sum().backward()
     (y * dy.float().to(device)).sum().backward()
-    assert_close(f"{name} y", y.cpu(), y_ref, torch.float32)
-    assert_close(f"{name} dx", xl.grad.cpu(), xr.grad, torch.float32)
-    params = dict(layer.named_parameters())
+    ref32 = make(name, torch.float32, mode="reference", backend="torch")
+    ref32.load_state_dict(ref.state_dict())
+    x32 = x.float().requires_grad_()
+    y32 = ref32(x32)
+    (y32 * dy.float()).sum().backward()
+    assert_close(f"{name} y", y.cpu(), y_ref, torch.float32, same_dtype_ref=y32.detach())
+    assert_close(f"{name} dx", xl.grad.cpu(), xr.grad, torch.float32, same_dtype_ref=x32.grad)
+    params, params32 = dict(layer.named_parameters()), dict(ref32.named_parameters())
     for key, p in ref.named_parameters():
         if key in ("i_proj.bias", "f_proj.bias"):
             q, k = op_inputs["q"], op_inputs["k"]
@@ -290,7 +298,8 @@ def test_layer_on_triton_matches_fp64(name, backend, monkeypatch):
             assert_decay_grad_close(f"{name} d{key}", params[key].grad.cpu(), p.grad, scale,
                                     torch.float32, factor=1.0)  # fmt: skip
         else:
-            assert_close(f"{name} d{key}", params[key].grad.cpu(), p.grad, torch.float32)
+            assert_close(f"{name} d{key}", params[key].grad.cpu(), p.grad, torch.float32,
+                         same_dtype_ref=params32[key].grad)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", LAYERS)
