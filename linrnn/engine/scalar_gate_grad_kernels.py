@@ -82,10 +82,9 @@ def gate_grad_kernel(
         t = tl.where(m, t, c0[:, None])
         p = row + t
         kd = tl.load(KD + p, mask=m, other=0.0)
-        dg = 0.0 - kd
-        if HAS_DECAY:
-            dg += tl.load(QD + p, mask=m, other=0.0)
-            dg = tl.cumsum(dg, 1) + tl.load(BND + i_bh * NT + i_c, mask=m_c, other=0.0)[:, None]
+        if HAS_DECAY:  # the chunk-local reverse sums (the tile's rows run backward in time)
+            dg = tl.cumsum(tl.load(QD + p, mask=m, other=0.0) - kd, 1)
+            dg += tl.load(BND + i_bh * NT + i_c, mask=m_c, other=0.0)[:, None]
         if HAS_MAX:
             z = tl.load(GI + p, mask=m, other=0.0)
             if HAS_DECAY:
@@ -120,7 +119,8 @@ def gate_grad_kernel(
             b_in = tl.sum(tl.where(prev, b_start[None, :], 0.0), 1)
             b_in = tl.where(o_r == 0, carry, b_in)
             b_t = c_t + k_t * b_in[:, None]
-            dg += tl.where(rec, 0.0, b_t)
+            if HAS_DECAY:
+                dg += tl.where(rec, 0.0, b_t)
             tl.store(DA + p, kd + tl.where(rec, b_t, 0.0), mask=m)
             carry = tl.sum(tl.where(o_r == NC - 1, b_start, 0.0), 0)
             at_start = m & (t == s_start)
