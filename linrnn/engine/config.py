@@ -441,6 +441,7 @@ class ChunkConfig:
         self.N, self.NSEQ = B, 1  # states (sequences) and sequences per row of B·H
         ints = dict(device=q.device, dtype=torch.int32)
         self.CO = self.CHUNKS = torch.zeros(3, **ints)
+        self.longest = max(self.NT, 1)  # chunks of the longest sequence
         if self.varlen:
             self._pack(list(offsets), T, q.device)
         self.rows = B * H  # rows of the gates and chunk states (B = 1 when packed)
@@ -470,6 +471,7 @@ class ChunkConfig:
         c0 = bos[seq] + (torch.arange(NT) - co[seq]) * L
         rows = torch.stack([c0, torch.minimum(c0 + L, eos[seq]), seq], 1)
         self.N, self.NSEQ, self.NT = N, N, max(NT, 1)
+        self.longest = max(int(counts.max()) if N else 0, 1)  # chunks
         self.offsets = offsets
         # Two host tables go to the device, with _runtime.to_device (a blocking copy would wait
         # for every kernel queued before this call); the rest is derived there.

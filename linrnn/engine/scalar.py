@@ -18,8 +18,6 @@ o_t += skip[h]·v_t (Mamba2's D·x), inside the output kernel; its gradients (sk
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.nn.functional as F
 
@@ -144,11 +142,8 @@ def chunk_gate_grads(b, a, mc, q_dq, k_dk, R_M, bnd, tail, m0, dm0, c, shape):
     route = torch.empty(c.N * H, **f32) if c.stab and m0 is not None else None
     size, num_warps = GATE_GRAD_TILES["scalar"]
     LP = max(16, next_pow2(c.L))
-    longest = c.NT
-    if c.varlen:
-        longest = max((cdiv(e - s, c.L) for s, e in itertools.pairwise(c.offsets)), default=1)
-    NC = max(2, min(next_pow2(max(longest, 1)), size // LP))
-    spans = 1 if c.stab else cdiv(max(longest, 1), NC)
+    NC = max(2, min(next_pow2(c.longest), size // LP))
+    spans = 1 if c.stab else cdiv(c.longest, NC)
     ggk.gate_grad_kernel[(spans, c.walkers)](
         QD=q_dq, KD=k_dk, BND=bnd, G=b, GI=a, MC=mc, DM=R_M, TAIL=tail, DG=dg, DA=da, DM0=route,
         CO=c.CO, CHUNKS=c.CHUNKS, T=T, H=H, L=c.L, NT=c.NT, NSEQ=c.NSEQ, NC=NC, LP=LP,
