@@ -109,7 +109,7 @@ def test_gate_grads_match_the_step_loop(B, T, H, L, offsets, tile, stab, ties, n
         x["g"].zero_()
         x["gi"].fill_(0.5)
         x["m0"].fill_(0.5)
-    dq = torch.zeros(B, T, H, 4)
+    dq = torch.zeros(B, T, H, 4, device=DEVICE)  # the chunk tables go to its device
     cfg = ChunkConfig(dq, dq, dq, scale=1.0, has_decay=True, has_igate=True, stabilize=stab,
                       track_n=stab, normalizer="mlstm" if stab else None, eps=1e-6, chunk_size=L,
                       offsets=offsets)  # fmt: skip
