@@ -342,29 +342,39 @@ DELTA_CHUNK_SIZE = 64
 DELTA_MAX_CHUNK = 128
 
 # Per kernel: wy (the solve and W/U of chunks of up to 64 rows, 16-row blocks: K tile of K Kᵀ,
-# K/V tile of W and U, num_warps, num_stages), wy_long (the same for 128-row chunks, 32-row
-# blocks); walk (K block, fp32 state elements per program: sets the V tile, num_warps,
-# num_stages). The wy tiles keep register spills small on sm_90 (ptxas -v at K = V = 128): the
-# 16 × 16 products replicate their operands in every warp, so a narrow K tile bounds what is
-# live; 128-row chunks hold ten fp32 [32, 32] blocks, hence more warps. Two warps for the
-# 64-row chunks: at B8-T8192-H16-K128 bf16 (H100) the delta rule's forward takes 2.30 ms with 2
-# warps, 2.87 with 4 and 5.28 with 8 (one-knob sweep; more programs per SM). The walk holds
-# the whole key dimension in at most four K blocks (K ≤ 256); one pipeline stage, as a second
-# copy of its chunk tiles over all of K overflows shared memory.
-DELTA_TILES = {"wy": (16, 64, 2, 2), "wy_long": (16, 16, 8, 1), "walk": (128, 8192, 4, 1)}
+# K/V tile of W and U, num_warps, num_stages), wy_gated (the same with a log decay), wy_long
+# (128-row chunks, 32-row blocks); walk (K block, fp32 state elements per program: with the K
+# blocks this sets the V tile, num_warps, num_stages for 16-bit inputs; fp32 inputs take one
+# stage, as three need 304 KB of shared memory at K = 256). The wy tiles keep register spills
+# small on sm_90 (ptxas -v at K = V = 128): the 16 × 16 products replicate their operands in
+# every warp, so a narrow K tile bounds what is live; 128-row chunks hold ten fp32 [32, 32]
+# blocks, hence more warps. Two warps for the 64-row chunks (more programs per SM); a 32-wide
+# W/U tile for the gated form only (its forward 0.87-0.95x the time of the 64-wide one on the
+# H200, the plain rule's 1.03-1.04x). The walk in two 64-row K blocks with three pipeline
+# stages: its forward 0.88-0.92x the time of one 128-row block in one stage over both forms
+# and the delta suite's shapes (docs/tuning.md, the delta rule).
+DELTA_TILES = {
+    "wy": (16, 64, 2, 2),
+    "wy_gated": (16, 32, 2, 2),
+    "wy_long": (16, 16, 8, 1),
+    "walk": (64, 8192, 4, 3),
+}
 DELTA_MAX_K = 256
 
 # The delta rule backward's own kernels (delta_bwd_kernels): dv_local (largest V tile, num_warps);
 # walk (largest V tile, fp32 state elements per program: with the K blocks this sets the V tile,
-# halved again for 128-row chunks, num_warps); wy (K and V tile, num_warps) for chunks of up to 64
-# rows, wy_long above. Registers (ptxas, Triton 3.6, sm_90, K = V = 128, L = 64, bf16, gated):
-# dv_local 241, no spills; the walk and wy at these 4 warps 255 with 2.9 and 3.3 KB spilled (on 8
-# warps 1.8 and 0.5 KB; the walk with a 32-wide V tile on 8 warps 0.8 KB): the less spilled forms
-# are not yet timed against these (docs/tuning.md, the delta rule). The walk and the WY kernel run
-# one pipeline stage: a second (or Triton's default third) copy of their per-chunk tiles over the
-# whole K does not fit in sm_90's 227 KiB of shared memory at fp32 or K = 256 (compile_check
-# reports the size).
-DELTA_BWD_TILES = {"dv_local": (128, 8), "walk": (64, 8192, 4), "wy": (64, 4), "wy_long": (32, 8)}
+# halved again for 128-row chunks, num_warps, num_stages); wy (K and V tile, num_warps) for
+# chunks of up to 64 rows, wy_long above. Registers (ptxas, Triton 3.6, sm_90, K = V = 128,
+# L = 64, bf16, gated): dv_local 241, no spills; the walk and wy at these 4 warps 255 with 2.9
+# and 3.3 KB spilled. The less spilled forms (8 warps, 32-wide V tiles) and a second pipeline
+# stage in the walk were timed on the H200 and are slower or mixed (docs/tuning.md, the delta
+# rule); dv_local on 4 warps: 0.96-0.97x the gated backward's time on 8, the plain rule's same.
+DELTA_BWD_TILES = {
+    "dv_local": (128, 4),
+    "walk": (64, 8192, 4, 1),
+    "wy": (64, 4),
+    "wy_long": (32, 8),
+}
 
 
 def delta_chunk_size(value, K: int, V: int, *, family: str = "delta_rule", dtype=None,

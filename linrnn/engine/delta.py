@@ -80,7 +80,7 @@ def solve_wu(k, v, beta, b, cfg: DeltaConfig):
     w = torch.empty(*v.shape[:3], K, device=v.device, dtype=v.dtype)
     u = torch.empty_like(v)
     BS = max(16, cfg.BL // 4)
-    BK, BD, nw, ns = DELTA_TILES["wy" if BS == 16 else "wy_long"]
+    BK, BD, nw, ns = DELTA_TILES["wy_long" if BS > 16 else "wy_gated" if b is not None else "wy"]
     dk.wy_fwd_kernel[(cfg.NT, cfg.rows)](
         k=k, v=v, beta=beta, b=b, A=A, w=w, u=u, chunks=cfg.CHUNKS, T=T, H=cfg.HV, G=cfg.G,
         K=K, V=V, L=cfg.L, NT=cfg.NT, BS=BS, NB=cfg.BL // BS, BK=_tile(K, BK),
@@ -109,6 +109,7 @@ def walk(k, w, u, b, S0, cfg: DeltaConfig):
     BK = max(16, min(BK, next_pow2(K)))
     NKB = cdiv(K, BK)
     BV = max(16, min(64, elems // (NKB * BK), next_pow2(V)))
+    ns = ns if k.element_size() == 2 else 1  # fp32 tiles in several stages overflow shared memory
     dk.walk_fwd_kernel[(cdiv(V, BV), cfg.walkers)](
         k=k, w=w, u=u, b=b, h0=S0, h=states, vn=vn, ht=S_T, co=cfg.CO, chunks=cfg.CHUNKS, T=T,
         H=HV, G=cfg.G, K=K, V=V, L=cfg.L, NT=cfg.NT, BT=cfg.BL, BK=BK, BV=BV, NKB=NKB,
@@ -222,7 +223,7 @@ def _walk_bwd(q, k, beta, b, A, do, dy, states, S_T, dS_T, cfg: DeltaConfig, siz
     decay); dy becomes Aᵀ dvn."""
     K, V = sizes["K"], sizes["V"]
     f32 = dict(device=do.device, dtype=torch.float32)
-    BO, elems, nw = DELTA_BWD_TILES["walk"]
+    BO, elems, nw, ns = DELTA_BWD_TILES["walk"]
     BK = _tile(K, 64)
     NB = cdiv(K, BK)
     BV = _tile(V, max(16, min(BO, elems // (NB * BK), elems // 2 // cfg.BL)))
@@ -234,7 +235,7 @@ def _walk_bwd(q, k, beta, b, A, do, dy, states, S_T, dS_T, cfg: DeltaConfig, siz
         q=q, k=k, beta=beta, g=b, A=A, do=do, dy=dy, h=states, ht=S_T,
         dht=fp32_contiguous(dS_T), dh=dstates, dh0=dS0, bnd=bnd, co=cfg.CO, chunks=cfg.CHUNKS,
         **sizes, scale=cfg.scale, BT=cfg.BL, BK=BK, BV=BV, NB=NB, HAS_DHT=dS_T is not None,
-        **flags, num_warps=nw, num_stages=1,
+        **flags, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return dstates, dS0, (bnd.sum(-1) if bnd is not None else None)
 
