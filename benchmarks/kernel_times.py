@@ -68,7 +68,17 @@ def kernel_times(op: str, shape_id: str, dtype: str = "bf16", iters: int = 5) ->
         o = fwd()
         o.backward(torch.ones_like(o))
 
-    for _ in range(2):  # compile, autotune and allocator warm-up
+    kernels, total = profile(once, iters, device)
+    return dict(op=op, shape=shape_id, dtype=dtype, iters=iters, device=device,
+                kernels=kernels, total_ms=total)  # fmt: skip
+
+
+def profile(once, iters: int, device: str, warmup: int = 2) -> tuple[dict, float]:
+    """``({name: (ms per call, launches per call)}, total ms per call)`` of ``once()`` under
+    ``torch.profiler`` after ``warmup`` calls (compilation, autotuning, the allocator): on CUDA
+    each kernel's device time, elsewhere each top-level CPU operator's (a check of the command,
+    not a timing), largest first."""
+    for _ in range(warmup):
         once()
     activity = torch.profiler.ProfilerActivity
     acts = [activity.CUDA] if device == "cuda" else [activity.CPU]
@@ -91,9 +101,7 @@ def kernel_times(op: str, shape_id: str, dtype: str = "bf16", iters: int = 5) ->
     kernels = {
         n: (round(t / iters / 1e3, 4), launches[n] / iters) for n, t in time_us.most_common()
     }
-    total = round(sum(t for t, _ in kernels.values()), 4)
-    return dict(op=op, shape=shape_id, dtype=dtype, iters=iters, device=device,
-                kernels=kernels, total_ms=total)  # fmt: skip
+    return kernels, round(sum(t for t, _ in kernels.values()), 4)
 
 
 def short_name(name: str, width: int = 58) -> str:

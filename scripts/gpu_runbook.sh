@@ -50,6 +50,11 @@
 #                65,536 tokens per step, TRAIN_SECONDS (20) s of training each, within BUDGET
 #                (540) s into $OUT/train-T<T>.json (loss curves in $OUT/train-T<T>/); the
 #                mixers it had no time for are left to a second call with that JSON
+#   train-profile [T] [MIXER...]
+#                benchmarks/train_profile.py: one training step of the train suite's model per
+#                mixer (all, or MIXER...) at sequence length T (8192) under torch.profiler, its
+#                kernels' time by kind (mixer op, layer glue, GEMMs, optimizer, other PyTorch)
+#                and the host's share, into $OUT/train-profile-T<T>.json
 #   tune ARGS    benchmarks/tune.py ARGS (tile candidates against the shipped tables)
 #   glue         benchmarks/layer_glue.py: the layers' fused norm and gate and short convolution
 #                against their PyTorch forms, per kind, into $OUT/glue.json
@@ -120,7 +125,7 @@ suite_parts() {
     python3 -m linrnn.bench --suite "$suite" --plan --resume --out "$J"  # what is left
 }
 
-stage=${1:?stage: check, paper-rows, kernels, decode, varlen, delta, delta-decode, mamba2, train, tune, glue}
+stage=${1:?stage: check, paper-rows, kernels, decode, varlen, delta, delta-decode, mamba2, train, train-profile, tune, glue}
 case "$stage" in
 check)
     # tests/gpu first and alone (its matrix compiles 78 op × mode × dtype tasks in
@@ -236,6 +241,11 @@ train)
         --triton-cache /tmp/triton-cache-train --commit "$C" 2>&1 | tee -a "$OUT/train-T$T.log"
     echo "train T=$T: rc=${PIPESTATUS[0]} at ${SECONDS} s" | tee -a "$OUT/train-T$T.log"
     python3 -m linrnn.bench --suite train --seq-len "$T" --plan --resume --out "$J"  # what is left
+    ;;
+train-profile)
+    T=${2:-8192}
+    timeout 570 python3 benchmarks/train_profile.py --seq-len "$T" ${3:+--mixers "${@:3}"} \
+        --out "$OUT/train-profile-T$T.json" 2>&1 | tee "$OUT/train-profile-T$T.log"
     ;;
 tune)
     shift

@@ -105,3 +105,15 @@ def test_glue_times_the_layer_glue(tmp_path):
 def test_unknown_stage_exits_2(tmp_path):
     _, res = stage(tmp_path, "bogus")
     assert res.returncode == 2 and "unknown stage" in res.stderr
+
+
+def test_train_profile_takes_a_length_and_mixers(tmp_path):
+    calls, res = stage(tmp_path, "train-profile", "2048", "gla", "rwkv6")
+    assert res.returncode == 0, res.stderr
+    (call,) = [c for c in calls if c and c[0].endswith("train_profile.py")]
+    assert call[call.index("--seq-len") + 1] == "2048"
+    assert call[call.index("--mixers") + 1 :][:2] == ["gla", "rwkv6"]
+    assert call[-1].endswith("train-profile-T2048.json")
+    calls, res = stage(tmp_path, "train-profile")
+    call = [c for c in calls if c and c[0].endswith("train_profile.py")][-1]
+    assert "--mixers" not in call and call[call.index("--seq-len") + 1] == "8192"

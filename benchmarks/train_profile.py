@@ -1,0 +1,197 @@
+"""Where a training step's GPU time goes: one step of the ``train`` suite's model per mixer
+(:mod:`linrnn.bench.training`: the byte-level LM, AdamW and :func:`linrnn.train.train_step`,
+autocast in the benchmark dtype) under ``torch.profiler``, each kernel's device time per step
+(``benchmarks/kernel_times.py``'s measurement), summed by kind:
+
+    mixer      the token mixer's op: linrnn's engine kernels, or SDPA's attention kernels
+    glue       linrnn's layer-glue kernels (norm_gate, short_conv, token_mix)
+    gemm       matrix products (projections, the MLP, the LM head)
+    optimizer  multi-tensor kernels: AdamW's update, gradient clipping's norms
+    torch      every other kernel (elementwise, reductions, copies, the loss)
+
+and the step's wall time (synchronized, without the profiler); "host" is the wall time not
+covered by kernels, where the GPU waited for the host::
+
+    python3 benchmarks/train_profile.py --mixers softmax gla rwkv6 --seq-len 8192 --out p.json
+
+Without a GPU it profiles the suite's CPU model on the PyTorch path, by top-level operator (a
+check of the command, not a timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import importlib.util
+import json
+import pkgutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _kernel_times():
+    """benchmarks/kernel_times.py, this script's neighbour (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "linrnn_kernel_times", Path(__file__).with_name("kernel_times.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+KT = _kernel_times()  # its profile (the per-kernel measurement) and short_name
+KINDS = ("mixer", "glue", "gemm", "optimizer", "torch")
+GLUE_MODULES = ("norm_gate", "short_conv", "token_mix")
+ATTENTION = ("flash", "fmha", "attention")  # SDPA's kernels on CUDA, its operators on the CPU
+GEMM = ("gemm", "xmma", "cutlass", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm",
+        "aten::linear", "aten::matmul", "mmbackward")  # fmt: skip
+OPTIMIZER = ("multi_tensor_apply", "foreach", "adam")
+
+
+def engine_kernels() -> dict[str, str]:
+    """{kernel name: "glue" or "mixer"} for every Triton function of :mod:`linrnn.engine`."""
+    import linrnn.engine
+
+    names = {}
+    for info in pkgutil.iter_modules(linrnn.engine.__path__):
+        try:
+            module = importlib.import_module(f"linrnn.engine.{info.name}")
+        except ImportError:  # no Triton: the CPU path has no engine kernels
+            continue
+        for obj in vars(module).values():
+            fn = getattr(obj, "fn", None)  # a JITFunction's (or the interpreter's) Python body
+            if callable(fn) and getattr(fn, "__module__", None) == module.__name__:
+                names[fn.__name__] = "glue" if info.name in GLUE_MODULES else "mixer"
+    return names
+
+
+def kind_of(name: str, engine: dict[str, str]) -> str:
+    """The kind of one kernel (or CPU operator) by its name."""
+    if name in engine:
+        return engine[name]
+    low = name.lower()
+    for kind, keys in (("mixer", ATTENTION), ("optimizer", OPTIMIZER), ("gemm", GEMM)):
+        if any(k in low for k in keys):
+            return kind
+    return "torch"
+
+
+def build_step(name: str, T: int, B: int, dtype: str, device: str):
+    """``(once, parameters)``: one training step of the suite's model with mixer ``name`` on a
+    fixed batch (the suite's data, model, optimizer and precision)."""
+    from linrnn.bench import training
+    from linrnn.models import CausalLM
+    from linrnn.train import (
+        TrainConfig,
+        get_batch,
+        load_bytes,
+        make_optimizer,
+        model_config,
+        resolve_device,
+        train_step,
+    )
+
+    mixer, kwargs = training.VARIANTS[name]
+    cuda = device == "cuda"
+    size = training.GPU_MODEL if cuda else training.CPU_MODEL
+    amp = {"bf16": "bf16", "fp16": "fp16", "fp32": "off"}[dtype]
+    cfg = TrainConfig(
+        data=str(training._default_data()), mixer=mixer, mixer_kwargs=kwargs,
+        d_model=size["d_model"], num_layers=size["layers"], num_heads=size["heads"], seq_len=T,
+        batch_size=B, steps=1000, lr=1e-3, warmup=2, eval_batches=1, seed=0, device=device,
+        amp=amp, progress=False, plot=False,
+    )  # fmt: skip
+    dev, amp, autocast = resolve_device(cfg)
+    torch.manual_seed(0)
+    data, _ = load_bytes(cfg.data, cfg.val_fraction)
+    backend = None if mixer == "softmax" or cuda else "torch"
+    model = CausalLM(model_config(cfg, backend=backend, chunk_size=None), device=dev)
+    opt = make_optimizer(model, cfg, fused=cuda)
+    scaler = torch.amp.GradScaler(dev.type, enabled=amp == "fp16")
+    x, y = get_batch(data, B, T, torch.Generator().manual_seed(0), dev)
+
+    def once():
+        train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip).item()  # synchronizes
+
+    return once, model.num_parameters()
+
+
+def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int) -> dict:
+    """One row: the step's wall time, its kernels by kind and the largest kernels."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    once, params = build_step(name, T, B, dtype, device)
+    kernels, total = KT.profile(once, steps, device)
+    wall = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        once()
+        wall.append(time.perf_counter() - t0)
+    engine = engine_kernels()
+    kinds = collections.Counter({k: 0.0 for k in KINDS})
+    for kernel, (ms, _n) in kernels.items():
+        kinds[kind_of(kernel, engine)] += ms
+    step_ms = 1e3 * statistics.median(wall)
+    return dict(
+        mixer=name, shape=f"B{B}-T{T}", dtype=dtype, device=device, parameters=params,
+        steps=steps, step_ms=round(step_ms, 3), kernels_ms=total,
+        host_ms=round(max(0.0, step_ms - total), 3),
+        kinds={k: round(kinds[k], 4) for k in KINDS},
+        top=[(k, ms, n, kind_of(k, engine)) for k, (ms, n) in list(kernels.items())[:12]],
+    )  # fmt: skip
+
+
+def print_rows(rows: list) -> None:
+    head = f"{'mixer':<16} {'step ms':>8} {'kernels':>8} " + " ".join(f"{k:>9}" for k in KINDS)
+    print(head + f" {'host':>8}")
+    for r in rows:
+        cells = " ".join(f"{r['kinds'][k]:9.2f}" for k in KINDS)
+        print(f"{r['mixer']:<16} {r['step_ms']:8.2f} {r['kernels_ms']:8.2f} {cells} "
+              f"{r['host_ms']:8.2f}")  # fmt: skip
+    for r in rows:
+        print(f"\n{r['mixer']} {r['shape']} {r['dtype']} ({r['device']}): largest kernels")
+        for kernel, ms, n, kind in r["top"]:
+            print(f"  {KT.short_name(kernel):<58} {ms:9.3f} ms  ×{n:g}  {kind}")
+
+
+def main(argv=None) -> int:
+    from linrnn.bench import training
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mixers", nargs="+", default=list(training.VARIANTS),
+                    choices=list(training.VARIANTS))  # fmt: skip
+    ap.add_argument("--seq-len", type=int, default=8192)
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="sequences per step (default: the suite's tokens per step / T)",
+    )
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    ap.add_argument("--steps", type=int, default=3, help="profiled (and then timed) steps")
+    ap.add_argument("--out", default=None, help="write the rows as JSON")
+    a = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    tokens = training.GPU_TOKENS if cuda else training.CPU_TOKENS
+    B = a.batch or max(1, tokens // a.seq_len)
+    rows = []
+    for name in a.mixers:
+        try:
+            rows.append(profile_mixer(name, a.seq_len, B, a.dtype, a.steps))
+        except Exception as e:  # one failing mixer does not lose the others' rows
+            print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr)
+        if cuda:
+            torch.cuda.empty_cache()
+    print_rows(rows)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
