@@ -368,7 +368,7 @@ DELTA_MAX_K = 256
 # L = 64, bf16, gated): dv_local 241, no spills; the walk and wy at these 4 warps 255 with 2.9
 # and 3.3 KB spilled. The less spilled forms (8 warps, 32-wide V tiles) and a second pipeline
 # stage in the walk were timed on the H200 and are slower or mixed (docs/tuning.md, the delta
-# rule); dv_local on 4 warps: 0.96-0.97x the gated backward's time on 8, the plain rule's same.
+# rule); dv_local on 4 warps: 0.96-0.97x the gated backward's time on 8, the plain one's ~1x.
 DELTA_BWD_TILES = {
     "dv_local": (128, 4),
     "walk": (64, 8192, 4, 1),
