@@ -83,36 +83,20 @@ def kind_of(name: str, engine: dict[str, str]) -> str:
 
 def build_step(name: str, T: int, B: int, dtype: str, device: str):
     """``(once, parameters)``: one training step of the suite's model with mixer ``name`` on a
-    fixed batch (the suite's data, model, optimizer and precision)."""
+    fixed batch (the suite's data, model, optimizer and precision:
+    :func:`linrnn.bench.training.build_run`)."""
     from linrnn.bench import training
-    from linrnn.models import CausalLM
-    from linrnn.train import (
-        TrainConfig,
-        get_batch,
-        load_bytes,
-        make_optimizer,
-        model_config,
-        resolve_device,
-        train_step,
-    )
+    from linrnn.train import get_batch, train_step
 
     mixer, kwargs = training.VARIANTS[name]
     cuda = device == "cuda"
-    size = training.GPU_MODEL if cuda else training.CPU_MODEL
-    amp = {"bf16": "bf16", "fp16": "fp16", "fp32": "off"}[dtype]
-    cfg = TrainConfig(
+    case = dict(
         data=str(training._default_data()), mixer=mixer, mixer_kwargs=kwargs,
-        d_model=size["d_model"], num_layers=size["layers"], num_heads=size["heads"], seq_len=T,
-        batch_size=B, steps=1000, lr=1e-3, warmup=2, eval_batches=1, seed=0, device=device,
-        amp=amp, progress=False, plot=False,
+        **(training.GPU_MODEL if cuda else training.CPU_MODEL), lr=1e-3, warmup=2,
+        eval_batches=1, seed=0, device=device, dtype=dtype,
+        backend=None if mixer == "softmax" or cuda else "torch", chunk=None,
     )  # fmt: skip
-    dev, amp, autocast = resolve_device(cfg)
-    torch.manual_seed(0)
-    data, _ = load_bytes(cfg.data, cfg.val_fraction)
-    backend = None if mixer == "softmax" or cuda else "torch"
-    model = CausalLM(model_config(cfg, backend=backend, chunk_size=None), device=dev)
-    opt = make_optimizer(model, cfg, fused=cuda)
-    scaler = torch.amp.GradScaler(dev.type, enabled=amp == "fp16")
+    cfg, dev, _amp, autocast, model, opt, scaler, data, _ = training.build_run(case, B, T, 1000)
     x, y = get_batch(data, B, T, torch.Generator().manual_seed(0), dev)
 
     def once():

@@ -97,32 +97,26 @@ def _stage(case: dict, name: str) -> None:
         emit({"event": "stage", "stage": name})
 
 
-def train_case(case: dict, item: dict) -> dict:
-    """Train one mixer at ``item["shape"]`` for ``case["train_s"]`` seconds after its first
-    step (or ``case["max_steps"]`` steps); the row of the module docstring."""
+def build_run(case: dict, B: int, T: int, steps: int):
+    """``(cfg, device, amp, autocast, model, opt, scaler, train_data, val_data)``: the
+    trainer's config, model, optimizer and data for one mixer of a case (its keys as
+    :func:`plan` makes them) at B sequences of T tokens, scheduled for ``steps`` steps."""
     import torch
 
     from linrnn.models import CausalLM
     from linrnn.train import (
         TrainConfig,
-        evaluate,
-        get_batch,
         load_bytes,
-        lr_at,
         make_optimizer,
         model_config,
         resolve_device,
-        train_step,
     )
 
-    _stage(case, "build")
-    B, T = parse_run_shape(item["shape"])
-    max_steps = case["max_steps"] or None
     amp = {"bf16": "bf16", "fp16": "fp16", "fp32": "off"}[case["dtype"]]
     cfg = TrainConfig(
         data=case["data"], mixer=case["mixer"], mixer_kwargs=case["mixer_kwargs"],
         d_model=case["d_model"], num_layers=case["layers"], num_heads=case["heads"],
-        seq_len=T, batch_size=B, steps=max_steps or 10**9, lr=case["lr"],
+        seq_len=T, batch_size=B, steps=steps, lr=case["lr"],
         warmup=case["warmup"], eval_batches=case["eval_batches"], seed=case["seed"],
         device=case["device"], amp=amp, progress=False, plot=False,
     )  # fmt: skip
@@ -133,6 +127,22 @@ def train_case(case: dict, item: dict) -> dict:
     model = CausalLM(lm_cfg, device=device)
     opt = make_optimizer(model, cfg, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+    return cfg, device, amp, autocast, model, opt, scaler, train_data, val_data
+
+
+def train_case(case: dict, item: dict) -> dict:
+    """Train one mixer at ``item["shape"]`` for ``case["train_s"]`` seconds after its first
+    step (or ``case["max_steps"]`` steps); the row of the module docstring."""
+    import torch
+
+    from linrnn.train import evaluate, get_batch, lr_at, train_step
+
+    _stage(case, "build")
+    B, T = parse_run_shape(item["shape"])
+    max_steps = case["max_steps"] or None
+    cfg, device, amp, autocast, model, opt, scaler, train_data, val_data = build_run(
+        case, B, T, max_steps or 10**9
+    )
     gen = torch.Generator().manual_seed(cfg.seed)
     cuda = device.type == "cuda"
     if cuda:
