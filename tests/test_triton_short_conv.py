@@ -1,6 +1,6 @@
 """The Triton short convolution (linrnn.engine.short_conv through ShortConvolution with
 backend="triton") against a float64 loop over the taps written here: outputs and the
-gradients of x, the weight and the bias; with and without SiLU and bias, 1 to 4 taps, widths
+gradients of x, the weight and the bias; with and without SiLU and bias, 1 to 16 taps, widths
 below and above one channel tile, more tokens than one backward program takes, x read in place
 from a wider projection, packed sequences (an empty one and ones shorter than the kernel); the
 new cache equals the PyTorch form's; fp32 and bf16."""
@@ -40,6 +40,8 @@ CASES = [  # B, T, D, taps, silu, bias, packed offsets
     (1, 9, 8, 1, True, False, None),
     (1, 45, 48, 4, True, True, [0, 3, 3, 20, 45]),
     (1, 290, 24, 3, False, False, [0, 1, 260, 290]),
+    (1, 150, 40, 8, True, True, [0, 5, 150]),  # the backward's narrower tiles from 8 taps on
+    (2, 50, 24, 16, True, False, None),
 ]
 
 

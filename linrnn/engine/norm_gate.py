@@ -28,16 +28,16 @@ import triton.language as tl
 from linrnn.engine.host_math import cdiv, next_pow2
 
 ACTS = {None: 0, "silu": 1, "sigmoid": 2}
-TILE = 2048  # elements of a program's [BR, BD] tile (or one row, where that is longer)
+TILE = 1024  # elements of a program's [BR, BD] tile (or one row, where that is longer)
 NB = 8  # tiles per backward program (one partial ∂w per NB·BR tokens)
 MAX_D = 8192  # the widest row a program holds (wider rows: the PyTorch form)
 
 
 def _token_tile(D: int) -> tuple[int, int, int]:
-    """(BR, BD, num_warps): tokens per tile (16 up to D = 128), the padded row width, and
-    warps for 8 elements of each [BR, BD] tensor per thread, 16 at the widest rows
-    (docs/tuning.md, "Layer glue": ptxas finds the backward at most 202 registers, spilling
-    at most 24 bytes, at D = 64 and 2048)."""
+    """(BR, BD, num_warps): tokens per tile (16 at D = 64, 8 at 128, 1 from 1024), the padded
+    row width, and warps for 8 elements of each [BR, BD] tensor per thread, 16 at the widest
+    rows (docs/tuning.md, "Layer glue": on the H200 this tile's backward is as fast as a
+    2048-element one at D = 128 and 256 and 1.26x faster at D = 512 and 1024)."""
     BD = next_pow2(D)
     BR = max(1, min(16, TILE // BD))
     return BR, BD, max(4, min(16, BR * BD // 256))
@@ -116,8 +116,8 @@ def norm_gate_bwd_kernel(
     bias = tl.zeros([BD], dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(B + s * WS + o_d, mask=o_d < D, other=0.0).to(tl.float32)
-    dw = tl.zeros([BD], dtype=tl.float32)
-    db = tl.zeros([BD], dtype=tl.float32)
+    dw = tl.zeros([BR, BD], dtype=tl.float32)  # per element: one reduction over tokens, at the end
+    db = tl.zeros([BR, BD], dtype=tl.float32)
     for j in range(NB):
         o_t, o_d, m, px, pz = _tile(sx, sz, i_p * NB + j, s, n, D, BR, BD)
         po = o_t[:, None] * (S * D) + s * D + o_d[None, :]
@@ -133,8 +133,8 @@ def norm_gate_bwd_kernel(
             dz = dy * (xh * w[None, :] + bias[None, :]) * da
             tl.store(DZ + po, dz.to(DZ.dtype.element_ty), mask=m)
             dy = dy * a
-        dw += tl.sum(dy * xh, 0)
-        db += tl.sum(dy, 0)
+        dw += dy * xh
+        db += dy
         dxh = dy * w[None, :]
         dh = dxh - xh * (tl.sum(dxh * xh, 1) / D)[:, None]
         if LAYER:
@@ -145,9 +145,9 @@ def norm_gate_bwd_kernel(
             dh = dh * a
         tl.store(DX + po, dh.to(DX.dtype.element_ty), mask=m)
     part = (i_p * S + s) * D + o_d
-    tl.store(DW + part, dw, mask=o_d < D)
+    tl.store(DW + part, tl.sum(dw, 0), mask=o_d < D)
     if HAS_BIAS:
-        tl.store(DB + part, db, mask=o_d < D)
+        tl.store(DB + part, tl.sum(db, 0), mask=o_d < D)
 
 
 def _rows(t: torch.Tensor, S: int, D: int) -> tuple[torch.Tensor, int]:

@@ -7,9 +7,9 @@ with ``act`` SiLU or none, over ``x [B, T, D]`` channels last (token stride free
 of a wider projection is read in place), or one packed row whose sequences never read each
 other (a sequence index per token). The PyTorch form pads, transposes to ``[B, D, T]`` for
 ``conv1d`` and back, and applies SiLU as its own pass, each way; here the forward is one pass
-and keeps nothing but its inputs, the backward two (∂pre = ∂y·act'(pre), with pre formed again
-from x, then ∂x, ∂w and ∂bias from W shifted reads of ∂pre). ∂w and ∂bias are per-program
-partial sums added on the host in a fixed order.
+and keeps nothing but its inputs, the backward one (∂pre = ∂y·act'(pre) at W shifted tokens,
+pre formed again from x, then ∂x, ∂w and ∂bias). ∂w and ∂bias are per-program partial sums
+added on the host in a fixed order.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import triton.language as tl
 
 from linrnn.engine.host_math import cdiv, next_pow2
 
-# A [BT, BD] tile of 16 × 64: 8 elements of each tile tensor per thread at 4 warps. ptxas
-# (Triton 3.6, sm_90, D = 512, 4 taps): 54-66 registers in the forward, 80-113 in the
-# backward, no spills; 32 × 128 took 209-232 in the forward and spilled 56-108 bytes in the
-# backward, whose W shifted reads are all in flight at once.
-BT = 16  # tokens per tile
-BD_MAX = 64  # channels per tile
-NB = 16  # tiles per backward program (one partial ∂w per NB·BT tokens)
+# A [BT, BD] tile of 16 × 128 on 4 warps; the backward's tile is narrower in tokens from 8
+# taps on (KWP·BT ≤ 64), as its per-element ∂w sums hold KWP·BT·BD fp32 (docs/tuning.md, "Layer glue": on the
+# H200 at 65,536 tokens, D = 512, 4 taps, the forward takes 51 µs with this tile against 147
+# with 16 × 64, the backward 281 µs against 679 for the earlier two-kernel form).
+BT = 16  # tokens per tile (forward; the backward's at 4 taps)
+BD_MAX = 128  # channels per tile
+NB = 8  # tiles per backward program (one partial ∂w per NB·BT tokens)
 MAX_TAPS = 16
 
 
@@ -80,64 +80,56 @@ def short_conv_fwd_kernel(
 
 
 @triton.jit(do_not_specialize=["T"])
-def short_conv_dpre_kernel(
-    X, W, BIAS, SID, DY, DP, T, D, sb, sx,
-    KW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr,
-    VARLEN: tl.constexpr,
-):  # fmt: skip
-    """Grid as the forward's: ∂pre = ∂y·silu'(pre) into DP ``[B, T, D]`` fp32."""
-    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    o_t, o_d, m_t, m_d, sid_t = _rows(SID, i_t, i_d, T, D, BT, BD, VARLEN)
-    pre = _pre(
-        X, W, BIAS, SID, sb, sx, i_b, o_t, o_d, m_t, m_d, sid_t, KW, BT, BD, HAS_BIAS, VARLEN
-    )
-    p = (i_b * T + o_t.to(tl.int64))[:, None] * D + o_d[None, :]
-    m = m_t[:, None] & m_d[None, :]
-    s = tl.sigmoid(pre)
-    dy = tl.load(DY + p, mask=m, other=0.0).to(tl.float32)
-    tl.store(DP + p, dy * s * (1.0 + pre * (1.0 - s)), mask=m)
-
-
-@triton.jit(do_not_specialize=["T"])
 def short_conv_bwd_kernel(
-    X, W, SID, DP, DX, DW, DB, T, D, sb, sx,
+    X, W, BIAS, SID, DY, DX, DW, DB, T, D, sb, sx,
     KW: tl.constexpr, KWP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, NB: tl.constexpr,
-    HAS_BIAS: tl.constexpr, VARLEN: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(T, BT·NB), cdiv(D, BD), B). From DP ``[B, T, D]`` (∂pre, any float dtype):
-    ∂x_s = Σ_j w_j·∂pre_{s+KW−1−j} into DX ``[B, T, D]``, and this program's partial sums
-    ∂w_j = Σ_s x_s·∂pre_{s+KW−1−j} into DW ``[programs, KWP, D]``, ∂bias = Σ ∂pre into DB
-    ``[programs, D]`` (programs = grid 0 × B, fp32), over pairs in one sequence."""
+    """Grid (cdiv(T, BT·NB), cdiv(D, BD), B). With ∂pre_t = ∂y_t·act'(pre_t) (pre formed again
+    from x): ∂x_s = Σ_k w_{KW−1−k}·∂pre_{s+k} into DX ``[B, T, D]``, and this program's partial
+    sums ∂w_j = Σ_t x_{t−(KW−1)+j}·∂pre_t into DW ``[programs, KWP, D]``, ∂bias = Σ ∂pre into
+    DB ``[programs, D]`` (programs = grid 0 × B, fp32), over pairs in one sequence. The
+    partial sums stay per element ([KWP, BT, BD]) until the program's end: one reduction over
+    tokens instead of one per tap and tile."""
     i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    dw = tl.zeros([KWP, BD], dtype=tl.float32)
-    db = tl.zeros([BD], dtype=tl.float32)
     o_j = tl.arange(0, KWP)
     o_d = i_d * BD + tl.arange(0, BD)  # (the loop's own copy is out of scope after it)
+    dw = tl.zeros([KWP, BT, BD], dtype=tl.float32)
+    db = tl.zeros([BT, BD], dtype=tl.float32)
     for n in range(NB):
         o_s, o_d, m_s, m_d, sid_s = _rows(SID, i_p * NB + n, i_d, T, D, BT, BD, VARLEN)
-        m = m_s[:, None] & m_d[None, :]
-        b_x = tl.load(X + i_b * sb + o_s.to(tl.int64)[:, None] * sx + o_d[None, :], mask=m,
-                      other=0.0).to(tl.float32)  # fmt: skip
         dx = tl.zeros([BT, BD], dtype=tl.float32)
-        for k in tl.static_range(KW):  # ∂pre at t = s + k, through tap j = KW − 1 − k
+        for k in tl.static_range(KW):  # ∂pre at t = s + k, through tap KW − 1 − k
             t = o_s + k
             ok = m_s & (t < T)
             if VARLEN:
                 ok &= tl.load(SID + t, mask=ok, other=-1) == sid_s
             p = (i_b * T + t.to(tl.int64))[:, None] * D + o_d[None, :]
-            dp = tl.load(DP + p, mask=ok[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+            dp = tl.load(DY + p, mask=ok[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+            if ACT:
+                pre = _pre(X, W, BIAS, SID, sb, sx, i_b, t, o_d, ok, m_d, sid_s, KW, BT, BD,
+                           HAS_BIAS, VARLEN)  # fmt: skip
+                sg = tl.sigmoid(pre)
+                dp = dp * sg * (1.0 + pre * (1.0 - sg))
             b_w = tl.load(W + o_d * KW + (KW - 1 - k), mask=m_d, other=0.0).to(tl.float32)
             dx += dp * b_w[None, :]
-            dw += tl.where(o_j[:, None] == KW - 1 - k, tl.sum(b_x * dp, 0)[None, :], 0.0)
-            if k == 0:
-                db += tl.sum(dp, 0)
+            if k == 0:  # ∂pre at the tile's own tokens: ∂w and ∂bias
+                db += dp
+                for j in tl.static_range(KW):
+                    src = o_s - (KW - 1) + j
+                    okj = m_s & (src >= 0)
+                    if VARLEN:
+                        okj &= tl.load(SID + src, mask=okj, other=-1) == sid_s
+                    xp = X + i_b * sb + src.to(tl.int64)[:, None] * sx + o_d[None, :]
+                    b_x = tl.load(xp, mask=okj[:, None] & m_d[None, :], other=0.0)
+                    dw += tl.where(o_j[:, None, None] == j, (b_x.to(tl.float32) * dp)[None], 0.0)
         p = (i_b * T + o_s.to(tl.int64))[:, None] * D + o_d[None, :]
-        tl.store(DX + p, dx.to(DX.dtype.element_ty), mask=m)
+        tl.store(DX + p, dx.to(DX.dtype.element_ty), mask=m_s[:, None] & m_d[None, :])
     row = i_b * tl.num_programs(0) + i_p
-    tl.store(DW + (row * KWP + o_j[:, None]) * D + o_d[None, :], dw,
+    tl.store(DW + (row * KWP + o_j[:, None]) * D + o_d[None, :], tl.sum(dw, 1),
              mask=(o_j < KW)[:, None] & (o_d < D)[None, :])  # fmt: skip
     if HAS_BIAS:
-        tl.store(DB + row * D + o_d, db, mask=o_d < D)
+        tl.store(DB + row * D + o_d, tl.sum(db, 0), mask=o_d < D)
 
 
 def _tiles(D: int) -> int:
@@ -172,22 +164,16 @@ class ShortConv(torch.autograd.Function):
         B, T, D = x.shape
         KW, BD = flags["KW"], flags["BD"]
         dy = dy.contiguous()
-        strides = dict(T=T, D=D, sb=x.stride(0), sx=x.stride(1))
-        dp = dy
-        if activation:
-            dp = torch.empty(B, T, D, device=x.device, dtype=torch.float32)
-            short_conv_dpre_kernel[(cdiv(T, BT), cdiv(D, BD), B)](
-                X=x, W=w, BIAS=bias, SID=sid, DY=dy, DP=dp, **strides, **flags,
-            )  # fmt: skip
-        grid = (cdiv(T, BT * NB), cdiv(D, BD), B)
         KWP = next_pow2(KW)
+        BTB = max(1, min(BT, 64 // KWP))  # the per-element ∂w sums: KWP·BT·BD fp32 in registers
+        grid = (cdiv(T, BTB * NB), cdiv(D, BD), B)
         f32 = dict(device=x.device, dtype=torch.float32)
         dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
         dw = torch.empty(B * grid[0], KWP, D, **f32)
         db = torch.empty(B * grid[0], D, **f32) if bias is not None else None
         short_conv_bwd_kernel[grid](
-            X=x, W=w, SID=sid, DP=dp, DX=dx, DW=dw, DB=db, **strides, KWP=KWP, NB=NB,
-            **flags,
+            X=x, W=w, BIAS=bias, SID=sid, DY=dy, DX=dx, DW=dw, DB=db, T=T, D=D, sb=x.stride(0),
+            sx=x.stride(1), KWP=KWP, NB=NB, ACT=activation, **{**flags, "BT": BTB},
         )  # fmt: skip
         dw = dw.sum(0)[:KW].t().reshape(wshape).to(wdtype)
         if db is not None:
