@@ -21,9 +21,10 @@ import triton.language as tl
 from linrnn.engine.host_math import cdiv, next_pow2
 
 # A [BT, BD] tile of 16 × 128 on 4 warps; the backward's tile is narrower in tokens from 8
-# taps on (KWP·BT ≤ 64), as its per-element ∂w sums hold KWP·BT·BD fp32 (docs/tuning.md, "Layer glue": on the
-# H200 at 65,536 tokens, D = 512, 4 taps, the forward takes 51 µs with this tile against 147
-# with 16 × 64, the backward 281 µs against 679 for the earlier two-kernel form).
+# taps on (KWP·BT ≤ 64), as its per-element ∂w sums hold KWP·BT·BD fp32 (docs/tuning.md,
+# "Layer glue": on the H200 at 65,536 tokens, D = 512, 4 taps, the forward takes 51 µs with
+# this tile against 147 with 16 × 64, the backward 281 µs against 679 for the earlier
+# two-kernel form).
 BT = 16  # tokens per tile (forward; the backward's at 4 taps)
 BD_MAX = 128  # channels per tile
 NB = 8  # tiles per backward program (one partial ∂w per NB·BT tokens)
