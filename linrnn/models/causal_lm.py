@@ -70,7 +70,8 @@ class LMConfig:
         embed_norm: normalize the embeddings before the first block (RWKV's ``ln0``).
         norm_eps: epsilon of those norms.
         init_std: standard deviation of the embedding, MLP and head initialization.
-        mode, chunk_size, backend: passed to every linear mixer's op.
+        mode, chunk_size, backend: passed to every linear mixer's op; backend also to the
+            norms and the SwiGLU activation (their glue kernels).
     """
 
     vocab_size: int = 256
@@ -133,8 +134,10 @@ class Block(nn.Module):
         self.mixer_norm = make_norm(c, **kw)
         self.mixer = MIXERS[c.mixer](c.d_model, c.num_heads, layer_idx=layer_idx, **extra, **kw)
         self.mlp_norm = make_norm(c, **kw)
-        mlp = SwiGLU if c.mlp == "swiglu" else RWKVChannelMix
-        self.mlp = mlp(c.d_model, c.mlp_hidden, **kw)
+        if c.mlp == "swiglu":
+            self.mlp = SwiGLU(c.d_model, c.mlp_hidden, backend=c.backend, **kw)
+        else:
+            self.mlp = RWKVChannelMix(c.d_model, c.mlp_hidden, **kw)
 
     def forward(self, x: Tensor, attention_mask=None, cache: Cache | None = None) -> Tensor:
         """``attention_mask``: None or the model's :class:`~linrnn.layers.Packing` (padding

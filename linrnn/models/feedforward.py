@@ -10,15 +10,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linrnn.layers.common import Packing, token_shift
+from linrnn.layers.common import Packing, glue_on_triton, token_shift
+
+try:  # the fused gated activation
+    from linrnn.engine import swiglu as triton_swiglu
+except ImportError:
+    triton_swiglu = None
 
 
 class SwiGLU(nn.Module):
-    """``W_down (silu(x W_gate) ⊙ x W_up)``."""
+    """``W_down (silu(x W_gate) ⊙ x W_up)``, with ``W_gate`` and ``W_up`` one projection.
 
-    def __init__(self, d_model: int, hidden: int, device=None, dtype=None) -> None:
+    Eager calls on a GPU (``backend`` None or "triton"; on CPU tensors "triton" under the
+    Triton interpreter) form ``silu(g) ⊙ u`` in one Triton pass each way
+    (:mod:`linrnn.engine.swiglu`, fp32 inside, rounded once); otherwise, and while
+    ``torch.compile`` traces, the PyTorch form."""
+
+    def __init__(self, d_model: int, hidden: int, device=None, dtype=None,
+                 backend: str | None = None) -> None:  # fmt: skip
         super().__init__()
         kw = {"device": device, "dtype": dtype}
+        self.backend = backend
         self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False, **kw)
         self.down = nn.Linear(hidden, d_model, bias=False, **kw)
 
@@ -29,7 +41,10 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor, packing: Packing | None = None, entry=None):
         """``(y, None)``: position-wise, it keeps nothing in the cache."""
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        gu = self.gate_up(x)
+        if triton_swiglu is not None and gu.numel() and glue_on_triton(self.backend, gu):
+            return self.down(triton_swiglu.swiglu(gu)), None
+        gate, up = gu.chunk(2, dim=-1)
         return self.down(F.silu(gate) * up), None
 
 
