@@ -123,6 +123,7 @@ def _calls(linrnn, torch, F):
         yield from _norm_gates(torch, dt)
         yield from _short_convs(torch, dt)
         yield from _token_mixes(torch, dt)
+        yield from _swiglus(torch, dt)
 
 
 def _norm_gates(torch, dt):
@@ -144,16 +145,29 @@ def _norm_gates(torch, dt):
 
 
 def _short_convs(torch, dt):
-    """The layers' short convolution: with and without SiLU and bias, dense and packed."""
+    """The layers' short convolution: with and without SiLU and bias, dense and packed, 4 taps
+    and the most (16: the backward's narrowest token tile)."""
     from linrnn.layers.conv import ShortConvolution
 
-    for act, bias, cu in (("silu", False, None), (None, True, [0, 7, 20])):
-        conv = ShortConvolution(48, 4, act, bias)
+    for act, bias, cu, taps in (("silu", False, None, 4), (None, True, [0, 7, 20], 4),
+                                ("silu", True, None, 16)):  # fmt: skip
+        conv = ShortConvolution(48, taps, act, bias)
 
         def op(x, conv=conv, cu=cu):
             return conv(x, cu_seqlens=cu, backend="triton")
 
         yield (op, (torch.randn(1, 20, 48, dtype=dt).requires_grad_(),), {})
+
+
+def _swiglus(torch, dt):
+    """The models' SwiGLU activation from its packed projection (a width that is not a
+    multiple of the channel tile)."""
+    from linrnn.engine.swiglu import swiglu
+
+    def op(gu):
+        return swiglu(gu), None
+
+    yield (op, (torch.randn(1, 20, 2 * 200, dtype=dt).requires_grad_(),), {})
 
 
 def _token_mixes(torch, dt):

@@ -20,8 +20,9 @@ import triton.language as tl
 
 from linrnn.engine.host_math import cdiv
 
-BR = 16  # rows (tokens) per tile
-BH = 128  # channels per tile: [16, 128] on 4 warps, 16 elements of each tensor per thread
+BR = 8  # rows (tokens) per tile
+BH = 128  # channels per tile: [8, 128] on 4 warps, 8 elements of each tensor per thread
+# (ptxas, sm_90: the backward took 146-193 registers at [16, 128], two programs per SM)
 
 
 @triton.jit
@@ -33,18 +34,18 @@ def _sigmoid(g):
 
 @triton.jit
 def _tile(s_gu, i_r, i_h, n, HD, BR: tl.constexpr, BH: tl.constexpr):
-    """The mask of a [BR, BH] tile and the offsets of its g in gu and of its h."""
+    """The mask of a [BR, BH] tile, the offsets of its g in gu and of its h, and its rows."""
     o_r = (i_r * BR + tl.arange(0, BR)).to(tl.int64)
     o_h = i_h * BH + tl.arange(0, BH)
     m = (o_r < n)[:, None] & (o_h < HD)[None, :]
-    return m, o_r[:, None] * s_gu + o_h[None, :], o_r[:, None] * HD + o_h[None, :]
+    return m, o_r[:, None] * s_gu + o_h[None, :], o_r[:, None] * HD + o_h[None, :], o_r, o_h
 
 
 @triton.jit(do_not_specialize=["n"])
 def swiglu_fwd_kernel(GU, H, n, HD, s_gu, BR: tl.constexpr, BH: tl.constexpr):
     """Grid (cdiv(n, BR), cdiv(HD, BH)). GU rows at stride s_gu (g at column c, u at HD + c);
     H ``[n, HD]`` contiguous."""
-    m, pg, ph = _tile(s_gu, tl.program_id(0), tl.program_id(1), n, HD, BR, BH)
+    m, pg, ph, _, _ = _tile(s_gu, tl.program_id(0), tl.program_id(1), n, HD, BR, BH)
     g = tl.load(GU + pg, mask=m, other=0.0).to(tl.float32)
     u = tl.load(GU + pg + HD, mask=m, other=0.0).to(tl.float32)
     tl.store(H + ph, (g * _sigmoid(g) * u).to(H.dtype.element_ty), mask=m)
@@ -53,12 +54,12 @@ def swiglu_fwd_kernel(GU, H, n, HD, s_gu, BR: tl.constexpr, BH: tl.constexpr):
 @triton.jit(do_not_specialize=["n"])
 def swiglu_bwd_kernel(GU, DH, DGU, n, HD, s_gu, BR: tl.constexpr, BH: tl.constexpr):
     """Grid as the forward's. DH ``[n, HD]`` contiguous, DGU ``[n, 2·HD]`` contiguous."""
-    m, pg, ph = _tile(s_gu, tl.program_id(0), tl.program_id(1), n, HD, BR, BH)
+    m, pg, ph, o_r, o_h = _tile(s_gu, tl.program_id(0), tl.program_id(1), n, HD, BR, BH)
     g = tl.load(GU + pg, mask=m, other=0.0).to(tl.float32)
     u = tl.load(GU + pg + HD, mask=m, other=0.0).to(tl.float32)
     dh = tl.load(DH + ph, mask=m, other=0.0).to(tl.float32)
     s = _sigmoid(g)
-    pd = ph + (ph // HD) * HD  # row r, column c of ∂gu: r·2HD + c
+    pd = o_r[:, None] * (2 * HD) + o_h[None, :]
     tl.store(DGU + pd, (dh * u * s * (1.0 + g * (1.0 - s))).to(DGU.dtype.element_ty), mask=m)
     tl.store(DGU + pd + HD, (dh * g * s).to(DGU.dtype.element_ty), mask=m)
 
