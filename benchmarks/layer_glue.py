@@ -12,7 +12,9 @@ Kinds: ``rms+silu`` (GLA, simple GLA, retention, DeltaNet), ``layer+silu`` (RWKV
 models' block norm, no gate, one row per token), ``conv`` (DeltaNet's q, k, v convolutions:
 4 taps, SiLU, one per channel of the width), ``conv+bias`` (Mamba2's, over x, B and C: the
 width plus 256 channels, with a bias), ``token mix`` (RWKV6's five data-dependent
-interpolations of x and the previous token). Inputs bf16 (the op's output and the gate
+interpolations of x and the previous token), ``swiglu`` (the models' SwiGLU activation
+silu(g)·u from the packed projection [g | u], hidden width 8/3 of the width rounded up to a
+multiple of 32, as the models'). Inputs bf16 (the op's output and the gate
 projection), fp32 weights, as under autocast. Times are medians of
 ``triton.testing.do_bench`` on a GPU (``time.perf_counter`` means without one: the PyTorch
 form only, a check of the command, not a timing). "saved MiB": the bytes autograd holds
@@ -32,6 +34,7 @@ import torch
 from linrnn.layers.common import norm_gate
 from linrnn.layers.conv import ShortConvolution
 from linrnn.layers.rwkv6 import RWKV6TimeMix
+from linrnn.models.feedforward import swiglu
 
 KINDS = {  # name: (layer, act, gate_first, bias, heads?) of a norm, or "conv" and its bias
     "rms+silu": (False, "silu", False, False, True),
@@ -42,6 +45,7 @@ KINDS = {  # name: (layer, act, gate_first, bias, heads?) of a norm, or "conv" a
     "conv": ("conv", False),
     "conv+bias": ("conv", True),
     "token mix": ("token mix",),
+    "swiglu": ("swiglu",),
 }
 WIDTHS = ((4, 128), (16, 128))  # (heads, head dim)
 
@@ -89,6 +93,11 @@ def case(kind: str, tokens: int, heads: int, dim: int, device: str):
                 return torch.stack(layer.interpolations(x, None, None))
 
         return [x, layer.mu_x, layer.mu, layer.mix_a, layer.mix_b], mixes
+    if kind == "swiglu":
+        hidden = 32 * -(-8 * heads * dim // 96)
+        gu = torch.randn(tokens, 2 * hidden, device=device, dtype=torch.bfloat16)
+        gu.requires_grad_()
+        return [gu], lambda backend: swiglu(gu, backend)
     if KINDS[kind][0] == "conv":
         bias = KINDS[kind][1]
         width = heads * dim + (256 if bias else 0)
@@ -117,8 +126,8 @@ def case(kind: str, tokens: int, heads: int, dim: int, device: str):
 
 def measure(kind, tokens, heads, dim, device, backends) -> list[dict]:
     leaves, forward = case(kind, tokens, heads, dim, device)
-    dy = torch.randn(leaves[0].numel() * (5 if kind == "token mix" else 1), device=device,
-                     dtype=torch.bfloat16)  # fmt: skip
+    scale = {"token mix": 5, "swiglu": 0.5}.get(kind, 1)  # output elements per input element
+    dy = torch.randn(int(leaves[0].numel() * scale), device=device, dtype=torch.bfloat16)
     timed = _timer(device)
     rows = []
     for backend in backends:

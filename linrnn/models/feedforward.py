@@ -41,11 +41,16 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor, packing: Packing | None = None, entry=None):
         """``(y, None)``: position-wise, it keeps nothing in the cache."""
-        gu = self.gate_up(x)
-        if triton_swiglu is not None and gu.numel() and glue_on_triton(self.backend, gu):
-            return self.down(triton_swiglu.swiglu(gu)), None
-        gate, up = gu.chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up), None
+        return self.down(swiglu(self.gate_up(x), self.backend)), None
+
+
+def swiglu(gu: Tensor, backend: str | None = None) -> Tensor:
+    """``silu(g) ⊙ u`` of the packed projection ``gu = [g | u]`` (``[..., 2H]``), in gu's
+    dtype: one Triton pass each way on a GPU (see :class:`SwiGLU`), else the PyTorch form."""
+    if triton_swiglu is not None and gu.numel() and glue_on_triton(backend, gu):
+        return triton_swiglu.swiglu(gu)
+    gate, up = gu.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class RWKVChannelMix(nn.Module):
