@@ -4,7 +4,7 @@ autocast in the benchmark dtype) under ``torch.profiler``, each kernel's device 
 (``benchmarks/kernel_times.py``'s measurement), summed by kind:
 
     mixer      the token mixer's op: linrnn's engine kernels, or SDPA's attention kernels
-    glue       linrnn's layer-glue kernels (norm_gate, short_conv, token_mix)
+    glue       linrnn's layer-glue kernels (norm_gate, short_conv, token_mix, swiglu)
     gemm       matrix products (projections, the MLP, the LM head)
     optimizer  multi-tensor kernels: AdamW's update, gradient clipping's norms
     torch      every other kernel (elementwise, reductions, copies, the loss)
@@ -46,7 +46,7 @@ def _kernel_times():
 
 KT = _kernel_times()  # its profile (the per-kernel measurement) and short_name
 KINDS = ("mixer", "glue", "gemm", "optimizer", "torch")
-GLUE_MODULES = ("norm_gate", "short_conv", "token_mix")
+GLUE_MODULES = ("norm_gate", "short_conv", "token_mix", "swiglu")
 ATTENTION = ("flash", "fmha", "attention")  # SDPA's kernels on CUDA, its operators on the CPU
 GEMM = ("gemm", "xmma", "cutlass", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm",
         "aten::linear", "aten::matmul", "mmbackward")  # fmt: skip

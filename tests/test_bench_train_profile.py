@@ -29,6 +29,7 @@ def test_kinds_by_name():
     tp = benchmark_script("train_profile")
     engine = tp.engine_kernels()
     assert engine["norm_gate_fwd_kernel"] == "glue" and engine["short_conv_fwd_kernel"] == "glue"
+    assert engine["swiglu_bwd_kernel"] == "glue"
     assert engine["states_fwd_kernel"] == "mixer" and engine["wy_fwd_kernel"] == "mixer"
     cases = {
         "states_bwd_kernel": "mixer",
