@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import rel_err
 
-from linrnn.models.feedforward import SwiGLU
+from linrnn.models.feedforward import SwiGLU, swiglu
 
 eng = pytest.importorskip("linrnn.engine.swiglu")  # (needs triton)
 
@@ -74,3 +74,9 @@ def test_module_paths_agree():
         outs.append((y, *grads))
     for a, b in zip(*outs):
         assert rel_err(a.double().cpu(), b.double().cpu()) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_odd_width_is_refused(backend):
+    with pytest.raises(ValueError, match=r"even.*\(2, 5\)"):
+        swiglu(torch.randn(2, 5, device=DEVICE), backend)

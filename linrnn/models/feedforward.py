@@ -47,6 +47,10 @@ class SwiGLU(nn.Module):
 def swiglu(gu: Tensor, backend: str | None = None) -> Tensor:
     """``silu(g) ⊙ u`` of the packed projection ``gu = [g | u]`` (``[..., 2H]``), in gu's
     dtype: one Triton pass each way on a GPU (see :class:`SwiGLU`), else the PyTorch form."""
+    if gu.dim() == 0 or gu.shape[-1] % 2:
+        raise ValueError(
+            f"swiglu: the last dimension must be even ([g | u]), got {tuple(gu.shape)}"
+        )
     if triton_swiglu is not None and gu.numel() and glue_on_triton(backend, gu):
         return triton_swiglu.swiglu(gu)
     gate, up = gu.chunk(2, dim=-1)
