@@ -41,7 +41,7 @@ CASES = [  # B, T, D, taps, silu, bias, packed offsets
     (1, 45, 48, 4, True, True, [0, 3, 3, 20, 45]),
     (1, 290, 24, 3, False, False, [0, 1, 260, 290]),
     (1, 150, 40, 8, True, True, [0, 5, 150]),  # the backward's narrower tiles from 8 taps on
-    (2, 50, 24, 16, True, False, None),
+    (1, 40, 8, 16, True, False, None),  # 4-token tiles: two backward programs
 ]
 
 
