@@ -105,13 +105,14 @@ def build_step(name: str, T: int, B: int, dtype: str, device: str):
     return once, model.num_parameters()
 
 
-def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int) -> dict:
-    """One row: the step's wall time, its kernels by kind and the largest kernels."""
+def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int, timed: int = 10) -> dict:
+    """One row: the step's wall time (the median of ``timed`` steps after the profiled ones),
+    its kernels by kind (over ``steps`` profiled steps) and the largest kernels."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     once, params = build_step(name, T, B, dtype, device)
     kernels, total = KT.profile(once, steps, device)
     wall = []
-    for _ in range(steps):
+    for _ in range(timed):
         t0 = time.perf_counter()
         once()
         wall.append(time.perf_counter() - t0)
@@ -122,7 +123,7 @@ def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int) -> dict:
     step_ms = 1e3 * statistics.median(wall)
     return dict(
         mixer=name, shape=f"B{B}-T{T}", dtype=dtype, device=device, parameters=params,
-        steps=steps, step_ms=round(step_ms, 3), kernels_ms=total,
+        steps=steps, timed_steps=timed, step_ms=round(step_ms, 3), kernels_ms=total,
         host_ms=round(max(0.0, step_ms - total), 3),
         kinds={k: round(kinds[k], 4) for k in KINDS},
         top=[(k, ms, n, kind_of(k, engine)) for k, (ms, n) in list(kernels.items())[:12]],
@@ -156,7 +157,13 @@ def main(argv=None) -> int:
         help="sequences per step (default: the suite's tokens per step / T)",
     )
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
-    ap.add_argument("--steps", type=int, default=3, help="profiled (and then timed) steps")
+    ap.add_argument("--steps", type=int, default=3, help="profiled steps")
+    ap.add_argument(
+        "--timed-steps",
+        type=int,
+        default=10,
+        help="steps timed without the profiler after them (their median)",
+    )
     ap.add_argument("--out", default=None, help="write the rows as JSON")
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -165,7 +172,7 @@ def main(argv=None) -> int:
     rows = []
     for name in a.mixers:
         try:
-            rows.append(profile_mixer(name, a.seq_len, B, a.dtype, a.steps))
+            rows.append(profile_mixer(name, a.seq_len, B, a.dtype, a.steps, a.timed_steps))
         except Exception as e:  # one failing mixer does not lose the others' rows
             print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr)
         if cuda:

@@ -13,11 +13,12 @@ def test_rows_add_up(tmp_path):
     tp = benchmark_script("train_profile")
     out = tmp_path / "p.json"
     assert tp.main(["--mixers", "softmax", "simple_gla", "--seq-len", "32", "--steps", "1",
-                    "--out", str(out)]) == 0  # fmt: skip
+                    "--timed-steps", "2", "--out", str(out)]) == 0  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
     assert [r["mixer"] for r in rows] == ["softmax", "simple_gla"]
     for r in rows:
         assert r["step_ms"] > 0 and r["kernels_ms"] > 0 and r["parameters"] > 0
+        assert r["steps"] == 1 and r["timed_steps"] == 2
         assert set(r["kinds"]) == set(tp.KINDS)
         assert abs(sum(r["kinds"].values()) - r["kernels_ms"]) < 1e-2
         assert r["shape"] == "B8-T32"  # the suite's 256 CPU tokens per step
