@@ -32,6 +32,18 @@ MAX_TAPS = 16
 
 
 @triton.jit
+def _tap(X, SID, sb, sx, i_b, o_t, o_d, m_t, m_d, sid_t, j, KW: tl.constexpr,
+         VARLEN: tl.constexpr):  # fmt: skip
+    """x at tap j of tokens o_t: x_{t−(KW−1)+j} [BT, BD] fp32, 0 before t's sequence."""
+    src = o_t - (KW - 1) + j
+    ok = m_t & (src >= 0)
+    if VARLEN:
+        ok &= tl.load(SID + src, mask=ok, other=-1) == sid_t
+    p = X + i_b * sb + src.to(tl.int64)[:, None] * sx + o_d[None, :]
+    return tl.load(p, mask=ok[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _pre(
     X, W, BIAS, SID, sb, sx, i_b, o_t, o_d, m_t, m_d, sid_t, KW: tl.constexpr, BT: tl.constexpr,
     BD: tl.constexpr, HAS_BIAS: tl.constexpr, VARLEN: tl.constexpr,
@@ -41,12 +53,7 @@ def _pre(
     if HAS_BIAS:
         acc += tl.load(BIAS + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
     for j in tl.static_range(KW):
-        src = o_t - (KW - 1) + j
-        ok = m_t & (src >= 0)
-        if VARLEN:
-            ok &= tl.load(SID + src, mask=ok, other=-1) == sid_t
-        p = X + i_b * sb + src.to(tl.int64)[:, None] * sx + o_d[None, :]
-        b_x = tl.load(p, mask=ok[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+        b_x = _tap(X, SID, sb, sx, i_b, o_t, o_d, m_t, m_d, sid_t, j, KW, VARLEN)
         b_w = tl.load(W + o_d * KW + j, mask=m_d, other=0.0).to(tl.float32)
         acc += b_x * b_w[None, :]
     return acc
@@ -116,14 +123,9 @@ def short_conv_bwd_kernel(
             dx += dp * b_w[None, :]
             if k == 0:  # ∂pre at the tile's own tokens: ∂w and ∂bias
                 db += dp
-                for j in tl.static_range(KW):
-                    src = o_s - (KW - 1) + j
-                    okj = m_s & (src >= 0)
-                    if VARLEN:
-                        okj &= tl.load(SID + src, mask=okj, other=-1) == sid_s
-                    xp = X + i_b * sb + src.to(tl.int64)[:, None] * sx + o_d[None, :]
-                    b_x = tl.load(xp, mask=okj[:, None] & m_d[None, :], other=0.0)
-                    dw += tl.where(o_j[:, None, None] == j, (b_x.to(tl.float32) * dp)[None], 0.0)
+                for j in tl.static_range(KW):  # (the taps _pre read: from the cache)
+                    b_x = _tap(X, SID, sb, sx, i_b, o_s, o_d, m_s, m_d, sid_s, j, KW, VARLEN)
+                    dw += tl.where(o_j[:, None, None] == j, (b_x * dp)[None], 0.0)
         p = (i_b * T + o_s.to(tl.int64))[:, None] * D + o_d[None, :]
         tl.store(DX + p, dx.to(DX.dtype.element_ty), mask=m_s[:, None] & m_d[None, :])
     row = i_b * tl.num_programs(0) + i_p

@@ -112,5 +112,5 @@ class SwiGLUFn(torch.autograd.Function):
 
 def swiglu(gu: torch.Tensor) -> torch.Tensor:
     """``silu(g)·u`` of ``gu = [g | u]`` (``[..., 2H]``, fp16, bf16 or fp32), in gu's dtype.
-    (Arguments checked by the caller, :class:`linrnn.models.feedforward.SwiGLU`.)"""
+    (Arguments checked by the caller, :func:`linrnn.models.feedforward.swiglu`.)"""
     return SwiGLUFn.apply(gu)
