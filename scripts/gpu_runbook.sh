@@ -23,6 +23,10 @@
 #                fwd+bwd, with `linrnn bench`; with OTHER (a second checkout carried along, e.g.
 #                `git worktree add .base <commit>`), the same rows from it, then a table of
 #                this tree's times over OTHER's
+#   heads [SHAPE...]
+#                linrnn bench --suite heads (B=8, T=8192 at four head layouts) at the shapes
+#                named, or all four: linrnn's rows, then the engine families' chunk peers, in
+#                parts within BUDGET (540) s into $OUT/heads.json; HEADS_JSON=<json> resumes it
 #   kernels [OTHER]
 #                benchmarks/kernel_times.py: each kernel's GPU time in one forward+backward of
 #                the ops KT_OPS at the shapes KT_SHAPES (default: the paper suite's engine ops at
@@ -92,40 +96,43 @@ paper_rows() {  # <checkout> <json> <label>: the paper suite's linrnn chunk rows
         ${PAPER_SHAPES:+--shapes $PAPER_SHAPES} --out "$2" --quiet)
 }
 
+# part <suite> <json> <budget s> <timeout per item s> <--ops arguments...>: one part of a
+# suite with --resume --time-budget into the JSON (its log beside it, .log for .json)
+part() {
+    local suite=$1 J=$2 budget=$3 item=$4
+    shift 4
+    if [ "$budget" -lt 30 ]; then
+        echo "$suite: ${budget} s left for --ops $*: skipped (run again with the JSON)"
+        return 0
+    fi
+    timeout -k 10 $((budget + 30)) python3 -u -m linrnn.bench --suite "$suite" --ops "$@" \
+        --resume --out "$J" --time-budget "$budget" --timeout "$item" --commit "$C" 2>&1 |
+        tee -a "${J%.json}.log"
+    echo "$suite --ops $*: rc=${PIPESTATUS[0]} at ${SECONDS} s" | tee -a "${J%.json}.log"
+}
+
 # suite_parts <suite> <json to resume or ""> <linrnn item timeout> <peer item timeout>
 #             <seconds the peer part needs>: the suite's linrnn ops, then its peers when enough
 # of BUDGET is left, each with --resume --time-budget into $OUT/<suite>.json (log beside it),
 # then the plan of what is left (run the stage again with that JSON for the rest).
 suite_parts() {
     local suite=$1 previous=$2 lin_item=$3 peer_item=$4 peer_need=$5
-    local J="$OUT/$suite.json" L="$OUT/$suite.log"
+    local J="$OUT/$suite.json"
     if [ -n "$previous" ]; then
         cp "$previous" "$J" && chmod u+w "$J" || exit 2
     fi
     BUDGET=${BUDGET:-520}
-    part() {  # <budget s> <timeout per item s> <ops...>
-        local budget=$1 item=$2
-        shift 2
-        if [ "$budget" -lt 30 ]; then
-            echo "$suite: ${budget} s left for --ops $*: skipped (run again with the JSON)"
-            return 0
-        fi
-        timeout -k 10 $((budget + 30)) python3 -u -m linrnn.bench --suite "$suite" --ops "$@" \
-            --resume --out "$J" --time-budget "$budget" --timeout "$item" --commit "$C" 2>&1 |
-            tee -a "$L"
-        echo "$suite --ops $*: rc=${PIPESTATUS[0]} at ${SECONDS} s" | tee -a "$L"
-    }
-    part $((BUDGET - SECONDS - 10)) "$lin_item" linrnn
+    part "$suite" "$J" $((BUDGET - SECONDS - 10)) "$lin_item" linrnn
     local left=$((BUDGET - SECONDS - 10))
     if [ "$left" -ge "$peer_need" ]; then
-        part "$left" "$peer_item" peers
+        part "$suite" "$J" "$left" "$peer_item" peers
     else
         echo "$suite: ${left} s left: the peers' part waits for the next call"
     fi
     python3 -m linrnn.bench --suite "$suite" --plan --resume --out "$J"  # what is left
 }
 
-stage=${1:?stage: check, paper-rows, kernels, decode, varlen, delta, delta-decode, mamba2, train, train-profile, tune, glue}
+stage=${1:?stage: check, paper-rows, heads, kernels, decode, varlen, delta, delta-decode, mamba2, train, train-profile, tune, glue}
 case "$stage" in
 check)
     # tests/gpu first and alone (its matrix compiles 78 op × mode × dtype tasks in
@@ -212,6 +219,29 @@ decode)
     ;;
 varlen)
     suite_parts varlen "${2:-}" 120 220 240
+    ;;
+heads)
+    # One JSON per call ($OUT/heads.json, or HEADS_JSON's copy to resume), the shapes named
+    # (default all four): linrnn's chunk and fused_chunk rows where fused_chunk can win, its
+    # chunk rows elsewhere, then each family's chunk peers (fla's compile and autotune for up
+    # to minutes an op: last), each part with what is left of BUDGET (540) s.
+    J="$OUT/heads.json"
+    if [ -n "${HEADS_JSON:-}" ]; then
+        cp "$HEADS_JSON" "$J" && chmod u+w "$J" || exit 2
+    fi
+    BUDGET=${BUDGET:-540}
+    shapes=(${@:2})
+    S=(${shapes[@]:+--shapes "${shapes[@]}"} --triton-cache /tmp/triton-cache-heads)
+    part heads "$J" $((BUDGET - SECONDS - 10)) 150 linear_attn retention simple_gla \
+        --modes chunk fused_chunk "${S[@]}"
+    part heads "$J" $((BUDGET - SECONDS - 10)) 150 gla rwkv6 "mlstm[sigmoid]" "mlstm[exp]" \
+        --modes chunk "${S[@]}"
+    part heads "$J" $((BUDGET - SECONDS - 10)) 300 mlstm_kernels:triton_xl_chunk_siging \
+        mlstm_kernels:triton_xl_chunk mlstm_kernels:triton_limit_chunk fla:chunk_linear_attn \
+        "fla:chunk_linear_attn[normalize]" fla:chunk_retention fla:chunk_simple_gla \
+        fla:chunk_rwkv6 fla:chunk_gla "${S[@]}"
+    python3 -m linrnn.bench --suite heads --plan --resume --out "$J" "${S[@]}"  # what is left
+    python3 -m linrnn.bench --report "$J" | tail -n 60
     ;;
 delta)
     suite_parts delta "${2:-}" 150 220 150

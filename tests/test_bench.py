@@ -24,11 +24,11 @@ def test_registry_covers_every_family_and_suite():
     engine = {"linear_attn", "retention", "simple_gla", "gla", "rwkv6", "mlstm"}
     assert families == engine | {"delta_rule", "gated_delta_rule", "mamba2"}
     assert set(registry.ENGINE_FAMILIES) == engine
-    assert set(registry.SUITES) == {"quick", "paper", "headdim", "chunksize", "delta", "decode",
-                                    "varlen", "mamba2", "train"}  # fmt: skip
+    assert set(registry.SUITES) == {"quick", "paper", "heads", "headdim", "chunksize", "delta",
+                                    "decode", "varlen", "mamba2", "train"}  # fmt: skip
     assert set(registry.SUITES["quick"].modes) == set(registry.ALL_MODES)
     assert registry.SUITES["quick"].families is None  # every family
-    for name in ("paper", "headdim", "chunksize"):  # the engine's sweeps
+    for name in ("paper", "heads", "headdim", "chunksize"):  # the engine's sweeps
         assert registry.SUITES[name].families == registry.ENGINE_FAMILIES
     for name, peer in peers.PEERS.items():
         assert peer.like in registry.OPS, name
@@ -44,6 +44,10 @@ def test_registry_covers_every_family_and_suite():
     dims = [registry.parse_shape(s) for s in registry.SUITES["headdim"].shapes]
     assert [d["K"] for d in dims] == [64, 128, 256, 512]
     assert all(d["B"] == 4 and d["T"] == 8192 and d["H"] * d["K"] == 4096 for d in dims)
+    heads = [registry.parse_shape(s) for s in registry.SUITES["heads"].shapes]
+    assert [(d["H"], d["K"], d["V"]) for d in heads] == [(16, 256, 256), (16, 128, 256),
+                                                        (32, 128, 128), (64, 64, 64)]  # fmt: skip
+    assert all(d["B"] == 8 and d["T"] == 8192 for d in heads)
     assert registry.SUITES["chunksize"].chunk_sizes == (64, 128, 256, 512, 1024, 2048, 4096)
     decode = registry.SUITES["decode"]
     assert decode.modes == ("recurrent",) and decode.kind == "decode"

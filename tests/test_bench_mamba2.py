@@ -59,7 +59,7 @@ def test_mamba2_op_peers_and_suite_registered():
         assert s["B"] * s["T"] == 65_536 and s["HV"] * s["V"] == 4096 and registry.grouped(s)
     assert registry.parse_shape(suite.shapes[3]) == {"B": 8, "T": 8192, "H": 8, "HV": 32,
                                                      "K": 128, "V": 64}  # fmt: skip
-    for name in ("decode", "varlen", "paper", "headdim", "chunksize", "delta"):
+    for name in ("decode", "varlen", "paper", "heads", "headdim", "chunksize", "delta"):
         assert not registry.SUITES[name].runs_family("mamba2"), name
     assert registry.SUITES["quick"].runs_family("mamba2")
 

@@ -298,6 +298,9 @@ def build_linrnn(case: dict, shape: dict):
 # --- suites ---------------------------------------------------------------------------------
 
 PAPER_BT = ((32, 2048), (8, 8192), (4, 16384))  # 65,536 tokens each
+# (H, K, V) at which the engine families are compared with their peers at B=8, T=8192: TFLA's
+# widths 4096 (K = V) and its H=16, K=128, V=256 layout
+HEAD_LAYOUTS = ((16, 256, 256), (16, 128, 256), (32, 128, 128), (64, 64, 64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,6 +385,17 @@ SUITES = {
             "headdim",
             "B=4, T=8192, head dim 64 to 512 at width 4096 (H = 4096 / d)",
             shapes=tuple(shape_id(4, 8192, 4096 // d, d, d) for d in (64, 128, 256, 512)),
+            families=ENGINE_FAMILIES,
+            modes=("chunk", "fused_chunk"),
+        ),
+        Suite(
+            "heads",
+            "B=8, T=8192 at the head layouts (H, K, V) in (16, 256, 256), (16, 128, 256), "
+            "(32, 128, 128), (64, 64, 64): every engine family beside its peers; fla's chunk "
+            "kernels compile and autotune for up to minutes per op and shape, so run it a shape "
+            "or a part at a time (--shapes, --ops, each with --resume --time-budget; "
+            "scripts/gpu_runbook.sh heads)",
+            shapes=tuple(shape_id(8, 8192, H, K, V) for H, K, V in HEAD_LAYOUTS),
             families=ENGINE_FAMILIES,
             modes=("chunk", "fused_chunk"),
         ),
