@@ -335,3 +335,60 @@ def test_save_cache_from_the_command_line(tmp_path):
 
 def test_cli_module_has_a_worker_entry():
     assert set(cli.tasks()) == {"bench", "decode", "varlen", "train", "info", "selftest"}
+
+
+def _heads_row(op, shape, mode="chunk", status="ok", chunk_requested=None, **figures):
+    library = "linrnn" if op in registry.OPS else peers.PEERS[op].library
+    return dict(op=op, library=library, family=registry.OPS[peers.like_of(op)].family,
+                mode=mode if library == "linrnn" else None, chunk_requested=chunk_requested,
+                shape=shape, dtype="bf16", status=status, suite="heads",
+                **figures)  # fmt: skip
+
+
+def test_engine_targets_take_each_side_fastest_row():
+    from linrnn.bench import compare
+
+    big, small = "B1-T64-H2-K256-V256", "B1-T64-H2-K64-V64"
+    rows = [
+        _heads_row("linear_attn", small, fwd_ms=1.0, fwdbwd_ms=5.0),
+        _heads_row("linear_attn", small, "fused_chunk", fwd_ms=1.5, fwdbwd_ms=3.0),
+        _heads_row("linear_attn", small, fwd_ms=0.1, fwdbwd_ms=0.2, chunk_requested=256),
+        _heads_row("fla:chunk_linear_attn", small, fwd_ms=0.9, fwdbwd_ms=4.5),
+        _heads_row("simple_gla", small, fwd_ms=2.0, fwdbwd_ms=6.0),
+        _heads_row("fla:chunk_simple_gla", small, fwd_ms=2.2,
+                   status="error (first backward): RuntimeError: no"),
+        _heads_row("mlstm[sigmoid]", big, fwd_ms=2.0, fwdbwd_ms=8.0, x_floor=4.0),
+        _heads_row("mlstm[exp]", big, fwd_ms=2.2, fwdbwd_ms=8.4, x_floor=4.4),
+        _heads_row("mlstm_kernels:triton_xl_chunk", big, fwd_ms=3.3, fwdbwd_ms=9.0),
+        _heads_row("mlstm_kernels:triton_limit_chunk", big, fwd_ms=2.9, fwdbwd_ms=12.0),
+        _heads_row("mlstm[sigmoid]", small, "fused_chunk", status="timeout (150 s)"),
+        dict(_heads_row("retention", small, fwd_ms=1.0, fwdbwd_ms=1.0), suite="paper"),
+    ]  # fmt: skip
+    t = {(t["target"], t["shape"]): t for t in compare.engine_targets(rows)}
+    # the fused mode is the faster fwd+bwd, chunk the faster forward; an explicit chunk size
+    # is not linrnn's default and takes no part
+    la = t[("linear_attn fwd+bwd speed-up", small)]
+    assert (la["value"], la["verdict"], la["why"]) == (1.5, "met", "fused_chunk against "
+                                                       "fla:chunk_linear_attn")  # fmt: skip
+    la = t[("linear_attn fwd speed-up", small)]
+    assert la["value"] == pytest.approx(0.9) and la["verdict"] == "missed"
+    assert la["why"] == "chunk against fla:chunk_linear_attn"
+    # a peer without a backward: no fwd+bwd value, and why; its forward still counts
+    sg = t[("simple_gla fwd+bwd speed-up", small)]
+    assert sg["value"] is None and sg["verdict"] == "—" and "first backward" in sg["why"]
+    assert t[("simple_gla fwd speed-up", small)]["value"] == pytest.approx(1.1)
+    # the best peer of several: fwd+bwd from one, the forward from another
+    ex = t[("mlstm[exp] fwd+bwd speed-up", big)]
+    assert ex["value"] == pytest.approx(9.0 / 8.4)
+    assert ex["why"] == "chunk against mlstm_kernels:triton_xl_chunk"
+    assert t[("mlstm[exp] fwd speed-up", big)]["why"].endswith("triton_limit_chunk")
+    assert t[("mlstm[exp] fwd x floor", big)]["value"] == 4.4  # K = V = 256 only
+    assert ("linear_attn fwd x floor", small) not in t
+    ratio = t[("mlstm exp / sigmoid", big)]
+    assert ratio["value"] == pytest.approx(8.4 / 8.0) and ratio["verdict"] == "met"
+    # no peer rows, a row that did not finish, or another suite: no target line
+    assert not any(k[0].startswith(("mlstm[sigmoid] fwd", "retention")) and k[1] == small
+                   for k in t)  # fmt: skip
+    md = report.markdown({"suite": "heads", "bench": rows, "runs": [{"command": "x"}]})
+    assert "### engine targets" in md
+    assert f"| linear_attn fwd+bwd speed-up | {small} | 1.50 | >= 1.25 | met |" in md

@@ -12,7 +12,7 @@ and the delta rule's and Mamba2's targets.
 
 from __future__ import annotations
 
-from linrnn.bench import peers, report
+from linrnn.bench import peers, registry, report
 
 # (name, what, bound): the ratios the delta rule aims at, from rows of one run (bf16).
 DELTA_TARGETS = (
@@ -23,6 +23,14 @@ DELTA_TARGETS = (
     ("gate cost", "linrnn gated_delta_rule / linrnn delta_rule, fwd+bwd ms", "<= 1.15"),
     ("first call", "linrnn first forward+backward (fresh Triton cache), s", "< 30"),
     ("decode", "linrnn step in a CUDA graph / memory floor", "<= 1.2"),
+)  # fmt: skip
+# (name, what, bound): the engine families' targets in the heads suite (bf16): linrnn's best
+# mode against the best peer of the same inputs, per op (family variant) and shape
+ENGINE_TARGETS = (
+    ("fwd+bwd speed-up", "best peer / linrnn's best mode, fwd+bwd ms", ">= 1.25"),
+    ("fwd speed-up", "best peer / linrnn's best mode, fwd ms", ">= 1.2"),
+    ("fwd x floor", "linrnn's best forward / its floor, at K = V = 256", "<= 3"),
+    ("exp / sigmoid", "mlstm[exp] / mlstm[sigmoid], best fwd+bwd ms", "<= 1.1"),
 )  # fmt: skip
 MAMBA_SSM = "mamba_ssm:mamba_chunk_scan_combined"
 FLA_MAMBA2 = "fla:chunk_simple_gla[mamba2]"
@@ -207,6 +215,65 @@ def mamba2_targets(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _best(rows: list[dict], key: str) -> dict | None:
+    """The row with the least ``key`` (None when none has it; a row whose backward failed
+    still has its forward's time)."""
+    timed = [r for r in rows if isinstance(r.get(key), (int, float)) and r[key] > 0]
+    return min(timed, key=lambda r: r[key]) if timed else None
+
+
+def _label(r: dict) -> str:
+    return (r.get("mode") or "") if r["library"] == "linrnn" else r["op"]
+
+
+def engine_targets(rows: list[dict]) -> list[dict]:
+    """The engine families' targets (:data:`ENGINE_TARGETS`) per linrnn op and shape of the
+    heads suite's rows, as :func:`delta_targets`: linrnn's fastest mode (at its default chunk
+    size) against the fastest peer row of the same inputs, for fwd+bwd and for the forward
+    alone (each picks its own fastest rows; ``why`` names them), the forward's × floor at
+    K = V = 256, and mLSTM exp over sigmoid."""
+    bounds = {name: bound for name, _, bound in ENGINE_TARGETS}
+    out: list = []
+
+    def add(name, op, shape, value, why):
+        out.append({"target": f"{op} {name}", "shape": shape, "value": value,
+                    "bound": bounds[name], "verdict": _verdict(value, bounds[name]),
+                    "why": why})  # fmt: skip
+
+    groups: dict = {}
+    for r in rows:
+        if r.get("suite") != "heads" or r.get("layout") is not None:
+            continue
+        if r["op"] in peers.PEERS or r.get("chunk_requested") is None:
+            groups.setdefault((peers.like_of(r["op"]), r["shape"], r.get("dtype")), []).append(r)
+    for (op, shape, dtype), group in groups.items():
+        mine = [r for r in group if r["library"] == "linrnn"]
+        theirs = [r for r in group if r["library"] != "linrnn"]
+        if not mine:
+            continue
+        for name, key in (("fwd+bwd speed-up", "fwdbwd_ms"), ("fwd speed-up", "fwd_ms")):
+            if not theirs:
+                continue
+            a, b = _best(mine, key), _best(theirs, key)
+            value = _ratio(_get(b, key), _get(a, key))
+            failed = [r for r in (*mine, *theirs) if not _ok(r) or r.get(key) is None]
+            why = (f"{_label(a)} against {_label(b)}" if value is not None else
+                   "; ".join(f"{r['op']}: {r['status'][:60]}" for r in failed))  # fmt: skip
+            add(name, op, shape, value, why)
+        dims = registry.parse_shape(shape)
+        if dims["K"] == dims["V"] == 256:
+            a = _best(mine, "fwd_ms")
+            add("fwd x floor", op, shape, _get(a, "x_floor"), _label(a) if a else "no ok row")
+        if op == "mlstm[exp]":
+            sig = [r for r in groups.get(("mlstm[sigmoid]", shape, dtype), [])
+                   if r["library"] == "linrnn"]  # fmt: skip
+            a, b = _best(mine, "fwdbwd_ms"), _best(sig, "fwdbwd_ms")
+            value = _ratio(_get(a, "fwdbwd_ms"), _get(b, "fwdbwd_ms"))
+            why = f"{_label(a)} / {_label(b)}" if value is not None else "no ok pair of rows"
+            add("exp / sigmoid", "mlstm", shape, value, why)
+    return out
+
+
 def _num(x, fmt=".2f") -> str:
     return "—" if x is None else format(x, fmt)
 
@@ -233,7 +300,11 @@ def target_cells(rows: list[dict], targets=delta_targets) -> list[tuple]:
     ]
 
 
-TARGET_TABLES = (("delta-rule targets", delta_targets), ("Mamba2 targets", mamba2_targets))
+TARGET_TABLES = (
+    ("engine targets", engine_targets),
+    ("delta-rule targets", delta_targets),
+    ("Mamba2 targets", mamba2_targets),
+)
 
 
 RATIO_NOTE = (
