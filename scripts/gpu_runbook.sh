@@ -222,9 +222,10 @@ varlen)
     ;;
 heads)
     # One JSON per call ($OUT/heads.json, or HEADS_JSON's copy to resume), the shapes named
-    # (default all four): linrnn's chunk and fused_chunk rows where fused_chunk can win, its
-    # chunk rows elsewhere, then each family's chunk peers (fla's compile and autotune for up
-    # to minutes an op: last), each part with what is left of BUDGET (540) s.
+    # (default all four): linrnn's chunk and fused_chunk rows where fused_chunk can win (the
+    # scalar-gate families and mLSTM), its chunk rows for GLA and RWKV6, then each family's
+    # chunk peers (fla's compile and autotune for minutes an op: last), each part with what
+    # is left of BUDGET (540) s.
     J="$OUT/heads.json"
     if [ -n "${HEADS_JSON:-}" ]; then
         cp "$HEADS_JSON" "$J" && chmod u+w "$J" || exit 2
@@ -233,9 +234,8 @@ heads)
     shapes=(${@:2})
     S=(${shapes[@]:+--shapes "${shapes[@]}"} --triton-cache /tmp/triton-cache-heads)
     part heads "$J" $((BUDGET - SECONDS - 10)) 150 linear_attn retention simple_gla \
-        --modes chunk fused_chunk "${S[@]}"
-    part heads "$J" $((BUDGET - SECONDS - 10)) 150 gla rwkv6 "mlstm[sigmoid]" "mlstm[exp]" \
-        --modes chunk "${S[@]}"
+        "mlstm[sigmoid]" "mlstm[exp]" --modes chunk fused_chunk "${S[@]}"
+    part heads "$J" $((BUDGET - SECONDS - 10)) 150 gla rwkv6 --modes chunk "${S[@]}"
     part heads "$J" $((BUDGET - SECONDS - 10)) 300 mlstm_kernels:triton_xl_chunk_siging \
         mlstm_kernels:triton_xl_chunk mlstm_kernels:triton_limit_chunk fla:chunk_linear_attn \
         "fla:chunk_linear_attn[normalize]" fla:chunk_retention fla:chunk_simple_gla \
