@@ -10,7 +10,9 @@ autocast in the benchmark dtype) under ``torch.profiler``, each kernel's device 
     torch      every other kernel (elementwise, reductions, copies, the loss)
 
 and the step's wall time (synchronized, without the profiler); "host" is the wall time not
-covered by kernels, where the GPU waited for the host::
+covered by kernels, where the GPU waited for the host; "launches" counts the step's kernels
+by kind (each is host work: docs/tuning.md has a Triton launch at about 25 µs of the GPU
+machine's host)::
 
     python3 benchmarks/train_profile.py --mixers softmax gla rwkv6 --seq-len 8192 --out p.json
 
@@ -118,25 +120,31 @@ def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int, timed: int 
         wall.append(time.perf_counter() - t0)
     engine = engine_kernels()
     kinds = collections.Counter({k: 0.0 for k in KINDS})
-    for kernel, (ms, _n) in kernels.items():
+    launches = collections.Counter({k: 0.0 for k in KINDS})
+    for kernel, (ms, n) in kernels.items():
         kinds[kind_of(kernel, engine)] += ms
+        launches[kind_of(kernel, engine)] += n
     step_ms = 1e3 * statistics.median(wall)
     return dict(
         mixer=name, shape=f"B{B}-T{T}", dtype=dtype, device=device, parameters=params,
         steps=steps, timed_steps=timed, step_ms=round(step_ms, 3), kernels_ms=total,
         host_ms=round(max(0.0, step_ms - total), 3),
         kinds={k: round(kinds[k], 4) for k in KINDS},
+        launches={k: round(launches[k], 2) for k in KINDS},
         top=[(k, ms, n, kind_of(k, engine)) for k, (ms, n) in list(kernels.items())[:12]],
     )  # fmt: skip
 
 
 def print_rows(rows: list) -> None:
     head = f"{'mixer':<16} {'step ms':>8} {'kernels':>8} " + " ".join(f"{k:>9}" for k in KINDS)
-    print(head + f" {'host':>8}")
+    print(head + f" {'host':>8} {'launches':>8}")
     for r in rows:
         cells = " ".join(f"{r['kinds'][k]:9.2f}" for k in KINDS)
         print(f"{r['mixer']:<16} {r['step_ms']:8.2f} {r['kernels_ms']:8.2f} {cells} "
-              f"{r['host_ms']:8.2f}")  # fmt: skip
+              f"{r['host_ms']:8.2f} {sum(r['launches'].values()):8.0f}")  # fmt: skip
+    print("launches per step by kind: " + ", ".join(
+        f"{r['mixer']} " + "/".join(f"{r['launches'][k]:g}" for k in KINDS) for r in rows
+    ))  # fmt: skip
     for r in rows:
         print(f"\n{r['mixer']} {r['shape']} {r['dtype']} ({r['device']}): largest kernels")
         for kernel, ms, n, kind in r["top"]:

@@ -21,6 +21,7 @@ def test_rows_add_up(tmp_path):
         assert r["steps"] == 1 and r["timed_steps"] == 2
         assert set(r["kinds"]) == set(tp.KINDS)
         assert abs(sum(r["kinds"].values()) - r["kernels_ms"]) < 1e-2
+        assert set(r["launches"]) == set(tp.KINDS) and sum(r["launches"].values()) >= 1
         assert r["shape"] == "B8-T32"  # the suite's 256 CPU tokens per step
     assert rows[0]["kinds"]["mixer"] > 0  # SDPA's operators
 
