@@ -337,3 +337,82 @@ def test_all_padding_gives_zeros_and_keeps_the_cache(name):
         layer(x.detach(), attention_mask=torch.zeros(2, 6, dtype=torch.long), cache=cache)
         assert_close(name, layer(z[:, 3:], cache=cache), layer(z[:, 3:], cache=ref),
                      torch.float32)  # fmt: skip
+
+
+# --- one matrix product for a layer's input projections under autocast ----------------------
+
+FUSED = {  # layer: its projections of x that project() multiplies as one
+    "linear_attn_elu": ("q_proj", "k_proj", "v_proj"),
+    "simple_gla": ("q_proj", "k_proj", "v_proj", "g_proj"),
+    "gla": ("q_proj", "k_proj", "v_proj", "g_proj"),
+    "retention": ("q_proj", "k_proj", "v_proj", "g_proj"),
+    "mlstm_exp": ("q_proj", "k_proj", "v_proj", "i_proj", "f_proj", "og_proj"),
+}
+
+
+def test_project_is_the_separate_projections():
+    """project() under bf16 autocast against each nn.Linear called alone (the same autocast):
+    the outputs, the weights' and biases' gradients and the input's (summed in one product
+    instead of in fp32 afterwards), within bf16's tolerance."""
+    from linrnn.layers.common import project
+
+    mods = [torch.nn.Linear(24, n, bias=b) for n, b in ((16, False), (3, True), (8, False))]
+    x = torch.randn(2, 7, 24, requires_grad=True)
+    dys = [torch.randn(2, 7, m.out_features) for m in mods]
+    results = []
+    for fused in (True, False):
+        for m in mods:
+            m.zero_grad(set_to_none=True)
+        x.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ys = project(x, *mods) if fused else [m(x) for m in mods]
+        assert [y.dtype for y in ys] == [torch.bfloat16] * 3
+        assert [y.shape[-1] for y in ys] == [16, 3, 8]
+        torch.autograd.backward(ys, dys)
+        grads = [p.grad.clone() for m in mods for p in m.parameters()]
+        results.append(([y.float() for y in ys], grads, x.grad.clone()))
+    (ys, grads, dx), (ys0, grads0, dx0) = results
+    for i, (a, b) in enumerate(zip([*ys, *grads, dx], [*ys0, *grads0, dx0])):
+        assert_close(f"project {i}", a, b, torch.bfloat16)
+    with torch.no_grad():  # without autocast: each projection alone, exactly
+        assert all(torch.equal(a, m(x)) for a, m in zip(project(x, *mods), mods))
+
+
+def _delta_layer(gated: bool, use_gate: bool):
+    from linrnn.layers import DeltaNet, GatedDeltaNet
+
+    cls = GatedDeltaNet if gated else DeltaNet
+    return cls(D, 2, use_gate=use_gate, backend="torch")
+
+
+FUSED_DELTA = {
+    "delta_net": (False, False, ("q_proj", "k_proj", "v_proj", "b_proj")),
+    "delta_net_gate": (False, True, ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj")),
+    "gated_delta_net": (True, True, ("q_proj", "k_proj", "v_proj", "b_proj", "g_proj")),
+}
+
+
+@pytest.mark.parametrize("name", [*FUSED, *FUSED_DELTA])
+def test_layer_projections_take_one_product_under_autocast(name):
+    """Under CPU bf16 autocast a layer's input projections run as one product (none of their
+    own forwards is called) and give what the separate projections give (forced by a forward
+    hook on one of them, which then sees its own call)."""
+    if name in FUSED:
+        layer, names = make(name, torch.float32, backend="torch"), FUSED[name]
+    else:
+        gated, use_gate, names = FUSED_DELTA[name]
+        layer = _delta_layer(gated, use_gate)
+    calls = []
+    for n in names:
+        m = getattr(layer, n)
+        m.forward = lambda x, m=m, n=n: calls.append(n) or torch.nn.Linear.forward(m, x)
+    x = torch.randn(2, 12, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert calls == []
+    seen = []
+    getattr(layer, names[0]).register_forward_hook(lambda *a: seen.append(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y0 = layer(x)
+    assert seen == [1] and calls == list(names)
+    assert_close(name, y.float(), y0.float(), torch.bfloat16)

@@ -423,6 +423,32 @@ class Mixer(nn.Module):
         return op(*args, backend=self.backend, **kwargs)
 
 
+def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
+    """``[m(x) for m in linears]``, under autocast from one matrix product: the weights (and
+    biases, zeros where a projection has none) concatenated, cast once and multiplied once,
+    the output split. Autocast would cast each weight and, for an fp32 input, x once per
+    projection, and the backward would add the projections' input gradients one by one; the
+    bf16 weight it saves for the backward is the one it would save anyway. Without autocast
+    the concatenation would be a saved copy of the weights, so each projection runs alone, as
+    it does for a module that is not a plain ``nn.Linear`` or has hooks (LoRA wrappers,
+    parametrizations, forward hooks see their own call)."""
+    if (
+        len(linears) < 2
+        or not torch.is_autocast_enabled(x.device.type)
+        or not all(
+            type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
+            for m in linears
+        )
+    ):
+        return [m(x) for m in linears]
+    weight = torch.cat([m.weight for m in linears])
+    bias = None
+    if any(m.bias is not None for m in linears):
+        bias = torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None else m.bias
+                          for m in linears])  # fmt: skip
+    return list(F.linear(x, weight, bias).split([m.out_features for m in linears], dim=-1))
+
+
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
     """``[B, T, H·Dh]`` → ``[B, T, H, Dh]``."""
     return x.unflatten(-1, (num_heads, x.shape[-1] // num_heads))
@@ -468,15 +494,14 @@ class GatedHeadsMixer(Mixer):
         raise NotImplementedError
 
     def mix(self, x, packing, entry, want_state):
-        q = split_heads(self.q_proj(x), self.num_heads)
-        k = split_heads(self.k_proj(x), self.num_heads)
-        v = split_heads(self.v_proj(x), self.num_heads)
+        q, k, v, g = project(x, self.q_proj, self.k_proj, self.v_proj, self.g_proj)
+        q, k, v = (split_heads(t, self.num_heads) for t in (q, k, v))
         q, k, extra = self.rotate(q, k, packing, entry)
         o, state = self.recurrence(
             q, k, v, entry.get("state"), **self.decays(x),
             **self.op_kwargs(x, packing, want_state),
         )  # fmt: skip
-        o = self.norm(o, self.g_proj(x), "silu", self.backend)
+        o = self.norm(o, g, "silu", self.backend)
         return self.o_proj(o), {"state": state, **extra}
 
     def rotate(self, q, k, packing, entry):

@@ -24,7 +24,15 @@ import math
 import torch
 from torch import Tensor, nn
 
-from linrnn.layers.common import Mixer, RMSNorm, check_divisible, model_width, split_heads, upcast
+from linrnn.layers.common import (
+    Mixer,
+    RMSNorm,
+    check_divisible,
+    model_width,
+    project,
+    split_heads,
+    upcast,
+)
 from linrnn.layers.conv import ShortConvolution
 from linrnn.ops import delta_rule, gated_delta_rule
 from linrnn.ops.mamba2 import softplus
@@ -116,10 +124,12 @@ class DeltaNet(Mixer):
     def mix(self, x, packing, entry, want_state):
         cu = None if packing is None else packing.cu_seqlens
         conv = dict(cu_seqlens=cu, output_final_state=want_state, backend=self.backend)
-        q, conv_q = self.q_conv(self.q_proj(x), cache_state=entry.get("conv_q"), **conv)
-        k, conv_k = self.k_conv(self.k_proj(x), cache_state=entry.get("conv_k"), **conv)
-        v, conv_v = self.v_conv(self.v_proj(x), cache_state=entry.get("conv_v"), **conv)
-        beta = torch.sigmoid(upcast(self.b_proj(x)))
+        gated = () if self.g_proj is None else (self.g_proj,)
+        q, k, v, b, *gate = project(x, self.q_proj, self.k_proj, self.v_proj, self.b_proj, *gated)
+        q, conv_q = self.q_conv(q, cache_state=entry.get("conv_q"), **conv)
+        k, conv_k = self.k_conv(k, cache_state=entry.get("conv_k"), **conv)
+        v, conv_v = self.v_conv(v, cache_state=entry.get("conv_v"), **conv)
+        beta = torch.sigmoid(upcast(b))
         if self.allow_neg_eigval:
             beta = 2 * beta
         o, state = self.recurrence(
@@ -128,7 +138,7 @@ class DeltaNet(Mixer):
             initial_state=entry.get("state"), use_qk_l2norm=True,
             **self.op_kwargs(x, packing, want_state),
         )  # fmt: skip
-        gate = None if self.g_proj is None else split_heads(self.g_proj(x), self.num_v_heads)
+        gate = split_heads(gate[0], self.num_v_heads) if gate else None
         # [B, T, HV, Dv]: the norm and the gate in fp32, rounded once
         o = self.o_norm(o, gate, None if gate is None else "silu", self.backend)
         y = self.o_proj(o.flatten(-2))

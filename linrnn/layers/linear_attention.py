@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linrnn.layers.common import Mixer, check_divisible, model_width, split_heads
+from linrnn.layers.common import Mixer, check_divisible, model_width, project, split_heads
 from linrnn.ops import linear_attn
 
 FEATURE_MAPS = ("elu", "relu", "identity", "performer")
@@ -107,9 +107,9 @@ class LinearAttention(Mixer):
         return torch.exp(logits) / math.sqrt(proj.shape[-1])
 
     def mix(self, x, packing, entry, want_state):
-        q = self.phi(split_heads(self.q_proj(x), self.num_heads), True)
-        k = self.phi(split_heads(self.k_proj(x), self.num_heads), False)
-        v = split_heads(self.v_proj(x), self.num_heads)
+        q, k, v = (split_heads(t, self.num_heads)
+                   for t in project(x, self.q_proj, self.k_proj, self.v_proj))  # fmt: skip
+        q, k = self.phi(q, True), self.phi(k, False)
         o, state = self.call_op(
             linear_attn, q, k, v, normalize=self.normalize, eps=self.eps, scale=1.0,
             initial_state=entry.get("state"), **self.op_kwargs(x, packing, want_state),

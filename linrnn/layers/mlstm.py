@@ -20,6 +20,7 @@ from linrnn.layers.common import (
     Mixer,
     check_divisible,
     model_width,
+    project,
     softcap,
     split_heads,
     upcast,
@@ -99,17 +100,18 @@ class mLSTMLayer(Mixer):
         self.f_proj.bias.copy_(torch.linspace(lo, hi, self.num_heads, device="cpu"))
 
     def mix(self, x, packing, entry, want_state):
-        q = split_heads(self.q_proj(x), self.num_heads)
-        k = split_heads(self.k_proj(x), self.num_heads)
-        v = split_heads(self.v_proj(x), self.num_heads)
-        i = softcap(upcast(self.i_proj(x)), self.gate_soft_cap)
-        f = softcap(upcast(self.f_proj(x)), self.gate_soft_cap)
+        q, k, v, i, f, og = project(
+            x, self.q_proj, self.k_proj, self.v_proj, self.i_proj, self.f_proj, self.og_proj
+        )
+        q, k, v = (split_heads(t, self.num_heads) for t in (q, k, v))
+        i = softcap(upcast(i), self.gate_soft_cap)
+        f = softcap(upcast(f), self.gate_soft_cap)
         h, state = self.call_op(
             mlstm, q, k, v, i, f, input_gate=self.input_gate, normalize=self.normalize,
             eps=self.eps, initial_state=entry.get("state"),
             **self.op_kwargs(x, packing, want_state),
         )  # fmt: skip
-        y = self.o_proj(self.norm(h, self.og_proj(x), "sigmoid", self.backend))
+        y = self.o_proj(self.norm(h, og, "sigmoid", self.backend))
         return y, {"state": state}
 
     def extra_repr(self) -> str:
