@@ -28,39 +28,41 @@ import sys
 import torch
 
 
-def bench_case(op: str, shape: dict, dtype: str, device: str) -> dict:
-    """The case ``linrnn bench`` runs for ``op`` at ``shape``: chunk mode, its default chunk
-    size, Triton on CUDA and the PyTorch path elsewhere."""
+def bench_case(op: str, shape: dict, dtype: str, device: str, mode: str = "chunk") -> dict:
+    """The case ``linrnn bench`` runs for ``op`` at ``shape`` in ``mode`` (chunk or
+    fused_chunk) at its default chunk size, Triton on CUDA and the PyTorch path elsewhere."""
     from linrnn.bench import registry
 
     o = registry.resolve_op(op)
     backend = "triton" if device == "cuda" else "torch"
-    chunk = registry.default_chunk(backend, "chunk", shape["K"], shape["V"], o)
-    return dict(op=o.name, mode="chunk", backend=backend, chunk=chunk, dtype=dtype, seed=0,
+    chunk = registry.default_chunk(backend, mode, shape["K"], shape["V"], o)
+    return dict(op=o.name, mode=mode, backend=backend, chunk=chunk, dtype=dtype, seed=0,
                 device=device)  # fmt: skip
 
 
-def build(op: str, shape: dict, dtype: str, device: str):
+def build(op: str, shape: dict, dtype: str, device: str, mode: str = "chunk"):
     """``(leaves, fwd)`` of ``op`` as ``linrnn bench`` builds it: a linrnn op by
     :func:`bench_case`, a peer (``mamba_ssm:mamba_chunk_scan_combined``, ``fla:chunk_gla``) by
     its builder in :mod:`linrnn.bench.peers`, on the same inputs."""
     from linrnn.bench import peers, registry
 
     if peers.library_of(op) == "linrnn":
-        return registry.build_linrnn(bench_case(op, shape, dtype, device), shape)
+        return registry.build_linrnn(bench_case(op, shape, dtype, device, mode), shape)
     case = dict(op=op, dtype=dtype, seed=0, device=device)
     return peers.BUILDERS[peers.library_of(op)](case, shape)
 
 
-def kernel_times(op: str, shape_id: str, dtype: str = "bf16", iters: int = 5) -> dict:
-    """``{"op", "shape", "iters", "kernels": {name: (ms per iteration, launches per
-    iteration)}, "total_ms"}`` for one forward+backward of ``op`` (a linrnn op or a peer) at
-    ``shape_id``."""
+def kernel_times(
+    op: str, shape_id: str, dtype: str = "bf16", iters: int = 5, mode: str = "chunk"
+) -> dict:
+    """``{"op", "shape", "mode", "iters", "kernels": {name: (ms per iteration, launches per
+    iteration)}, "total_ms"}`` for one forward+backward of ``op`` (a linrnn op in ``mode``, or
+    a peer) at ``shape_id``."""
     from linrnn.bench import registry
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shape = registry.parse_shape(shape_id)
-    leaves, fwd = build(op, shape, dtype, device)
+    leaves, fwd = build(op, shape, dtype, device, mode)
 
     def once():
         for x in leaves:
@@ -69,7 +71,7 @@ def kernel_times(op: str, shape_id: str, dtype: str = "bf16", iters: int = 5) ->
         o.backward(torch.ones_like(o))
 
     kernels, total = profile(once, iters, device)
-    return dict(op=op, shape=shape_id, dtype=dtype, iters=iters, device=device,
+    return dict(op=op, shape=shape_id, mode=mode, dtype=dtype, iters=iters, device=device,
                 kernels=kernels, total_ms=total)  # fmt: skip
 
 
@@ -110,7 +112,7 @@ def short_name(name: str, width: int = 58) -> str:
 
 def print_rows(rows: list) -> None:
     for r in rows:
-        print(f"\n{r['op']} {r['shape']} {r['dtype']} ({r['device']}): "
+        print(f"\n{r['op']} {r.get('mode', 'chunk')} {r['shape']} {r['dtype']} ({r['device']}): "
               f"{r['total_ms']:.3f} ms in kernels per forward+backward")  # fmt: skip
         for name, (ms, n) in r["kernels"].items():
             print(f"  {short_name(name):<58} {ms:9.3f} ms  ×{n:g}")
@@ -119,9 +121,10 @@ def print_rows(rows: list) -> None:
 def compare(this: list, other: list) -> None:
     """Each (op, shape) of ``this`` beside ``other``'s, kernel by kernel, largest change
     first."""
-    base = {(r["op"], r["shape"], r["dtype"]): r for r in other}
+    key = lambda r: (r["op"], r.get("mode", "chunk"), r["shape"], r["dtype"])  # noqa: E731
+    base = {key(r): r for r in other}
     for r in this:
-        b = base.get((r["op"], r["shape"], r["dtype"]))
+        b = base.get(key(r))
         if b is None:
             print(f"\n{r['op']} {r['shape']}: not in the other file")
             continue
@@ -141,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", nargs="+", default=["linear_attn"])
     ap.add_argument("--shapes", nargs="+", default=["B8-T8192-H16-K256-V256"])
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--modes", nargs="+", default=["chunk"], choices=("chunk", "fused_chunk"),
+                    help="the linrnn ops' modes (peers run once, as they are)")  # fmt: skip
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out", default=None, help="write the rows as JSON")
     ap.add_argument("--compare", nargs=2, metavar=("THIS", "OTHER"), default=None,
@@ -151,12 +156,15 @@ def main(argv=None) -> int:
         compare(this, other)
         return 0
     rows = []
+    from linrnn.bench import peers
+
     for op in a.ops:
-        for shape in a.shapes:
+        modes = a.modes if peers.library_of(op) == "linrnn" else ["chunk"]
+        for shape, mode in ((s, m) for s in a.shapes for m in modes):
             try:
-                rows.append(kernel_times(op, shape, a.dtype, a.iters))
+                rows.append(kernel_times(op, shape, a.dtype, a.iters, mode))
             except Exception as e:  # one failing op does not lose the others' rows
-                print(f"{op} {shape}: {type(e).__name__}: {e}", file=sys.stderr)
+                print(f"{op} {mode} {shape}: {type(e).__name__}: {e}", file=sys.stderr)
     print_rows(rows)
     if a.out:
         with open(a.out, "w") as f:
