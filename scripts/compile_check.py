@@ -35,7 +35,8 @@ picks records::
         --only out_fwd_kernel --match q=torch.bfloat16,HAS_DECAY=False,VARLEN=False,NORM=0 \
         --set K=256,V=256,BQ=64,BD=32,BO=256,num_warps=4,num_stages=3
 
-``--ptx DIR`` writes each compiled kernel's PTX to DIR (``<kernel>-<n>.ptx``, n counting the
+``--ptx DIR`` writes each compiled kernel's PTX and TTGIR (Triton's GPU IR: its layouts and
+layout conversions) to DIR (``<kernel>-<n>.ptx``, ``.ttgir``, n counting the
 compiled specializations in record order): run from two trees with the same records and picks,
 the files compare a kernel's code between them (``.loc`` lines and the debug sections differ
 with the source's line numbers alone).
@@ -371,8 +372,9 @@ def compile_all(path: str, arch: int, only: set[str], match: dict | None = None,
             print(f"{name} {tiles}: {resources(kernel, arch)}", flush=True)
         if ptx_dir:
             os.makedirs(ptx_dir, exist_ok=True)
-            with open(os.path.join(ptx_dir, f"{name}-{compiled}.ptx"), "w") as f:
-                f.write(kernel.asm["ptx"])
+            for ir in ("ptx", "ttgir"):  # the TTGIR shows the layout conversions
+                with open(os.path.join(ptx_dir, f"{name}-{compiled}.{ir}"), "w") as f:
+                    f.write(kernel.asm[ir])
         # The launch would fail with OutOfResources: a finding too (the limit is the GPU's)
         shared, limit = kernel.metadata.shared, SHARED_LIMIT.get(arch)
         if limit is not None and shared > limit:

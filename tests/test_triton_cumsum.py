@@ -1,9 +1,12 @@
-"""vector_cumsum_kernels.chunk_cumsum_kernel (through vector._cumsums): the chunk-local
+"""The chunk-local cumulative log decays. vector_cumsum_kernels.chunk_cumsum_kernel (through
+vector._cumsums): the chunk-local
 inclusive and exclusive sums of a log decay against an fp64 loop over each chunk's tokens,
 dense and packed, chunks of one and of several row tiles, a partial last chunk, bf16 input;
 the exclusive sum equal to the inclusive one shifted by one step, bit for bit; each chunk's
 span (the fast chunks' test) against the fp64 sums' range. The outputs are NaN-poisoned
-allocations (conftest), so a row the kernel skips fails."""
+allocations (conftest), so a row the kernel skips fails. scalar_cumsum_kernels (through
+scalar._chunk_cumsum): a scalar gate's sums as [B·H, T] rows against the same fp64 loop, dense
+and packed, chunks of one and of several column tiles, strided and bf16 gates."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import pytest
 import torch
 from test_triton_engine import DEVICE
 
-from linrnn.engine import vector
+from linrnn.engine import scalar, vector
 from linrnn.engine.config import ChunkConfig
 
 pytest.importorskip("triton")
@@ -79,3 +82,34 @@ def test_cumsums_match_fp64(B, T, H, D, L, offsets, dtype):
             got_exc = float(spans[i, b * H_ + h])
             assert abs(got_inc - want_inc) <= 1e-4 * max(1.0, want_inc), (i, b, h)
             assert abs(got_exc - want_exc) <= 1e-4 * max(1.0, want_exc), (i, b, h)
+
+
+@pytest.mark.parametrize(
+    "B, T, H, L, offsets",
+    [
+        (2, 45, 3, 16, None),  # several chunks a program, a partial last chunk
+        (1, 700, 2, 600, None),  # three column tiles per chunk (256, 256, 88)
+        (3, 1100, 2, 32, None),  # more chunks than one program takes (CH = 32)
+        (1, 200, 2, 64, [0, 1, 10, 10, 75, 200]),  # packed: lengths 1, 9, 0, 65, 125
+    ],
+    ids=["T45-L16", "T700-L600", "T1100-L32", "packed"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_scalar_cumsum_matches_fp64(B, T, H, L, offsets, dtype):
+    # a [B, H, T] tensor moved to [B, T, H]: strided, as a gate the kernel reads in place
+    g = torch.nn.functional.logsigmoid(torch.randn(B, H, T, device=DEVICE) * 3)
+    g = g.to(dtype).transpose(1, 2)
+    q = torch.empty(B, T, H, 8, device=DEVICE)
+    c = ChunkConfig(q, q, q, scale=1.0, has_decay=True, has_igate=False, stabilize=False,
+                    track_n=False, normalizer=None, eps=0.0, chunk_size=L,
+                    offsets=offsets)  # fmt: skip
+    got = scalar._chunk_cumsum(g, c.L, c)
+    assert got.shape == (B * H, T) and got.dtype == torch.float32
+
+    ref = torch.full((B, T, H), float("nan"), dtype=torch.float64)
+    g64 = g.double().cpu()
+    for c0, c1 in _chunks(T, c.L, offsets):
+        ref[:, c0:c1] = g64[:, c0:c1].cumsum(1)
+    ref = ref.permute(0, 2, 1).reshape(B * H, T)
+    assert bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-5, atol=1e-4)

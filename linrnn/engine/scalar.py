@@ -25,6 +25,7 @@ from linrnn.engine import fix_pass
 from linrnn.engine import fused_kernels as fused
 from linrnn.engine import group_kernels as group
 from linrnn.engine import group_scores_kernels as gsk
+from linrnn.engine import scalar_cumsum_kernels as ck
 from linrnn.engine import scalar_gate_grad_kernels as ggk
 from linrnn.engine import scalar_kernels as kern
 from linrnn.engine.config import (
@@ -157,22 +158,22 @@ def chunk_gate_grads(b, a, mc, q_dq, k_dk, R_M, bnd, tail, m0, dm0, c, shape):
     return (tokens(dg, shape) if dg is not None else None), da, dm0
 
 
-def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig | None = None) -> torch.Tensor:
-    """Chunk-local cumulative sum of the log decays, [B·H, T] fp32."""
-    x = rows(g)
-    BH, T = x.shape
-    if c is not None and c.varlen:
-        # each chunk's tokens zero padded to L and summed alone, as without packing (not as
-        # differences of one sum over the pack: a non-finite gate in one sequence made every
-        # later sequence's sums NaN, and the rounding differed from separate calls)
-        idx = c.tok_chunk * L + (torch.arange(T, device=x.device) - c.tok_start)
-        y = x.new_zeros(BH, c.NT * L).index_copy_(1, idx, x)
-        return y.view(BH, c.NT, L).cumsum(-1).view(BH, c.NT * L).index_select(1, idx)
-    NT = cdiv(T, L)
-    if NT * L > T:
-        x = F.pad(x, (0, NT * L - T))
-    x = x.view(BH, NT, L).cumsum(-1)
-    return x.view(BH, NT * L)[:, :T].contiguous()
+def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig) -> torch.Tensor:
+    """Chunk-local cumulative sum of the log decays g ``[B, T, H]``: ``[B·H, T]`` fp32 rows,
+    one kernel (scalar_cumsum_kernels). Packed sequences: each chunk of the table summed alone,
+    as without packing (not as differences of one sum over the pack: a non-finite gate in one
+    sequence would make every later sequence's sums NaN)."""
+    B, T, H = g.shape
+    out = torch.empty(B * H, T, device=g.device, dtype=torch.float32)
+    if out.numel() == 0:
+        return out
+    BL = min(max(16, next_pow2(L)), 256)
+    CH = max(1, min(1024 // BL, next_pow2(c.NT)))
+    ck.chunk_cumsum_kernel[(cdiv(c.NT, CH), B * H)](
+        G=g, OUT=out, CHUNKS=c.CHUNKS, T=T, H=H, L=L, NT=c.NT, s_b=g.stride(0), s_t=g.stride(1),
+        s_h=g.stride(2), CH=CH, BL=BL, VARLEN=c.varlen, num_warps=4,
+    )  # fmt: skip
+    return out
 
 
 def _chunk_max(b, a, L, c: ChunkConfig | None = None):
