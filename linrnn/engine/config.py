@@ -289,6 +289,21 @@ TILES = {
     "fused": (0, 0, 0, 4, 1),
 }
 
+# Smaller heads: entries that replace TILES' when both head dims K, V are at most 64
+# (HD64_TILES) or 128 (HD128_TILES); the kernels they leave out keep TILES' entry (clipped).
+# Measured on an H200 at B8-T8192 with H64-K64-V64 and H32-K128-V128 (docs/tuning.md).
+HD64_TILES = {
+    "states_bwd": (64, 64, 64, 2, 2),
+    "dk_bwd": (64, 64, 64, 4, 1),
+    "dv_bwd": (64, 64, 64, 4, 2),
+}
+HD128_TILES = {
+    "out_fwd": (64, 64, 128, 4, 3),
+    "states_bwd": (64, 64, 128, 4, 2),
+    "dk_bwd": (64, 64, 128, 4, 2),
+    "dv_bwd": (64, 64, 128, 4, 2),
+}
+
 # The scalar chunk gate-gradient kernel (scalar_gate_grad_kernels): (steps per tile, chunks × L
 # with the chunks clipped to the longest sequence; num_warps). Not tuned yet.
 GATE_GRAD_TILES = {"scalar": (1024, 4)}
@@ -465,6 +480,7 @@ class ChunkConfig:
             self.BVf = max(16, min(64, 8192 // self.KP, self.VP))
             self.BKf = max(16, min(64, 8192 // self.VP, self.KP))
         self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
+        self.head_dim = max(K, V)  # picks the tile table (head_tiles)
         self.dtype = q.dtype
 
     def _pack(self, offsets, T, device):
@@ -500,7 +516,7 @@ class ChunkConfig:
 
     def tiles(self, name: str, D: int, O: int):
         """(time tile, depth tile, output tile, launch options) of kernel ``name``."""
-        t, d, o, nw, ns = TILES[name]
+        t, d, o, nw, ns = head_tiles(self.head_dim).get(name, TILES[name])
         fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
         return fit(t, self.L), fit(d, D), fit(o, O), dict(num_warps=nw, num_stages=ns)
 
@@ -509,6 +525,14 @@ class ChunkConfig:
         if self.varlen:
             return mc[:, self.final_slot].transpose(0, 1).contiguous()
         return mc[:, self.NT].reshape(self.N, -1).clone()
+
+
+def head_tiles(head_dim: int) -> dict:
+    """The tile entries that replace :data:`TILES`' for heads whose larger dim is
+    ``head_dim``."""
+    if head_dim <= 64:
+        return HD64_TILES
+    return HD128_TILES if head_dim <= 128 else {}
 
 
 def chunk_counts(B: int, T, L: int, offsets):
