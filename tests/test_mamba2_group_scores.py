@@ -52,8 +52,9 @@ def small_tiles(monkeypatch, launches):
     monkeypatch.setitem(scalar.GROUP_SCORE_TILES, "dv", TILE)
     monkeypatch.setattr(scalar, "GROUP_MIN_HEADS", 4)
     monkeypatch.setattr(scalar, "GROUP_DV_MIN_HEADS", 4)
-    for name in ("out_fwd", "dv_bwd"):
-        monkeypatch.setitem(config.TILES, name, TILE)
+    for name in ("out_fwd", "dv_bwd"):  # in every table the head dims may pick
+        for table in (config.TILES, config.HD64_TILES, config.HD128_TILES):
+            monkeypatch.setitem(table, name, TILE)
     return launches
 
 
