@@ -44,3 +44,22 @@ def test_peer_rows(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["op"] == "torch:sdpa_causal" and row["total_ms"] > 0
     assert any("scaled_dot_product" in name for name in row["kernels"]), row["kernels"]
+
+
+def test_modes_in_rows_and_comparison(tmp_path, capsys):
+    """Each row names its mode; --compare matches rows by mode too (a fused_chunk row is not
+    compared with a chunk row of the same op and shape). On the CPU the PyTorch path has no
+    fused_chunk: that case is reported and left out, the other rows kept."""
+    kt = benchmark_script("kernel_times")
+    out = tmp_path / "now.json"
+    assert kt.main(["--ops", "linear_attn", "--shapes", "B1-T32-H2-K16-V16", "--iters", "1",
+                    "--modes", "chunk", "fused_chunk", "--out", str(out)]) == 0  # fmt: skip
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["mode"] == "chunk"
+    assert (
+        "linear_attn fused_chunk B1-T32-H2-K16-V16: NotImplementedError" in capsys.readouterr().err
+    )
+    base = tmp_path / "before.json"
+    base.write_text(json.dumps({"rows": [dict(row, mode="fused_chunk")]}))
+    assert kt.main(["--compare", str(out), str(base)]) == 0
+    assert "linear_attn B1-T32-H2-K16-V16: not in the other file" in capsys.readouterr().out
