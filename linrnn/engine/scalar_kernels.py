@@ -62,7 +62,6 @@ from linrnn.engine.triton_common import (
     _dot_n,
     _inv_denominator,
     _log_weights,
-    _log_weights_t,
     _not_finite,
     _program_slot,
     _slot_ids,
@@ -631,8 +630,9 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
                 b_mt += _vec(rd, o_r, m_r)[None, :]
         b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
         b_mr = _vec(m_row, o_r, m_r) if HAS_MAX else tl.zeros([BS], dtype=tl.float32)
-        causal_t = (o_s[:, None] <= o_r[None, :]) & m_r[None, :]  # [BS (s), BS (r)]
-        b_mt *= _log_weights_t(b_bs, b_as, b_br, b_mr, causal_t, HAS_DECAY, HAS_IGATE, HAS_MAX)
+        causal = (o_r[:, None] >= o_s[None, :]) & m_r[:, None]  # [BS (r), BS (s)]
+        b_d = _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+        b_mt *= tl.trans(b_d)
         b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BS, BO]
         b_acc += tl.dot(b_mt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
     return b_acc * scale + b_int * w_s[:, None]

@@ -213,25 +213,6 @@ def _log_weights(b_r, b_s, a_s, m_r, causal, HAS_DECAY: tl.constexpr, HAS_IGATE:
 
 
 @triton.jit
-def _log_weights_t(b_s, a_s, b_r, m_r, causal_t, HAS_DECAY: tl.constexpr,
-                   HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr):  # fmt: skip
-    """:func:`_log_weights` transposed, formed as [S, R] (``causal_t`` [S, R]): the same fp32
-    values. The column kernels multiply it into their transposed scores; ``tl.trans`` of the
-    [R, S] weights would move them through shared memory (a layout conversion per tile)."""
-    if HAS_DECAY or HAS_IGATE or HAS_MAX:
-        lw = tl.zeros(causal_t.shape, dtype=tl.float32)
-        if HAS_DECAY:
-            lw += b_r[None, :] - b_s[:, None]
-        if HAS_IGATE:
-            lw += a_s[:, None]
-        if HAS_MAX:
-            lw -= m_r[None, :]
-        return tl.exp(tl.where(causal_t, lw, float("-inf")))
-    else:
-        return tl.where(causal_t, 1.0, 0.0)
-
-
-@triton.jit
 def _walk(co, i_nh, H, NT, VARLEN: tl.constexpr):
     """A walking program's (row i_bh of the gates and chunk states, state index i_st, first and
     end chunk, sequence). Packed sequences (B = 1): program i_nh = n·H + h walks sequence n's
