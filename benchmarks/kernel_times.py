@@ -155,9 +155,9 @@ def main(argv=None) -> int:
         this, other = (json.load(open(p))["rows"] for p in a.compare)
         compare(this, other)
         return 0
-    rows = []
     from linrnn.bench import peers
 
+    rows = []
     for op in a.ops:
         modes = a.modes if peers.library_of(op) == "linrnn" else ["chunk"]
         for shape, mode in ((s, m) for s in a.shapes for m in modes):
