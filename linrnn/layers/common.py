@@ -423,6 +423,9 @@ class Mixer(nn.Module):
         return op(*args, backend=self.backend, **kwargs)
 
 
+PROJECT_ALIGN = 8  # elements: 16 bytes of a 16-bit output
+
+
 def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
     """``[m(x) for m in linears]``, under autocast from one matrix product: the weights (and
     biases, zeros where a projection has none) concatenated, cast once and multiplied once,
@@ -431,7 +434,13 @@ def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
     bf16 weight it saves for the backward is the one it would save anyway. Without autocast
     the concatenation would be a saved copy of the weights, so each projection runs alone, as
     it does for a module that is not a plain ``nn.Linear`` or has hooks (LoRA wrappers,
-    parametrizations, forward hooks see their own call)."""
+    parametrizations, forward hooks see their own call).
+
+    A projection whose width is no multiple of :data:`PROJECT_ALIGN` (a per-head gate) is
+    followed by zero rows up to one: the product's row length and every output's offset stay
+    16-byte aligned. Unaligned, cuBLAS fell back to its sm80 kernels for the three products
+    of DeltaNet's projections on an H200 and the short convolutions that read q, k and v
+    from the split ran 2.3x slower (docs/tuning.md, "Input projections")."""
     if (
         len(linears) < 2
         or not torch.is_autocast_enabled(x.device.type)
@@ -441,12 +450,26 @@ def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
         )
     ):
         return [m(x) for m in linears]
-    weight = torch.cat([m.weight for m in linears])
-    bias = None
-    if any(m.bias is not None for m in linears):
-        bias = torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None else m.bias
-                          for m in linears])  # fmt: skip
-    return list(F.linear(x, weight, bias).split([m.out_features for m in linears], dim=-1))
+    pads = [-m.out_features % PROJECT_ALIGN for m in linears]
+    weights, biases, sizes = [], [], []
+    has_bias = any(m.bias is not None for m in linears)
+    for m, pad in zip(linears, pads):
+        weights.append(m.weight)
+        if has_bias:
+            biases.append(m.weight.new_zeros(m.out_features) if m.bias is None else m.bias)
+        sizes.append(m.out_features)
+        if pad:
+            weights.append(m.weight.new_zeros(pad, m.in_features))
+            biases += [m.weight.new_zeros(pad)] if has_bias else []
+            sizes.append(pad)
+    bias = torch.cat(biases) if has_bias else None
+    parts = iter(F.linear(x, torch.cat(weights), bias).split(sizes, dim=-1))
+    outs = []
+    for pad in pads:
+        outs.append(next(parts))
+        if pad:
+            next(parts)  # the zero rows' output
+    return outs
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
