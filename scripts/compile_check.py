@@ -27,7 +27,9 @@ hundred specializations).
 
 What a specialization costs on the target, without a GPU: ``--resources`` runs the ptxas Triton
 assembles that target with on each compiled kernel and prints its registers, spill bytes, shared
-memory and the PTX's barrier and shared-memory instruction counts. The captured shapes are
+memory and the PTX's barrier and shared-memory instruction counts. Each compile gets the
+divisibility hints a GPU launch gives (tensors 16-byte aligned, ints that are multiples of 16),
+so the loads vectorize as they do there. The captured shapes are
 small; ``--set`` gives the recorded arguments other values (the GPU's tiles) and ``--match``
 picks records::
 
@@ -281,6 +283,22 @@ def _signature(fn, given):
     return signature, constants
 
 
+def _attrs(fn, given) -> dict:
+    """The divisibility hints a launch on the GPU gives triton.compile: 16 for every tensor
+    (assumed 16-byte aligned, as PyTorch allocates) and for every specialized int argument
+    that is a multiple of 16. Without them the compiler cannot vectorize a tile's loads
+    (one element per thread and load, an address register per element)."""
+    skip = {fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize}
+    attrs = {}
+    for p in fn.params:
+        kind, value = given.get(p.name, ("value", None))
+        if p.is_constexpr or value is None or isinstance(value, (bool, float)):
+            continue
+        if kind == "tensor" or (p.name not in skip and int(value) % 16 == 0):
+            attrs[(p.num,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
 def _assignments(text: str) -> dict:
     """``"A=1,B=x"`` -> {"A": 1, "B": "x"} (Python literals where they parse, else strings)."""
     out = {}
@@ -359,8 +377,8 @@ def compile_all(path: str, arch: int, only: set[str], match: dict | None = None,
         signature, constants = _signature(fn, given)
         options = {k: given[k][1] for k in ("num_warps", "num_stages") if k in given}
         try:
-            kernel = triton.compile(ASTSource(fn, signature, constants), target=target,
-                                    options=options)  # fmt: skip
+            source = ASTSource(fn, signature, constants, _attrs(fn, given))
+            kernel = triton.compile(source, target=target, options=options)
             compiled += 1
         except Exception as e:  # every compiler failure is a finding
             lines = [ln for ln in str(e).splitlines() if "Error" in ln] or [type(e).__name__]

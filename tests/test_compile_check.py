@@ -78,3 +78,17 @@ def test_ptx_written_per_specialization(tmp_path):
     (ptx,) = out.glob("*.ptx")
     assert ptx.name == "_copy_kernel-1.ptx"
     assert ".entry _copy_kernel" in ptx.read_text()
+
+
+def test_launch_divisibility_hints(tmp_path):
+    """Compiles get the hints a GPU launch gives: tensors 16-byte aligned, an int that is a
+    multiple of 16 marked so. The copy's masked loads then vectorize (4 fp32 per instruction)
+    with N = 1024 and not with N = 1000."""
+    texts = {}
+    for n in (1024, 1000):
+        out = tmp_path / f"ptx{n}"
+        done = _compile(tmp_path, "_copy_kernel", "--ptx", str(out), "--set", f"BLOCK=1024,N={n}")
+        assert done.returncode == 0, done.stdout + done.stderr
+        texts[n] = next(out.glob("*.ptx")).read_text()
+    assert "ld.global.v4" in texts[1024]
+    assert "ld.global.v4" not in texts[1000]
