@@ -353,8 +353,9 @@ FUSED = {  # layer: its projections of x that project() multiplies as one
 def test_project_is_the_separate_projections():
     """project() under bf16 autocast against each nn.Linear called alone (the same autocast):
     the outputs, the weights' and biases' gradients and the input's (summed in one product
-    instead of in fp32 afterwards), within bf16's tolerance. The width-3 projection is padded:
-    every output starts, and every row has a length, at a multiple of 8 elements."""
+    instead of in fp32 afterwards), within bf16's tolerance. Under autocast the widths 3 and 8
+    are padded: every output starts, and every row has a length, at a multiple of 16
+    elements."""
     from linrnn.layers.common import project
 
     mods = [torch.nn.Linear(24, n, bias=b) for n, b in ((16, False), (3, True), (8, False))]
@@ -370,8 +371,8 @@ def test_project_is_the_separate_projections():
         assert [y.dtype for y in ys] == [torch.bfloat16] * 3
         assert [y.shape[-1] for y in ys] == [16, 3, 8]
         if fused:
-            assert [y.storage_offset() for y in ys] == [0, 16, 24]
-            assert all(y.stride(-2) == 32 and y.stride(-1) == 1 for y in ys)
+            assert [y.storage_offset() for y in ys] == [0, 16, 32]
+            assert all(y.stride(-2) == 48 and y.stride(-1) == 1 for y in ys)
         torch.autograd.backward(ys, dys)
         grads = [p.grad.clone() for m in mods for p in m.parameters()]
         results.append(([y.float() for y in ys], grads, x.grad.clone()))

@@ -423,7 +423,7 @@ class Mixer(nn.Module):
         return op(*args, backend=self.backend, **kwargs)
 
 
-PROJECT_ALIGN = 8  # elements: 16 bytes of a 16-bit output
+PROJECT_ALIGN = 16  # elements: Triton's divisibility hint for a row stride (32 bytes of bf16)
 
 
 def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
@@ -437,10 +437,12 @@ def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
     parametrizations, forward hooks see their own call).
 
     A projection whose width is no multiple of :data:`PROJECT_ALIGN` (a per-head gate) is
-    followed by zero rows up to one: the product's row length and every output's offset stay
-    16-byte aligned. Unaligned, cuBLAS fell back to its sm80 kernels for the three products
-    of DeltaNet's projections on an H200 and the short convolutions that read q, k and v
-    from the split ran 2.3x slower (docs/tuning.md, "Input projections")."""
+    followed by zero rows up to one, their outputs dropped: the product's row length and every
+    output's offset are multiples of 16 elements. With DeltaNet's 2,052 columns cuBLAS fell
+    back to its sm80 kernels on an H200; and a Triton kernel reading the split rows (the short
+    convolutions) vectorizes its loads only when the row stride is a multiple of 16, the
+    divisibility Triton specializes integer arguments on (docs/tuning.md, "Input
+    projections")."""
     if (
         len(linears) < 2
         or not torch.is_autocast_enabled(x.device.type)
