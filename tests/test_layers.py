@@ -421,3 +421,22 @@ def test_layer_projections_take_one_product_under_autocast(name):
         y0 = layer(x)
     assert seen == [1] and calls == list(names)
     assert_close(name, y.float(), y0.float(), torch.bfloat16)
+
+
+def test_project_padding_under_inference_then_training():
+    """The padded rows are made once: first under inference mode (generation), then in a
+    training step with gradients, the fused product still gives the separate projections."""
+    from linrnn.layers.common import project
+
+    mods = [torch.nn.Linear(24, n, bias=True) for n in (16, 3)]
+    x = torch.randn(2, 5, 24)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        first = project(x, *mods)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ys = project(x, *mods)
+        ref = [m(x) for m in mods]
+    sum(y.float().sum() for y in ys).backward()
+    assert all(m.weight.grad is not None and m.bias.grad is not None for m in mods)
+    for a, b, c in zip(ys, ref, first):
+        assert_close("project", a.float(), b.float(), torch.bfloat16)
+        assert torch.equal(a, c)

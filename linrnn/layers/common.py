@@ -21,6 +21,7 @@ one-token steps gives what one call over the whole sequence gives.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from dataclasses import dataclass
@@ -426,6 +427,14 @@ class Mixer(nn.Module):
 PROJECT_ALIGN = 16  # elements: Triton's divisibility hint for a row stride (32 bytes of bf16)
 
 
+@functools.lru_cache(maxsize=64)
+def _zeros(shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A read-only block of zeros, made once per shape: a padded projection's rows would
+    otherwise cost an allocation and a fill launch per call (the concatenation only reads
+    them, so one made under inference mode serves training too)."""
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
     """``[m(x) for m in linears]``, under autocast from one matrix product: the weights (and
     biases, zeros where a projection has none) concatenated, cast once and multiplied once,
@@ -461,8 +470,8 @@ def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
             biases.append(m.weight.new_zeros(m.out_features) if m.bias is None else m.bias)
         sizes.append(m.out_features)
         if pad:
-            weights.append(m.weight.new_zeros(pad, m.in_features))
-            biases += [m.weight.new_zeros(pad)] if has_bias else []
+            weights.append(_zeros((pad, m.in_features), m.weight.dtype, m.weight.device))
+            biases += [_zeros((pad,), m.weight.dtype, m.weight.device)] if has_bias else []
             sizes.append(pad)
     bias = torch.cat(biases) if has_bias else None
     parts = iter(F.linear(x, torch.cat(weights), bias).split(sizes, dim=-1))
