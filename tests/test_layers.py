@@ -440,3 +440,22 @@ def test_project_padding_under_inference_then_training():
     for a, b, c in zip(ys, ref, first):
         assert_close("project", a.float(), b.float(), torch.bfloat16)
         assert torch.equal(a, c)
+
+
+def test_project_padding_compiles_without_warnings():
+    """Under torch.compile (fullgraph, bf16 autocast) the padded product traces without the
+    warning dynamo gives for a cached call, and matches eager."""
+    import warnings
+
+    from linrnn.layers.common import project
+
+    mods = [torch.nn.Linear(24, n, bias=False) for n in (16, 3)]
+    x = torch.randn(2, 5, 24)
+    fn = torch.compile(lambda x: project(x, *mods), fullgraph=True)
+    with warnings.catch_warnings(record=True) as seen, torch.autocast("cpu", dtype=torch.bfloat16):
+        warnings.simplefilter("always")
+        ys = fn(x)
+        ref = project(x, *mods)
+    assert not [w for w in seen if "lru_cache" in str(w.message)], [str(w.message) for w in seen]
+    for a, b in zip(ys, ref):
+        assert torch.equal(a, b)

@@ -428,11 +428,18 @@ PROJECT_ALIGN = 16  # elements: Triton's divisibility hint for a row stride (32 
 
 
 @functools.lru_cache(maxsize=64)
-def _zeros(shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A read-only block of zeros, made once per shape: a padded projection's rows would
-    otherwise cost an allocation and a fill launch per call (the concatenation only reads
-    them, so one made under inference mode serves training too)."""
+def _cached_zeros(shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
     return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _zeros(shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A read-only block of zeros, made once per shape in eager mode: a padded projection's
+    rows would otherwise cost an allocation and a fill launch per call (the concatenation only
+    reads them, so one made under inference mode serves training too). While torch.compile
+    traces, a fresh one (the compiled graph makes it; dynamo warns about cached calls)."""
+    if tracing():
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return _cached_zeros(shape, dtype, device)
 
 
 def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
