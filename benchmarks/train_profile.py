@@ -101,22 +101,26 @@ def build_step(name: str, T: int, B: int, dtype: str, device: str):
     cfg, dev, _amp, autocast, model, opt, scaler, data, _ = training.build_run(case, B, T, 1000)
     x, y = get_batch(data, B, T, torch.Generator().manual_seed(0), dev)
 
-    def once():
-        train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip).item()  # synchronizes
+    def once():  # the loss, not synchronized: .item() waits for the step
+        return train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip)
 
     return once, model.num_parameters()
 
 
 def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int, timed: int = 10) -> dict:
     """One row: the step's wall time (the median of ``timed`` steps after the profiled ones),
-    its kernels by kind (over ``steps`` profiled steps) and the largest kernels."""
+    the host's time to queue it (until the step returns, before the loss is read: a queue time
+    near the step time leaves the GPU waiting on launches), its kernels by kind (over
+    ``steps`` profiled steps) and the largest kernels."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     once, params = build_step(name, T, B, dtype, device)
-    kernels, total = KT.profile(once, steps, device)
-    wall = []
+    kernels, total = KT.profile(lambda: once().item(), steps, device)
+    wall, queue = [], []
     for _ in range(timed):
         t0 = time.perf_counter()
-        once()
+        loss = once()
+        queue.append(time.perf_counter() - t0)
+        loss.item()
         wall.append(time.perf_counter() - t0)
     engine = engine_kernels()
     kinds = collections.Counter({k: 0.0 for k in KINDS})
@@ -129,6 +133,7 @@ def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int, timed: int 
         mixer=name, shape=f"B{B}-T{T}", dtype=dtype, device=device, parameters=params,
         steps=steps, timed_steps=timed, step_ms=round(step_ms, 3), kernels_ms=total,
         host_ms=round(max(0.0, step_ms - total), 3),
+        queue_ms=round(1e3 * statistics.median(queue), 3),
         kinds={k: round(kinds[k], 4) for k in KINDS},
         launches={k: round(launches[k], 2) for k in KINDS},
         top=[(k, ms, n, kind_of(k, engine)) for k, (ms, n) in list(kernels.items())[:12]],
@@ -137,11 +142,12 @@ def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int, timed: int 
 
 def print_rows(rows: list) -> None:
     head = f"{'mixer':<16} {'step ms':>8} {'kernels':>8} " + " ".join(f"{k:>9}" for k in KINDS)
-    print(head + f" {'host':>8} {'launches':>8}")
+    print(head + f" {'host':>8} {'queue':>8} {'launches':>8}")
     for r in rows:
         cells = " ".join(f"{r['kinds'][k]:9.2f}" for k in KINDS)
         print(f"{r['mixer']:<16} {r['step_ms']:8.2f} {r['kernels_ms']:8.2f} {cells} "
-              f"{r['host_ms']:8.2f} {sum(r['launches'].values()):8.0f}")  # fmt: skip
+              f"{r['host_ms']:8.2f} {r['queue_ms']:8.2f} "
+              f"{sum(r['launches'].values()):8.0f}")  # fmt: skip
     print("launches per step by kind: " + ", ".join(
         f"{r['mixer']} " + "/".join(f"{r['launches'][k]:g}" for k in KINDS) for r in rows
     ))  # fmt: skip

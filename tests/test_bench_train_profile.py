@@ -18,6 +18,7 @@ def test_rows_add_up(tmp_path):
     assert [r["mixer"] for r in rows] == ["softmax", "simple_gla"]
     for r in rows:
         assert r["step_ms"] > 0 and r["kernels_ms"] > 0 and r["parameters"] > 0
+        assert 0 < r["queue_ms"] <= r["step_ms"]  # queued before the loss is read
         assert r["steps"] == 1 and r["timed_steps"] == 2
         assert set(r["kinds"]) == set(tp.KINDS)
         assert abs(sum(r["kinds"].values()) - r["kernels_ms"]) < 1e-2

@@ -468,26 +468,19 @@ def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
         )
     ):
         return [m(x) for m in linears]
-    pads = [-m.out_features % PROJECT_ALIGN for m in linears]
-    weights, biases, sizes = [], [], []
+    weights, biases, starts, start = [], [], [], 0
     has_bias = any(m.bias is not None for m in linears)
-    for m, pad in zip(linears, pads):
-        weights.append(m.weight)
+    for m in linears:
+        pad = -m.out_features % PROJECT_ALIGN
+        dtype, device = m.weight.dtype, m.weight.device
+        weights += [m.weight] + ([_zeros((pad, m.in_features), dtype, device)] if pad else [])
         if has_bias:
-            biases.append(m.weight.new_zeros(m.out_features) if m.bias is None else m.bias)
-        sizes.append(m.out_features)
-        if pad:
-            weights.append(_zeros((pad, m.in_features), m.weight.dtype, m.weight.device))
-            biases += [_zeros((pad,), m.weight.dtype, m.weight.device)] if has_bias else []
-            sizes.append(pad)
-    bias = torch.cat(biases) if has_bias else None
-    parts = iter(F.linear(x, torch.cat(weights), bias).split(sizes, dim=-1))
-    outs = []
-    for pad in pads:
-        outs.append(next(parts))
-        if pad:
-            next(parts)  # the zero rows' output
-    return outs
+            bias = _zeros((m.out_features,), dtype, device) if m.bias is None else m.bias
+            biases += [bias] + ([_zeros((pad,), dtype, device)] if pad else [])
+        starts.append(start)
+        start += m.out_features + pad
+    y = F.linear(x, torch.cat(weights), torch.cat(biases) if has_bias else None)
+    return [y.narrow(-1, s, m.out_features) for s, m in zip(starts, linears)]
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
