@@ -78,6 +78,7 @@ class TrainConfig:
     plot: bool = True
     progress: bool = True
     pack: bool = False
+    cuda_graph: bool = False
 
 
 def _count(minimum: int):
@@ -154,6 +155,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "instead of windows cut from one stream",
     )  # fmt: skip
     p.add_argument(
+        "--cuda-graph", action="store_true",
+        help="capture the training step in a CUDA graph and replay it (CUDA; fixed shapes: "
+        "not with --pack or --amp fp16)",
+    )  # fmt: skip
+    p.add_argument(
         "--resume", metavar="DIR", default=None,
         help="continue the run saved in DIR (its --out folder) from its last checkpoint, with "
         "its saved settings (the other options are ignored)",
@@ -180,7 +186,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         checkpoint_every=args.checkpoint_every, seed=args.seed, device=args.device,
         amp=args.amp, sample_prompt=args.sample_prompt, sample_tokens=args.sample_tokens,
         temperature=args.temperature, top_k=args.top_k, plot=not args.no_plot,
-        progress=not args.no_progress, pack=args.pack,
+        progress=not args.no_progress, pack=args.pack, cuda_graph=args.cuda_graph,
     )  # fmt: skip
 
 
@@ -385,6 +391,9 @@ def plot_history(history: dict, path: Path) -> str:
     return f"loss plot: {path}"
 
 
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+
+
 def resolve_device(cfg: TrainConfig):
     """``(device, amp, autocast)`` of a run: ``device="auto"`` is CUDA when available, and
     ``amp="auto"`` is bf16 on CUDA, off on CPU; ``autocast()`` is the matching context (the
@@ -395,7 +404,7 @@ def resolve_device(cfg: TrainConfig):
     amp = cfg.amp
     if amp == "auto":
         amp = "bf16" if device.type == "cuda" else "off"
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[amp]
+    amp_dtype = AMP_DTYPES[amp]
 
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
@@ -431,12 +440,108 @@ def train_step(
     return loss
 
 
+class GraphedStep:
+    """:func:`train_step` captured once in a CUDA graph and replayed every step after.
+
+    An eager step of a small model is host-bound: the host needs about as long to queue its
+    hundreds of launches (autograd, PyTorch's dispatcher, Triton's launcher) as the GPU needs
+    to run them, so the GPU waits. A replay queues the whole step at once. What it takes:
+
+    * **static inputs**: each step's batch is copied into the tensors the graph reads;
+    * **a capturable optimizer**: the learning rate becomes a tensor on the device (each step's
+      value is written into it before the replay) and AdamW runs with ``capturable=True``, its
+      step counters on the device;
+    * **no host work on tensor values**: linrnn's ops read none while a graph is captured, and
+      autocast's weight cache is off inside the graph (PyTorch's rule for graphed regions).
+
+    The first ``warmup`` calls run eagerly on a side stream (the allocator, cuBLAS's workspaces
+    and the Triton kernels are ready before the capture); the next call captures and replays.
+    Every call is one real optimizer step, so a run's losses match an eager run's. Fixed
+    shapes only: no packed documents (their boundaries change per batch), and no fp16 autocast
+    (its loss scaler reads the gradients' overflow on the host). On a CPU the steps run
+    eagerly, the same code without the graph::
+
+        step = GraphedStep(model, opt, torch.bfloat16, grad_clip=1.0)
+        for i in range(steps):
+            loss = step(x, y, lr_at(i, cfg)).item()
+    """
+
+    def __init__(self, model, opt, amp_dtype, grad_clip: float, warmup: int = 2) -> None:
+        if amp_dtype is torch.float16:
+            raise ValueError("a graphed step takes bf16 autocast or none, not fp16 (its loss "
+                             "scaler reads the gradients' overflow on the host)")  # fmt: skip
+        if warmup < 1:
+            raise ValueError(f"warmup must be ≥ 1 eager step before the capture, got {warmup}")
+        self.model, self.opt, self.amp_dtype, self.grad_clip = model, opt, amp_dtype, grad_clip
+        self.device = next(model.parameters()).device
+        self.graphed = self.device.type == "cuda"
+        self.warmup, self.calls = warmup, 0
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
+        self.graph = self.x = self.y = self.loss = None
+        if self.graphed:
+            self.stream = torch.cuda.Stream(self.device)
+            for group in opt.param_groups:  # one device tensor per group, written per step
+                group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
+                group["capturable"] = True
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp_dtype,
+                              enabled=self.amp_dtype is not None, cache_enabled=False)  # fmt: skip
+
+    def _step(self, x, y):
+        return train_step(self.model, self.opt, self.scaler, x, y, self._autocast,
+                          self.grad_clip)  # fmt: skip
+
+    def __call__(self, x, y, lr: float) -> torch.Tensor:
+        """One optimizer step on ``(x, y)`` at learning rate ``lr``; the loss, not yet
+        synchronized."""
+        set_lr(self.opt, lr)
+        self.calls += 1
+        if not self.graphed:
+            return self._step(x, y)
+        if self.graph is None and self.calls <= self.warmup:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                loss = self._step(x, y)
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+            return loss
+        if self.graph is None:
+            self._capture(x, y)
+        elif x.shape != self.x.shape or y.shape != self.y.shape:
+            raise ValueError(f"a graphed step takes the captured batch shape "
+                             f"{tuple(self.x.shape)}, got {tuple(x.shape)}")  # fmt: skip
+        self.x.copy_(x)
+        self.y.copy_(y)
+        self.graph.replay()
+        return self.loss.clone()
+
+    def _capture(self, x, y) -> None:
+        self.x, self.y = x.clone(), y.clone()
+        torch.cuda.current_stream(self.device).synchronize()
+        self.opt.zero_grad(set_to_none=True)  # the gradients come from the graph's pool
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=self.stream):
+            self.loss = self._step(self.x, self.y)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Every parameter group's learning rate to ``lr`` (written into the tensor a graphed
+    step's optimizer holds, :class:`GraphedStep`)."""
+    for group in opt.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
 def train(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
     """Run training; returns the history (also written to ``out/history.json``). ``resume``: a
     run folder (or its ``checkpoint/``) whose saved state the run continues from; ``cfg``
     must then be that run's settings (:func:`resume_config` reads them)."""
     check_config(cfg)
     device, amp, autocast = resolve_device(cfg)
+    if cfg.cuda_graph and device.type != "cuda":
+        raise ValueError(f"cuda_graph needs a CUDA device, got {device}")
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -453,18 +558,22 @@ def train(cfg: TrainConfig, resume: str | Path | None = None) -> dict:
     start = 0
     if resume is not None:
         start = restore_checkpoint(resume, cfg, model, opt, scaler, gen, history, device)
+    graphed = GraphedStep(model, opt, AMP_DTYPES[amp], cfg.grad_clip) if cfg.cuda_graph else None
     bar = Progress(cfg.steps - start, cfg.progress)
     bar.write(
         f"linrnn.train: {cfg.mixer}, {model.num_parameters():,} parameters, {device} "
-        f"(autocast {amp}), {len(train_data):,} training bytes, {cfg.steps} steps of "
+        f"(autocast {amp}{', CUDA graph' if graphed else ''}), {len(train_data):,} training "
+        f"bytes, {cfg.steps} steps of "
         f"{cfg.batch_size}×{cfg.seq_len}" + (f", resumed at step {start}" if resume else "")
     )
     t0 = time.perf_counter()
     for step in range(start, cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
         x, y, cu = sample_batch(train_data, cfg, gen, device)
-        value = train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip, cu).item()
+        if graphed is not None:
+            value = graphed(x, y, lr_at(step, cfg)).item()
+        else:
+            set_lr(opt, lr_at(step, cfg))
+            value = train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip, cu).item()
         if not math.isfinite(value):
             bar.close()
             raise FloatingPointError(f"loss became {value} at step {step}")
@@ -507,6 +616,12 @@ def check_config(cfg: TrainConfig) -> None:
             raise ValueError(f"{name} must be an int ≥ {least}, got {value!r}")
     if not 0 < cfg.val_fraction < 1:
         raise ValueError(f"val_fraction must lie in (0, 1), got {cfg.val_fraction!r}")
+    if cfg.cuda_graph and cfg.pack:
+        raise ValueError("cuda_graph takes fixed batch shapes: not with pack (each batch's "
+                         "document boundaries differ)")  # fmt: skip
+    if cfg.cuda_graph and cfg.amp == "fp16":
+        raise ValueError("cuda_graph takes amp bf16 or off, not fp16 (its loss scaler reads "
+                         "the gradients' overflow on the host)")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

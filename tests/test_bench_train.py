@@ -114,9 +114,30 @@ def test_gpu_plan_every_mixer_at_65536_tokens_per_step_softmax_first():
         assert (case["d_model"], case["layers"], case["heads"]) == (512, 6, 4)
         assert case["backend"] is None and case["max_steps"] == 0 and case["train_s"] == 20
         assert case["needs_s"] == 20 + training.OVERHEAD_S
-    assert "65,536 tokens per step" in notes[0]
+    assert "65,536 tokens per step" in notes[0] and "eager steps" in notes[0]
+    assert not any(c["cuda_graph"] for c, _ in cases)
+    cases, notes = cli.plan(parsed("--cuda-graph"), registry.SUITES["train"], "cuda")
+    assert all(c["cuda_graph"] for c, _ in cases) and "replayed from a CUDA graph" in notes[0]
     cases, _ = cli.plan(parsed("--batch", "2", "--mixers", "gla"), registry.SUITES["train"], "cuda")
     assert [(c["op"], items) for c, items in cases] == [("gla", [{"shape": "B2-T8192"}])]
+
+
+def test_graphed_and_eager_rows_have_their_own_baselines_and_targets():
+    def row(op, tps, graph):
+        return dict(suite="train", op=op, shape="B8-T8192", dtype="bf16", tokens_per_s=tps,
+                    cuda_graph=graph)  # fmt: skip
+
+    rows = [row("softmax", 100.0, False), row("gla", 140.0, False), row("rwkv6", 70.0, False),
+            row("softmax", 110.0, True), row("gla", 176.0, True),
+            row("rwkv6", 121.0, True)]  # fmt: skip
+    got = {(t["shape"], t["mixer"], t["target"]): t["value"] for t in training.targets(rows)}
+    assert [r["tokens_per_s_vs_softmax"] for r in rows] == pytest.approx([1, 1.4, 0.7, 1, 1.6, 1.1])
+    linear, rwkv = (t for t, _ in training.TARGETS)
+    assert got[("B8-T8192", "gla", linear)] == pytest.approx(1.4)
+    assert got[("B8-T8192 graph", "gla", linear)] == pytest.approx(1.6)
+    assert got[("B8-T8192", "rwkv6", rwkv)] == pytest.approx(0.5)
+    assert got[("B8-T8192 graph", "rwkv6", rwkv)] == pytest.approx(121 / 176)
+    assert "| gla | B8-T8192 graph |" in "\n".join(training.markdown_lines(rows))
 
 
 def test_the_gpu_model_has_about_twenty_million_parameters():
@@ -152,6 +173,7 @@ def test_a_dead_worker_keeps_what_it_measured(tmp_path):
     "argv, message",
     [
         (["--suite", "paper", "--mixers", "gla"], "--mixers: options of --suite train only"),
+        (["--suite", "paper", "--cuda-graph"], "--cuda-graph: options of --suite train only"),
         (["--suite", "train", "--ops", "gla"], "--ops does not apply to --suite train"),
         (["--suite", "train", "--mixers", "gpt"], "unknown --mixers ['gpt']"),
         (["--suite", "train", "--seq-len", "0"], "--seq-len must be ≥ 1"),

@@ -188,3 +188,48 @@ def test_bad_counts_are_argument_errors(tmp_path, flag, value, capsys):
     assert f"argument {flag}" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"steps must be an int ≥ 1, got -5"):
         train(TrainConfig(out=str(tmp_path / "out"), steps=-5))
+
+
+def test_graphed_step_refuses_what_a_graph_cannot_hold(tmp_path):
+    with pytest.raises(ValueError, match="cuda_graph takes fixed batch shapes: not with pack"):
+        train(TrainConfig(out=str(tmp_path / "a"), cuda_graph=True, pack=True, **TINY))
+    with pytest.raises(ValueError, match="cuda_graph takes amp bf16 or off, not fp16"):
+        train(TrainConfig(out=str(tmp_path / "b"), cuda_graph=True, amp="fp16", **TINY))
+    with pytest.raises(ValueError, match="cuda_graph needs a CUDA device, got cpu"):
+        train(TrainConfig(out=str(tmp_path / "c"), cuda_graph=True, device="cpu", **TINY))
+    model = CausalLM(linrnn.train.model_config(TrainConfig(**TINY)))
+    opt = linrnn.train.make_optimizer(model, TrainConfig(**TINY), fused=False)
+    with pytest.raises(ValueError, match="bf16 autocast or none, not fp16"):
+        linrnn.train.GraphedStep(model, opt, torch.float16, 1.0)
+    with pytest.raises(ValueError, match="warmup must be ≥ 1 eager step before the capture, got 0"):
+        linrnn.train.GraphedStep(model, opt, None, 1.0, warmup=0)
+
+
+def test_graphed_step_on_a_cpu_takes_the_eager_steps():
+    """Without CUDA a GraphedStep runs train_step eagerly, with the learning rate it is given
+    (the graph's own match with eager steps is tests/gpu/test_graphed_train.py's)."""
+    cfg = TrainConfig(**TINY)
+    data, _ = load_bytes(DEFAULT_DATA, cfg.val_fraction)
+    gen = torch.Generator().manual_seed(3)
+    batches = [get_batch(data, 4, 32, gen, "cpu") for _ in range(3)]
+    runs = []
+    for graphed in (False, True):
+        torch.manual_seed(0)
+        model = CausalLM(linrnn.train.model_config(cfg))
+        opt = linrnn.train.make_optimizer(model, cfg, fused=False)
+        off = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
+        step = linrnn.train.GraphedStep(model, opt, None, 1.0) if graphed else None
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            lr = 1e-2 * (i + 1)
+            if graphed:
+                losses.append(step(x, y, lr).item())
+            else:
+                linrnn.train.set_lr(opt, lr)
+                losses.append(linrnn.train.train_step(model, opt, scaler, x, y, off, 1.0).item())
+            assert all(g["lr"] == lr for g in opt.param_groups)
+        runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+    assert runs[0][0] == runs[1][0] and len(set(runs[0][0])) == 3
+    for a, b in zip(runs[0][1], runs[1][1]):
+        assert torch.equal(a, b)

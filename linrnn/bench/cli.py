@@ -110,6 +110,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "training per mixer after its first step (20)")  # fmt: skip
     p.add_argument("--max-steps", type=int, metavar="N", help="train: also stop after N "
                    "steps (CPU: 6; 0: no limit)")  # fmt: skip
+    p.add_argument("--cuda-graph", action="store_true", default=None, help="train: every "
+                   "step after two eager ones replayed from a CUDA graph (CUDA)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, help=f"report folder (default {default_out_dir()})")
     p.add_argument("--out", type=Path, help="JSON path (default OUT_DIR/<date>-<gpu>-<suite>.json)")
@@ -442,7 +444,7 @@ def _plots(rep: dict, path: Path) -> None:
         print("plots skipped: matplotlib is not installed (pip install 'linrnn[plot]')")
 
 
-TRAIN_FLAGS = ("seq_len", "batch", "mixers", "train_seconds", "max_steps")
+TRAIN_FLAGS = ("seq_len", "batch", "mixers", "train_seconds", "max_steps", "cuda_graph")
 
 
 def check_train_arguments(args, parser) -> None:

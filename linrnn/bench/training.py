@@ -6,7 +6,10 @@ validation tail, AdamW with the trainer's parameter groups — fused on CUDA —
 schedule, gradient clipping 1.0, :func:`linrnn.train.train_step`), with only the token mixer
 changed. Softmax attention (``SoftmaxAttention``: torch SDPA, flash on CUDA) runs first as the
 baseline of every ratio. Precision is the trainer's: autocast in the benchmark dtype (bf16 on
-CUDA, off on CPU) with fp32 parameters and fp32 AdamW state. The run is eager.
+CUDA, off on CPU) with fp32 parameters and fp32 AdamW state. The run is eager, or with
+``--cuda-graph`` every step after the first two is a replay of one captured CUDA graph
+(:class:`linrnn.train.GraphedStep`, softmax's too): the same steps without the host's launch
+work, which in eager mode takes about as long as the GPU's (the rows say which).
 
 Model (:data:`GPU_MODEL`): width 512, 6 blocks, 4 heads (head dim 128), vocabulary 256: about
 19-25 M parameters depending on the mixer. Every step holds :data:`GPU_TOKENS` = 65,536 tokens
@@ -135,7 +138,7 @@ def train_case(case: dict, item: dict) -> dict:
     step (or ``case["max_steps"]`` steps); the row of the module docstring."""
     import torch
 
-    from linrnn.train import evaluate, get_batch, lr_at, train_step
+    from linrnn.train import AMP_DTYPES, GraphedStep, evaluate, get_batch, lr_at, set_lr, train_step
 
     _stage(case, "build")
     B, T = parse_run_shape(item["shape"])
@@ -145,6 +148,9 @@ def train_case(case: dict, item: dict) -> dict:
     )
     gen = torch.Generator().manual_seed(cfg.seed)
     cuda = device.type == "cuda"
+    graphed = None
+    if case.get("cuda_graph"):
+        graphed = GraphedStep(model, opt, AMP_DTYPES[amp], cfg.grad_clip)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     row = {"status": "ok", "parameters": model.num_parameters(), "amp": amp,
@@ -185,11 +191,13 @@ def train_case(case: dict, item: dict) -> dict:
 
     step = 0
     while (planned is None or step < planned) and (step == 0 or train_s < budget):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
         t0 = time.perf_counter()
         x, y = get_batch(train_data, cfg.batch_size, cfg.seq_len, gen, device)
-        value = train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip).item()
+        if graphed is not None:
+            value = graphed(x, y, lr_at(step, cfg)).item()
+        else:
+            set_lr(opt, lr_at(step, cfg))
+            value = train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip).item()
         dt = time.perf_counter() - t0
         if step == 0:
             row["first_step_s"] = dt
@@ -250,7 +258,7 @@ def plan(args, suite: registry.Suite, device: str, common: dict) -> tuple[list, 
         common, task="train", data=str(_default_data()), **model, lr=1e-3,
         warmup=20 if cuda else 2, eval_batches=4 if cuda else 1,
         eval_every_s=3.0 if cuda else 0.0, train_s=train_s, max_steps=max_steps,
-        needs_s=train_s + OVERHEAD_S if cuda else 0.0,
+        needs_s=train_s + OVERHEAD_S if cuda else 0.0, cuda_graph=bool(args.cuda_graph and cuda),
     )  # fmt: skip
     cases, shapes = [], []
     for T in lengths:
@@ -271,6 +279,7 @@ def plan(args, suite: registry.Suite, device: str, common: dict) -> tuple[list, 
         f"heads {model['heads']}, {', '.join(shapes)}; {precision}, fp32 parameters and AdamW "
         f"state; {train_s:g} s of training per mixer"
         + (f" or {max_steps} steps" if max_steps else "")
+        + ("; steps replayed from a CUDA graph" if common["cuda_graph"] else "; eager steps")
     ]
     return cases, notes
 
@@ -291,7 +300,7 @@ def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
         family=case["mixer"], mode=None, backend=case["backend"], chunk=case["chunk"],
         chunk_requested=case["chunk"], shape=item["shape"], dtype=case["dtype"],
         suite=case["suite"], mixer=case["mixer"], mixer_kwargs=case["mixer_kwargs"],
-        batch=B, seq_len=T,
+        batch=B, seq_len=T, cuda_graph=case.get("cuda_graph", False),
         model={k: case[k] for k in ("d_model", "layers", "heads")},
     )  # fmt: skip
     partial = Path(case["partial"]) if case.get("partial") else None
@@ -310,12 +319,13 @@ def full_row(case: dict, item: dict, row: dict, spec: dict | None) -> dict:
 
 def add_ratios(rows: list[dict]) -> None:
     """Set ``tokens_per_s_vs_softmax`` on every train row: its tokens/s over the softmax row's
-    at the same shape and dtype (None where either is missing)."""
-    base = {(r["shape"], r["dtype"]): r.get("tokens_per_s") for r in rows
+    at the same shape and dtype, both eager or both graphed (None where either is missing)."""
+    key = lambda r: (r["shape"], r["dtype"], bool(r.get("cuda_graph")))  # noqa: E731
+    base = {key(r): r.get("tokens_per_s") for r in rows
             if r.get("suite") == "train" and r["op"] == BASELINE}  # fmt: skip
     for r in rows:
         if r.get("suite") == "train":
-            b, tps = base.get((r["shape"], r["dtype"])), r.get("tokens_per_s")
+            b, tps = base.get(key(r)), r.get("tokens_per_s")
             r["tokens_per_s_vs_softmax"] = tps / b if tps and b else None
 
 
@@ -331,9 +341,9 @@ def targets(rows: list[dict]) -> list[dict]:
     over GLA's; ``{"target", "shape", "mixer", "value", "bound", "verdict"}``."""
     add_ratios(rows)
     out = []
-    by = {(r["op"], r["shape"]): r for r in rows if r.get("suite") == "train"}
+    by = {(r["op"], _run(r)): r for r in rows if r.get("suite") == "train"}
     (linear, bound), (rwkv, rwkv_bound) = TARGETS
-    for shape in dict.fromkeys(r["shape"] for r in by.values()):
+    for shape in dict.fromkeys(run for _op, run in by):
         if (BASELINE, shape) not in by:
             continue
         for (op, s), r in by.items():
@@ -353,6 +363,11 @@ def targets(rows: list[dict]) -> list[dict]:
 # --- tables ---------------------------------------------------------------------------------
 
 
+def _run(r: dict) -> str:
+    """A row's shape, marked "graph" where its steps were CUDA-graph replays."""
+    return r["shape"] + (" graph" if r.get("cuda_graph") else "")
+
+
 def _num(value, fmt: str) -> str:
     return value if isinstance(value, str) else "—" if value is None else format(value, fmt)
 
@@ -369,7 +384,7 @@ def cells(r: dict) -> tuple:
     if r.get("first_step_s") is not None and r.get("triton_cache") == "shared":
         first += "c"
     return (
-        r["op"], r["shape"], _num(params and params / 1e6, ".2f"), first,
+        r["op"], _run(r), _num(params and params / 1e6, ".2f"), first,
         _num(r.get("steps"), "d"), _num(r.get("median_step_ms"), ".1f"),
         _num(r.get("tokens_per_s"), ",.0f"), _num(r.get("tokens_per_s_vs_softmax"), ".2f"),
         _num(r.get("peak_mem_mib"), ",.0f"), _num(r.get("epochs"), ".0f"),
@@ -394,7 +409,8 @@ def table(rows: list[dict]) -> str:
 
 
 SUMMARY = (
-    "train, {dtype} (autocast; fp32: none), fp32 parameters and AdamW state; step ms = median "
+    'train, {dtype} (autocast; fp32: none), fp32 parameters and AdamW state; shape "graph": '
+    "steps replayed from a CUDA graph (both warm-up steps eager); step ms = median "
     f"step after {WARM_STEPS} warm-up steps (batch, forward, backward, clipping, AdamW); "
     "tokens/s = tokens per step / step ms; vs softmax = tokens/s over softmax's (SDPA) at the "
     "same shape; first s = first step (c: shared Triton cache); peak = max_memory_allocated "
