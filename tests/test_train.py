@@ -233,3 +233,10 @@ def test_graphed_step_on_a_cpu_takes_the_eager_steps():
     assert runs[0][0] == runs[1][0] and len(set(runs[0][0])) == 3
     for a, b in zip(runs[0][1], runs[1][1]):
         assert torch.equal(a, b)
+
+
+def test_data_stays_on_a_cpu_and_packed_documents_stay_on_the_host():
+    train_data, val_data = load_bytes(DEFAULT_DATA, 0.1)
+    assert linrnn.train.data_on(torch.device("cpu"), train_data, val_data) == (train_data, val_data)
+    docs = linrnn.train.split_documents(train_data)
+    assert linrnn.train.data_on(torch.device("cuda"), docs)[0] is docs

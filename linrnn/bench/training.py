@@ -109,6 +109,7 @@ def build_run(case: dict, B: int, T: int, steps: int):
     from linrnn.models import CausalLM
     from linrnn.train import (
         TrainConfig,
+        data_on,
         load_bytes,
         make_optimizer,
         model_config,
@@ -125,7 +126,7 @@ def build_run(case: dict, B: int, T: int, steps: int):
     )  # fmt: skip
     device, amp, autocast = resolve_device(cfg)
     torch.manual_seed(cfg.seed)
-    train_data, val_data = load_bytes(cfg.data, cfg.val_fraction)
+    train_data, val_data = data_on(device, *load_bytes(cfg.data, cfg.val_fraction))
     lm_cfg = model_config(cfg, backend=case["backend"], chunk_size=case["chunk"])
     model = CausalLM(lm_cfg, device=device)
     opt = make_optimizer(model, cfg, fused=device.type == "cuda")

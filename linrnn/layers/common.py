@@ -468,19 +468,23 @@ def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
         )
     ):
         return [m(x) for m in linears]
-    weights, biases, starts, start = [], [], [], 0
+    weights, biases, sizes, kept = [], [], [], []
     has_bias = any(m.bias is not None for m in linears)
     for m in linears:
         pad = -m.out_features % PROJECT_ALIGN
         dtype, device = m.weight.dtype, m.weight.device
+        kept.append(len(sizes))
+        sizes += [m.out_features] + ([pad] if pad else [])
         weights += [m.weight] + ([_zeros((pad, m.in_features), dtype, device)] if pad else [])
         if has_bias:
             bias = _zeros((m.out_features,), dtype, device) if m.bias is None else m.bias
             biases += [bias] + ([_zeros((pad,), dtype, device)] if pad else [])
-        starts.append(start)
-        start += m.out_features + pad
     y = F.linear(x, torch.cat(weights), torch.cat(biases) if has_bias else None)
-    return [y.narrow(-1, s, m.out_features) for s, m in zip(starts, linears)]
+    # One split, not a slice per output: split's backward writes the product's gradient in one
+    # concatenation (zeros for the padding), where each slice's backward would fill a zero
+    # tensor of the product's full size and add it (four full-size passes a layer).
+    parts = y.split(sizes, dim=-1)
+    return [parts[i] for i in kept]
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:

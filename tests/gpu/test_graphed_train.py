@@ -68,3 +68,15 @@ def test_graphed_steps_match_eager_steps(mixer, kwargs):
     assert eager[-1] != eager[0]  # the runs trained
     for a, b in zip(w_eager, w_graph):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m: f"seed {seed}: {m}")
+
+
+def test_batches_gathered_on_the_device_are_the_hosts():
+    from linrnn.train import DEFAULT_DATA, data_on, get_batch, load_bytes
+
+    train, val = load_bytes(DEFAULT_DATA, 0.1)
+    dev_train, dev_val = data_on(torch.device("cuda"), train, val)
+    assert dev_train.is_cuda and dev_val.is_cuda
+    for data, dev in ((train, dev_train), (val, dev_val)):
+        a = get_batch(data, 4, 300, torch.Generator().manual_seed(5), "cuda")
+        b = get_batch(dev, 4, 300, torch.Generator().manual_seed(5), "cuda")
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
