@@ -53,7 +53,9 @@
 #                it is read at): every mixer's training tokens/s beside softmax attention (SDPA),
 #                65,536 tokens per step, TRAIN_SECONDS (20) s of training each, within BUDGET
 #                (540) s into $OUT/train-T<T>.json (loss curves in $OUT/train-T<T>/); the
-#                mixers it had no time for are left to a second call with that JSON
+#                mixers it had no time for are left to a second call with that JSON; with
+#                TRAIN_GRAPH=1 every step a CUDA-graph replay (--cuda-graph), into
+#                $OUT/train-graph-T<T>.json
 #   train-profile [T] [MIXER...]
 #                benchmarks/train_profile.py: one training step of the train suite's model per
 #                mixer (all, or MIXER...) at sequence length T (8192) under torch.profiler, its
@@ -259,7 +261,11 @@ train)
     # One shared Triton cache: a second call (or the other length) compiles nothing again, so
     # its first steps are marked c in the table.
     T=${2:-8192}
-    J="$OUT/train-T$T.json"
+    NAME=train; GRAPH=()
+    if [ "${TRAIN_GRAPH:-0}" = 1 ]; then
+        NAME=train-graph; GRAPH=(--cuda-graph)
+    fi
+    J="$OUT/$NAME-T$T.json"
     if [ -n "${3:-}" ]; then
         cp "$3" "$J" && chmod u+w "$J" || exit 2
     fi
@@ -267,10 +273,11 @@ train)
     left=$((BUDGET - SECONDS - 20))
     timeout -k 10 $((left + 30)) python3 -u -m linrnn.bench --suite train --seq-len "$T" \
         --train-seconds "${TRAIN_SECONDS:-20}" --timeout $((${TRAIN_SECONDS:-20} + 240)) \
-        --resume --out "$J" --time-budget "$left" \
-        --triton-cache /tmp/triton-cache-train --commit "$C" 2>&1 | tee -a "$OUT/train-T$T.log"
-    echo "train T=$T: rc=${PIPESTATUS[0]} at ${SECONDS} s" | tee -a "$OUT/train-T$T.log"
-    python3 -m linrnn.bench --suite train --seq-len "$T" --plan --resume --out "$J"  # what is left
+        --resume --out "$J" --time-budget "$left" "${GRAPH[@]}" \
+        --triton-cache /tmp/triton-cache-train --commit "$C" 2>&1 | tee -a "$OUT/$NAME-T$T.log"
+    echo "$NAME T=$T: rc=${PIPESTATUS[0]} at ${SECONDS} s" | tee -a "$OUT/$NAME-T$T.log"
+    python3 -m linrnn.bench --suite train --seq-len "$T" --plan --resume --out "$J" \
+        "${GRAPH[@]}"  # what is left
     ;;
 train-profile)
     T=${2:-8192}

@@ -10,7 +10,7 @@ from linrnn.bench import worker
 SCRIPT = worker.ROOT / "scripts" / "gpu_runbook.sh"
 
 
-def stage(tmp_path, *argv) -> tuple[list[list[str]], subprocess.CompletedProcess]:
+def stage(tmp_path, *argv, env=None) -> tuple[list[list[str]], subprocess.CompletedProcess]:
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "python3"
@@ -19,7 +19,7 @@ def stage(tmp_path, *argv) -> tuple[list[list[str]], subprocess.CompletedProcess
                     f'printf "%s\\n" "$line" >>"{log}"\n')  # fmt: skip
     fake.chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
-           "LINRNN_COMMIT": "abc"}  # fmt: skip
+           "LINRNN_COMMIT": "abc", **(env or {})}  # fmt: skip
     res = subprocess.run(["bash", str(SCRIPT), *argv], capture_output=True, text=True, env=env,
                          timeout=60, cwd=tmp_path)  # fmt: skip
     calls = [c.split("\037")[:-1] for c in log.read_text().splitlines()] if log.exists() else []

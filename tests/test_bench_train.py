@@ -209,3 +209,10 @@ def test_runbook_train_stage(tmp_path):
         assert call[call.index("--out") + 1].endswith("/out/train-T2048.json")
     assert "--plan" in left and float(run[run.index("--time-budget") + 1]) > 400
     assert run[run.index("--commit") + 1] == "abc"
+    assert "--cuda-graph" not in run
+    calls, res = stage(tmp_path, "train", "8192", env={"TRAIN_GRAPH": "1"})
+    assert res.returncode == 0, res.stderr
+    run, left = [c for c in calls if "linrnn.bench" in c[:3]][-2:]
+    for call in (run, left):
+        assert "--cuda-graph" in call
+        assert call[call.index("--out") + 1].endswith("/out/train-graph-T8192.json")
