@@ -12,7 +12,9 @@ autocast in the benchmark dtype) under ``torch.profiler``, each kernel's device 
 and the step's wall time (synchronized, without the profiler); "host" is the wall time not
 covered by kernels, where the GPU waited for the host; "launches" counts the step's kernels
 by kind (each is host work: docs/tuning.md has a Triton launch at about 25 µs of the GPU
-machine's host)::
+machine's host). With ``--cuda-graph`` also the step replayed from a CUDA graph
+(:class:`linrnn.train.GraphedStep` on the same model, after the eager steps): ``graph_ms``,
+what the step costs without the host's share::
 
     python3 benchmarks/train_profile.py --mixers softmax gla rwkv6 --seq-len 8192 --out p.json
 
@@ -84,11 +86,13 @@ def kind_of(name: str, engine: dict[str, str]) -> str:
 
 
 def build_step(name: str, T: int, B: int, dtype: str, device: str):
-    """``(once, parameters)``: one training step of the suite's model with mixer ``name`` on a
-    fixed batch (the suite's data, model, optimizer and precision:
-    :func:`linrnn.bench.training.build_run`)."""
+    """``(once, parameters, graphed)``: one training step of the suite's model with mixer
+    ``name`` on a fixed batch (the suite's data, model, optimizer and precision:
+    :func:`linrnn.bench.training.build_run`), and a maker of the same step as a CUDA-graph
+    replay on that model (:class:`linrnn.train.GraphedStep`; the eager step must not run after
+    it: the optimizer's learning rate becomes a device tensor)."""
     from linrnn.bench import training
-    from linrnn.train import get_batch, train_step
+    from linrnn.train import AMP_DTYPES, GraphedStep, get_batch, train_step
 
     mixer, kwargs = training.VARIANTS[name]
     cuda = device == "cuda"
@@ -98,22 +102,38 @@ def build_step(name: str, T: int, B: int, dtype: str, device: str):
         eval_batches=1, seed=0, device=device, dtype=dtype,
         backend=None if mixer == "softmax" or cuda else "torch", chunk=None,
     )  # fmt: skip
-    cfg, dev, _amp, autocast, model, opt, scaler, data, _ = training.build_run(case, B, T, 1000)
+    cfg, dev, amp, autocast, model, opt, scaler, data, _ = training.build_run(case, B, T, 1000)
     x, y = get_batch(data, B, T, torch.Generator().manual_seed(0), dev)
 
     def once():  # the loss, not synchronized: .item() waits for the step
         return train_step(model, opt, scaler, x, y, autocast, cfg.grad_clip)
 
-    return once, model.num_parameters()
+    def graphed():
+        step = GraphedStep(model, opt, AMP_DTYPES[amp], cfg.grad_clip)
+        return lambda: step(x, y, cfg.lr)
+
+    return once, model.num_parameters(), graphed
 
 
-def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int, timed: int = 10) -> dict:
+def _wall_ms(step, n: int) -> float:
+    """The median wall time of ``n`` synchronized calls of ``step`` (ms)."""
+    wall = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step().item()
+        wall.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(wall)
+
+
+def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int, timed: int = 10,
+                  graph: bool = False) -> dict:  # fmt: skip
     """One row: the step's wall time (the median of ``timed`` steps after the profiled ones),
     the host's time to queue it (until the step returns, before the loss is read: a queue time
     near the step time leaves the GPU waiting on launches), its kernels by kind (over
-    ``steps`` profiled steps) and the largest kernels."""
+    ``steps`` profiled steps) and the largest kernels; with ``graph`` also the median of
+    ``timed`` CUDA-graph replays of the step after its warm-up and capture (graph_ms)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    once, params = build_step(name, T, B, dtype, device)
+    once, params, graphed = build_step(name, T, B, dtype, device)
     kernels, total = KT.profile(lambda: once().item(), steps, device)
     wall, queue = [], []
     for _ in range(timed):
@@ -129,11 +149,17 @@ def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int, timed: int 
         kinds[kind_of(kernel, engine)] += ms
         launches[kind_of(kernel, engine)] += n
     step_ms = 1e3 * statistics.median(wall)
+    graph_ms = None
+    if graph:
+        replay = graphed()
+        for _ in range(3):  # two eager warm-up steps, then the capture and its first replay
+            replay().item()
+        graph_ms = round(_wall_ms(replay, timed), 3)
     return dict(
         mixer=name, shape=f"B{B}-T{T}", dtype=dtype, device=device, parameters=params,
         steps=steps, timed_steps=timed, step_ms=round(step_ms, 3), kernels_ms=total,
         host_ms=round(max(0.0, step_ms - total), 3),
-        queue_ms=round(1e3 * statistics.median(queue), 3),
+        queue_ms=round(1e3 * statistics.median(queue), 3), graph_ms=graph_ms,
         kinds={k: round(kinds[k], 4) for k in KINDS},
         launches={k: round(launches[k], 2) for k in KINDS},
         top=[(k, ms, n, kind_of(k, engine)) for k, (ms, n) in list(kernels.items())[:12]],
@@ -142,12 +168,13 @@ def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int, timed: int 
 
 def print_rows(rows: list) -> None:
     head = f"{'mixer':<16} {'step ms':>8} {'kernels':>8} " + " ".join(f"{k:>9}" for k in KINDS)
-    print(head + f" {'host':>8} {'queue':>8} {'launches':>8}")
+    print(head + f" {'host':>8} {'queue':>8} {'launches':>8} {'graph':>8}")
     for r in rows:
         cells = " ".join(f"{r['kinds'][k]:9.2f}" for k in KINDS)
+        graph = "—" if r.get("graph_ms") is None else f"{r['graph_ms']:.2f}"
         print(f"{r['mixer']:<16} {r['step_ms']:8.2f} {r['kernels_ms']:8.2f} {cells} "
               f"{r['host_ms']:8.2f} {r['queue_ms']:8.2f} "
-              f"{sum(r['launches'].values()):8.0f}")  # fmt: skip
+              f"{sum(r['launches'].values()):8.0f} {graph:>8}")  # fmt: skip
     print("launches per step by kind: " + ", ".join(
         f"{r['mixer']} " + "/".join(f"{r['launches'][k]:g}" for k in KINDS) for r in rows
     ))  # fmt: skip
@@ -178,6 +205,11 @@ def main(argv=None) -> int:
         default=10,
         help="steps timed without the profiler after them (their median)",
     )
+    ap.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="also time the step replayed from a CUDA graph (graph_ms; eager on a CPU)",
+    )
     ap.add_argument("--out", default=None, help="write the rows as JSON")
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -186,7 +218,8 @@ def main(argv=None) -> int:
     rows = []
     for name in a.mixers:
         try:
-            rows.append(profile_mixer(name, a.seq_len, B, a.dtype, a.steps, a.timed_steps))
+            rows.append(profile_mixer(name, a.seq_len, B, a.dtype, a.steps, a.timed_steps,
+                                      a.cuda_graph))  # fmt: skip
         except Exception as e:  # one failing mixer does not lose the others' rows
             print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr)
         if cuda:

@@ -60,7 +60,8 @@
 #                benchmarks/train_profile.py: one training step of the train suite's model per
 #                mixer (all, or MIXER...) at sequence length T (8192) under torch.profiler, its
 #                kernels' time by kind (mixer op, layer glue, GEMMs, optimizer, other PyTorch)
-#                and the host's share, into $OUT/train-profile-T<T>.json
+#                and the host's share, into $OUT/train-profile-T<T>.json; with TRAIN_GRAPH=1
+#                also the step replayed from a CUDA graph (graph_ms)
 #   tune ARGS    benchmarks/tune.py ARGS (tile candidates against the shipped tables)
 #   glue         benchmarks/layer_glue.py: the layers' fused norm and gate and short convolution
 #                against their PyTorch forms, per kind, into $OUT/glue.json
@@ -281,8 +282,10 @@ train)
     ;;
 train-profile)
     T=${2:-8192}
+    GRAPH=()
+    [ "${TRAIN_GRAPH:-0}" = 1 ] && GRAPH=(--cuda-graph)
     timeout 570 python3 benchmarks/train_profile.py --seq-len "$T" ${3:+--mixers "${@:3}"} \
-        --out "$OUT/train-profile-T$T.json" 2>&1 | tee "$OUT/train-profile-T$T.log"
+        "${GRAPH[@]}" --out "$OUT/train-profile-T$T.json" 2>&1 | tee "$OUT/train-profile-T$T.log"
     ;;
 tune)
     shift

@@ -114,6 +114,9 @@ def test_train_profile_takes_a_length_and_mixers(tmp_path):
     assert call[call.index("--seq-len") + 1] == "2048"
     assert call[call.index("--mixers") + 1 :][:2] == ["gla", "rwkv6"]
     assert call[-1].endswith("train-profile-T2048.json")
+    assert "--cuda-graph" not in call
+    calls, res = stage(tmp_path, "train-profile", env={"TRAIN_GRAPH": "1"})
+    assert "--cuda-graph" in [c for c in calls if c and c[0].endswith("train_profile.py")][-1]
     calls, res = stage(tmp_path, "train-profile")
     call = [c for c in calls if c and c[0].endswith("train_profile.py")][-1]
     assert "--mixers" not in call and call[call.index("--seq-len") + 1] == "8192"

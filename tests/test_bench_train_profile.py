@@ -25,6 +25,12 @@ def test_rows_add_up(tmp_path):
         assert set(r["launches"]) == set(tp.KINDS) and sum(r["launches"].values()) >= 1
         assert r["shape"] == "B8-T32"  # the suite's 256 CPU tokens per step
     assert rows[0]["kinds"]["mixer"] > 0  # SDPA's operators
+    assert all(r["graph_ms"] is None for r in rows)
+    # --cuda-graph: the replayed step's time (on a CPU the graphed step runs eagerly)
+    assert tp.main(["--mixers", "gla", "--seq-len", "32", "--steps", "1", "--timed-steps", "2",
+                    "--cuda-graph", "--out", str(out)]) == 0  # fmt: skip
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["graph_ms"] > 0
 
 
 def test_kinds_by_name():
