@@ -207,8 +207,9 @@ def load_bytes(path, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # Byte ids up to this many bytes (int64) move to a CUDA device for the run: a batch is then
-# gathered there. Gathered on the host, a B8-T8192 batch took 1-2 ms alone and about 30 ms
-# beside another busy process (the gather's threads wait on busy cores), inside every step.
+# gathered there. Gathered on the host (its gather runs on the host's threads), a B8-T8192
+# batch took 1-2 ms alone and about 30 ms beside another busy process in a one-off probe on
+# the GPU machine, inside every step.
 DEVICE_DATA_BYTES = 1 << 30
 
 
