@@ -219,7 +219,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
         q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
         chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ,
         scale=c.scale, eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip,
-        HAS_SKIP=skip is not None, **gates, **launch,
+        HAS_SKIP=skip is not None, ONE_TILE=L <= BQ, **gates, **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
     tables = dict(states=states, ns=ns, mc=mc, den=den, m_row=m_row)
@@ -367,7 +367,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
             k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
             chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ,
             scale=c.scale, BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip,
-            dskip=dskip, HAS_SKIP=skip is not None, **flags, **launch,
+            dskip=dskip, HAS_SKIP=skip is not None, ONE_TILE=L <= BS, **flags, **launch,
         )  # fmt: skip
     if dskip is not None:  # Σ over the batch rows and tiles of each head
         dskip = dskip.view(-1, H, dskip.shape[1]).double().sum((0, 2)).float()
@@ -391,7 +391,7 @@ def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, 
     kern.dq_bwd_kernel[(NT * nQ, nK, BH // HPP)](
         do=do, v=v, k=k, q=q, h=states, hn=ns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, rd=R_D,
         dq=dq, qdq=q_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=nQ, NSEQ=c.NSEQ,
-        scale=c.scale, BQ=BQ, BD=BD, BO=BO, HPP=HPP, **flags, **launch,
+        scale=c.scale, BQ=BQ, BD=BD, BO=BO, HPP=HPP, ONE_TILE=L <= BQ, **flags, **launch,
     )  # fmt: skip
     BS, BD, BO, launch = c.tiles("dk_bwd", V, K)
     nS, nK = cdiv(L, BS), cdiv(K, BO)
@@ -402,7 +402,7 @@ def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, 
         v=v, do=do, q=q, k=k, dh=dstates, dhn=dns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
         rd=R_D, dk=dk, kdk=k_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS,
         NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None, HPP=HPP,
-        **flags, **launch,
+        ONE_TILE=L <= BS, **flags, **launch,
     )  # fmt: skip
     dq, dk = _group_sum(dq, q), _group_sum(dk, k)
     k_dk = _tile_sum(k_part) if gates else None

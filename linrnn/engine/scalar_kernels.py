@@ -256,6 +256,64 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     return b_acc, b_den
 
 
+@triton.jit
+def _rows_one(p_x, p_y, p_s, p_n, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, o_o, m_o, D, s_x, s_sd,
+              s_so, BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, Z_DTYPE: tl.constexpr,
+              HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+              DEN: tl.constexpr, AFFINE: tl.constexpr, DOT_PREC: tl.constexpr,
+              FIX: tl.constexpr):  # fmt: skip
+    """:func:`_rows_inter` and the diagonal tile of :func:`_rows_intra` for a chunk that is one
+    query tile (L ≤ BQ): the weighted scores D_rs p_rs first (their row sums with
+    ``DEN``), kept as Z_DTYPE operands (what the product casts them to), then the inter-chunk
+    product x_r·S_c (``DEN``: x_r·n_c), so a [BQ, BQ] fp32 block is not live beside the
+    accumulator. The caller finishes as after :func:`_rows_inter`, then adds the scores' product
+    (the same operations in the same order: the results are the two-function path's). Returns
+    (inter, den, scores, score sums)."""
+    b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
+        b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, s_x, m_r, m_d), input_precision=DOT_PREC)
+    if AFFINE:
+        b_p = b_p * b_A[:, None] + b_dd[:, None]
+    b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
+    causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
+    w = _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+    if FIX:
+        b_p = tl.where(causal, b_p * w, 0.0)
+    else:
+        b_p *= w
+    b_psum = tl.sum(b_p, 1) if DEN else tl.zeros([BQ], dtype=tl.float32)
+    b_pz = b_p.to(Z_DTYPE)
+    b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
+    b_den = tl.zeros([BQ], dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
+        b_s = _state_tile(p_s, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+        b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
+        if DEN:
+            b_den += _dot_n(b_x, _vec(p_n, o_d, m_d), DOT_PREC)
+    return b_acc, b_den, b_pz, b_psum
+
+
+@triton.jit
+def _rows_one_end(b_acc, b_den, b_pz, b_psum, p_z, o_r, m_r, o_o, m_o, s_z, DEN: tl.constexpr,
+                  DOT_PREC: tl.constexpr, FIX: tl.constexpr):  # fmt: skip
+    """The diagonal tile's part of :func:`_rows_intra` from :func:`_rows_one`'s scores."""
+    if DEN:
+        b_den += b_psum
+    b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BQ, BO]
+    if FIX:
+        causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]
+        b_acc = _causal_dot(b_acc, b_pz, b_z, causal, DOT_PREC)
+    else:
+        b_acc += tl.dot(b_pz, b_z, input_precision=DOT_PREC)
+    return b_acc, b_den
+
+
 @triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ", "SLOTS"])
 def out_fwd_kernel(
     q, k, v, h, hn, mc, g, gi, o, den, m_row, chunks,
@@ -263,7 +321,7 @@ def out_fwd_kernel(
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, skip=None, HAS_SKIP: tl.constexpr = False,
-    bad=None, SLOTS=0, FIX: tl.constexpr = False,
+    bad=None, SLOTS=0, FIX: tl.constexpr = False, ONE_TILE: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, V tiles, B·H): o_r = scale·[e_r q_r C_c + Σ_{s≤r} D_rs
     (q_r·k_s) v_s] of one query tile from the chunk states h (and hn, mc). ``NORM``: divided
@@ -288,7 +346,7 @@ def out_fwd_kernel(
                         _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v,
                                   i_bh, i_c, c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ,
                                   scale, eps, BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, NORM,
-                                  DOT_PREC, HAS_SKIP, True)  # fmt: skip
+                                  DOT_PREC, HAS_SKIP, True, ONE_TILE)  # fmt: skip
     else:
         i_cq, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
@@ -297,15 +355,16 @@ def out_fwd_kernel(
         _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, _program_slot(), i_v,
                   i_bh, i_c, c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ, scale, eps, BQ,
                   BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, NORM, DOT_PREC, HAS_SKIP,
-                  False)  # fmt: skip
+                  False, ONE_TILE)  # fmt: skip
 
 
 @triton.jit
 def _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v, i_bh, i_c, c0, c1,
-              i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ, scale, eps, BQ: tl.constexpr,
-              BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
+              i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ, scale, eps,
+              BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
               HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
-              DOT_PREC: tl.constexpr, HAS_SKIP: tl.constexpr, FIX: tl.constexpr):  # fmt: skip
+              DOT_PREC: tl.constexpr, HAS_SKIP: tl.constexpr, FIX: tl.constexpr,
+              ONE_TILE: tl.constexpr):  # fmt: skip
     """One tile of :func:`out_fwd_kernel` (query rows o_r of chunk i_c, V tile i_v, row i_bh
     of the gates): plain diagonal product and its flag stored at bad[slot], or (``FIX``) the
     causal product."""
@@ -333,14 +392,26 @@ def _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v, i_
         e_r = tl.exp(b_br)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, HK * K, V, 1, BQ, BD,
-                                    BO, NORM != NORM_NONE, DOT_PREC)  # fmt: skip
-    b_acc *= e_r[:, None]
-    b_den *= e_r
-    b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None, None,
-                               o_r, m_r, r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD, HAS_DECAY,
-                               HAS_IGATE, HAS_MAX, NORM != NORM_NONE, False, DOT_PREC,
-                               FIX)  # fmt: skip
+    DEN: tl.constexpr = NORM != NORM_NONE
+    if ONE_TILE:
+        b_acc, b_den, b_pz, b_psum = _rows_one(
+            p_q, p_k, p_h, hn, gi, b_br, b_mr, None, None, o_r, m_r, o_v, m_v, K, HK * K, V, 1,
+            BQ, BD, BO, v.dtype.element_ty, HAS_DECAY, HAS_IGATE, HAS_MAX, DEN, False, DOT_PREC,
+            FIX,
+        )  # fmt: skip
+        b_acc *= e_r[:, None]
+        b_den *= e_r
+        b_acc, b_den = _rows_one_end(b_acc, b_den, b_pz, b_psum, p_v, o_r, m_r, o_v, m_v, H * V,
+                                     DEN, DOT_PREC, FIX)  # fmt: skip
+    else:
+        b_acc, b_p, b_den = _rows_inter(p_q, p_k, p_h, hn, o_r, m_r, o_v, m_v, K, HK * K, V, 1,
+                                        BQ, BD, BO, DEN, DOT_PREC)  # fmt: skip
+        b_acc *= e_r[:, None]
+        b_den *= e_r
+        b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None,
+                                   None, o_r, m_r, r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD,
+                                   HAS_DECAY, HAS_IGATE, HAS_MAX, DEN, False, DOT_PREC,
+                                   FIX)  # fmt: skip
     if not FIX:
         tl.store(bad + slot, _not_finite(b_acc).to(tl.int8))
     b_acc *= scale
@@ -363,11 +434,11 @@ def _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v, i_
 @triton.jit(do_not_specialize=["T", "NT", "NQ", "NSEQ"])
 def dq_bwd_kernel(
     do, v, k, q, h, hn, mc, g, gi, m_row, ra, rd, dq, qdq, chunks,
-    T, H, G, K, V, L, NT, NQ, NSEQ, scale,
+    T, H, G, K: tl.constexpr, V: tl.constexpr, L, NT, NQ, NSEQ, scale,
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    HPP: tl.constexpr = 1,
+    HPP: tl.constexpr = 1, ONE_TILE: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, K tiles, B·H / HPP): dq_r = scale·[e_r (A_r do_r C_cᵀ +
     dd_r n_c) + Σ_{s≤r} D_rs (A_r do_r·v_s + dd_r) k_s] of one query tile; ``HAS_NORM``:
@@ -394,7 +465,7 @@ def dq_bwd_kernel(
         b_dq += _dq_head(
             i_h0 + j, do, v, k + qk, q + qk, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k,
             rows, i_c, i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
-            BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC,
+            BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC, ONE_TILE,
         )  # fmt: skip
     p_dq = dq + (i_b * T * NP + i_s) * K + o_r.to(tl.int64)[:, None] * NP * K + o_k[None, :]
     tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
@@ -402,10 +473,11 @@ def dq_bwd_kernel(
 
 @triton.jit
 def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k, rows, i_c,
-             i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
-             BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
-             HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_NORM: tl.constexpr,
-             DOT_PREC: tl.constexpr):  # fmt: skip
+             i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K: tl.constexpr, V: tl.constexpr,
+             NT, NSEQ, scale, BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+             HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+             HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr,
+             ONE_TILE: tl.constexpr):  # fmt: skip
     """dq [BQ, BO] fp32 of value head i_h on the rows o_r (:func:`dq_bwd_kernel`; p_k, p_q at
     its q/k head), storing its q·dq part (``HAS_DECAY``)."""
     i_bh = i_b * H + i_h
@@ -431,16 +503,28 @@ def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_
         b_dd = _vec(rd + i_bh * T, o_r, m_r)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    b_acc, b_p, b_den = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H * V, 1, V, BQ,
-                                    BD, BO, False, DOT_PREC)  # fmt: skip
+    if ONE_TILE:
+        b_acc, b_den, b_pz, b_psum = _rows_one(
+            p_do, p_v, p_h, None, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, o_k, m_k, V, H * V, 1, V,
+            BQ, BD, BO, p_k.dtype.element_ty, HAS_DECAY, HAS_IGATE, HAS_MAX, False, HAS_NORM,
+            DOT_PREC, False,
+        )  # fmt: skip
+    else:
+        b_acc, b_p, b_den = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H * V, 1, V,
+                                        BQ, BD, BO, False, DOT_PREC)  # fmt: skip
     if HAS_NORM:
         b_no = _vec(hn + (i_bh * NT + i_c) * K, o_k, m_k)  # [BO]
         b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
     b_acc *= e_r[:, None]
     # (b_den: zeros, unused; a jit helper may not return a None it was given)
-    b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd,
-                               o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, BQ, BD, HAS_DECAY,
-                               HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC, False)  # fmt: skip
+    if ONE_TILE:
+        b_acc, b_den = _rows_one_end(b_acc, b_den, b_pz, b_psum, p_k, o_r, m_r, o_k, m_k, HK * K,
+                                     False, DOT_PREC, False)  # fmt: skip
+    else:
+        b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A,
+                                   b_dd, o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, BQ, BD,
+                                   HAS_DECAY, HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC,
+                                   False)  # fmt: skip
     b_acc *= scale
     if HAS_DECAY:  # q·dq over this K tile, for the log-decay gradient
         b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
@@ -580,7 +664,7 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
           s_x, s_z, s_sd, s_so, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
           HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
           HAS_NORM: tl.constexpr, ADD_DN: tl.constexpr, SHIFT: tl.constexpr,
-          DOT_PREC: tl.constexpr):  # fmt: skip
+          DOT_PREC: tl.constexpr, ONE_TILE: tl.constexpr):  # fmt: skip
     """The columns s of one key tile of dk or dv (pointers at this row, chunk):
 
         out_s = w_s (x_s dS_c+1 + [ADD_DN] dn_c+1) + scale·Σ_{r≥s} D_rs M_sr z_r,
@@ -588,7 +672,12 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
 
     dS_c+1 at p_ds with element strides (s_sd, s_so), dn_c+1 at p_dn; mc at this chunk's max
     state (m_c+1 at mc + 1), g, gi, m_row, ra, rd at this row. A = ra with ``HAS_NORM``, else 1.
-    Row strides: s_x of x and y, s_z of z. Returns out [BS, BO] fp32."""
+    Row strides: s_x of x and y, s_z of z. Returns out [BS, BO] fp32.
+
+    ``ONE_TILE`` (the chunk is one key tile, L ≤ BS; D constexpr): the diagonal query tile is
+    the only one, and the intra-chunk part is formed before the inter-chunk product instead of
+    beside it, so their two accumulators are never live together (x is loaded twice): the
+    same products and sums, in fewer registers."""
     b_bs = _vec(g, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
     b_as = _vec(gi, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
     lw = b_as - b_bs
@@ -597,6 +686,27 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
     if HAS_MAX:
         lw -= tl.load(mc + 1)
     w_s = tl.exp(tl.where(m_s, lw, float("-inf")))  # [BS], ≤ 1
+
+    if ONE_TILE:
+        b_mt = tl.zeros([BS, BS], dtype=tl.float32)
+        for d0 in tl.static_range(0, D, BD):
+            o_d = d0 + tl.arange(0, BD)
+            m_d = o_d < D
+            b_x = _tile(p_x, o_s, o_d, s_x, m_s, m_d)  # [BS, BD]
+            b_mt += tl.dot(b_x, _tile_t(p_y, o_s, o_d, s_x, m_s, m_d), input_precision=DOT_PREC)
+        b_acc = _cols_tile(b_mt, p_z, g, m_row, ra, rd, o_s, m_s, o_s, b_bs, b_as, o_o, m_o,
+                           s_z, BS, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, SHIFT,
+                           DOT_PREC)  # fmt: skip
+        b_int = tl.zeros([BS, BO], dtype=tl.float32)
+        for d0 in tl.static_range(0, D, BD):
+            o_d = d0 + tl.arange(0, BD)
+            m_d = o_d < D
+            b_x = _tile(p_x, o_s, o_d, s_x, m_s, m_d)  # [BS, BD]
+            b_st = _state_tile(p_ds, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
+            b_int += tl.dot(b_x, b_st.to(b_x.dtype), input_precision=DOT_PREC)
+        if ADD_DN:
+            b_int += _vec(p_dn, o_o, m_o)[None, :]
+        return b_acc * scale + b_int * w_s[:, None]
 
     # One pass over depth: the inter-chunk product x_s·dS_c+1 and the diagonal query tile's
     # x_s·y_r share each load of x (the query tile r = s0 is the key tile itself).
@@ -624,28 +734,40 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
                 b_x = _tile(p_x, o_s, o_d, s_x, m_s, m_d)  # [BS, BD]
                 b_yt = _tile_t(p_y, o_r, o_d, s_x, m_r, m_d)  # [BD, BS]
                 b_mt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
-        if HAS_NORM:
-            b_mt *= _vec(ra, o_r, m_r)[None, :]
-            if SHIFT:
-                b_mt += _vec(rd, o_r, m_r)[None, :]
-        b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
-        b_mr = _vec(m_row, o_r, m_r) if HAS_MAX else tl.zeros([BS], dtype=tl.float32)
-        causal = (o_r[:, None] >= o_s[None, :]) & m_r[:, None]  # [BS (r), BS (s)]
-        b_d = _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
-        b_mt *= tl.trans(b_d)
-        b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BS, BO]
-        b_acc += tl.dot(b_mt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
+        b_acc += _cols_tile(b_mt, p_z, g, m_row, ra, rd, o_r, m_r, o_s, b_bs, b_as, o_o, m_o,
+                            s_z, BS, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, SHIFT,
+                            DOT_PREC)  # fmt: skip
     return b_acc * scale + b_int * w_s[:, None]
+
+
+@triton.jit
+def _cols_tile(b_mt, p_z, g, m_row, ra, rd, o_r, m_r, o_s, b_bs, b_as, o_o, m_o, s_z,
+               BS: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
+               HAS_MAX: tl.constexpr, HAS_NORM: tl.constexpr, SHIFT: tl.constexpr,
+               DOT_PREC: tl.constexpr):  # fmt: skip
+    """Σ_{r in tile} D_rs M_sr z_r [BS, BO] of one query tile r of :func:`_cols` from its
+    products b_mt = x_s·y_r [BS (s), BS (r)]."""
+    if HAS_NORM:
+        b_mt *= _vec(ra, o_r, m_r)[None, :]
+        if SHIFT:
+            b_mt += _vec(rd, o_r, m_r)[None, :]
+    b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
+    b_mr = _vec(m_row, o_r, m_r) if HAS_MAX else tl.zeros([BS], dtype=tl.float32)
+    causal = (o_r[:, None] >= o_s[None, :]) & m_r[:, None]  # [BS (r), BS (s)]
+    b_d = _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+    b_mt *= tl.trans(b_d)
+    b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BS, BO]
+    return tl.dot(b_mt.to(b_z.dtype), b_z, input_precision=DOT_PREC)
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NS", "NSEQ"])
 def dk_bwd_kernel(
     v, do, q, k, dh, dhn, mc, g, gi, m_row, ra, rd, dk, kdk, chunks,
-    T, H, G, K, V, L, NT, NS, NSEQ, scale,
+    T, H, G, K: tl.constexpr, V: tl.constexpr, L, NT, NS, NSEQ, scale,
     BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    HPP: tl.constexpr = 1,
+    HPP: tl.constexpr = 1, ONE_TILE: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, K tiles, B·H / HPP): dk_s = w_s (v_s dC_c+1ᵀ + dn_c+1) +
     scale·Σ_{r≥s} D_rs (A_r v_s·do_r + dd_r) q_r of one key tile (:func:`_cols`), from the
@@ -669,7 +791,7 @@ def dk_bwd_kernel(
         b_dk += _dk_head(
             i_h0 + j, v, do, q + qk, k + qk, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, i_k,
             rows, i_c, i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale, BS, BD,
-            BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC,
+            BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC, ONE_TILE,
         )  # fmt: skip
     p_dk = dk + (i_b * T * NP + i_s) * K + o_s.to(tl.int64)[:, None] * NP * K + o_k[None, :]
     tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & m_k[None, :])
@@ -677,10 +799,11 @@ def dk_bwd_kernel(
 
 @triton.jit
 def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, i_k, rows, i_c,
-             i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
-             BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
-             HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
-             HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+             i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K: tl.constexpr, V: tl.constexpr, NT,
+             NSEQ, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+             HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+             HAS_N: tl.constexpr, HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr,
+             ONE_TILE: tl.constexpr):  # fmt: skip
     """dk [BS, BO] fp32 of value head i_h on the key rows o_s (:func:`dk_bwd_kernel`; p_q, p_k
     at its q/k head), storing its k·dk part (with a gate)."""
     i_bh = i_b * H + i_h
@@ -700,7 +823,7 @@ def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, 
         v + (i_b * T * H + i_h) * V, do + (i_b * T * H + i_h) * V, p_q,
         dh + (i_bh * NT + i_c) * K * V, dhn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_k,
         m_k, V, H * V, HK * K, 1, V, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM,
-        HAS_N, HAS_NORM, DOT_PREC,
+        HAS_N, HAS_NORM, DOT_PREC, ONE_TILE,
     )  # fmt: skip
     if HAS_DECAY or HAS_IGATE:  # k·dk over this K tile, for the gate gradients
         b_k = _tile(p_k, o_s, o_k, HK * K, m_s, m_k)
@@ -712,11 +835,12 @@ def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, 
 @triton.jit(do_not_specialize=["T", "NT", "NS", "NSEQ"])
 def dv_bwd_kernel(
     k, q, do, dh, mc, g, gi, m_row, ra, dv, chunks,
-    T, H, G, K, V, L, NT, NS, NSEQ, scale,
+    T, H, G, K: tl.constexpr, V: tl.constexpr, L, NT, NS, NSEQ, scale,
     BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
     v=None, skip=None, dskip=None, HAS_SKIP: tl.constexpr = False,
+    ONE_TILE: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, V tiles, B·H): dv_s = w_s k_s dC_c+1 + scale·Σ_{r≥s} D_rs A_r
     (k_s·q_r) do_r of one key tile (:func:`_cols`), from the state gradients dh.
@@ -745,7 +869,7 @@ def dv_bwd_kernel(
     b_dv = _cols(
         k + qk, q + qk, do + (i_b * T * H + i_h) * V, dh + (i_bh * NT + i_c) * K * V, None, g, gi,
         mc, m_row, ra, None, o_s, m_s, s0, c1, o_v, m_v, K, HK * K, H * V, V, 1, scale, BS, BD,
-        BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, False, False, DOT_PREC,
+        BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, False, False, DOT_PREC, ONE_TILE,
     )  # fmt: skip
     if HAS_SKIP:
         vo = (i_b * T * H + i_h) * V
