@@ -151,6 +151,10 @@ def profile_mixer(name: str, T: int, B: int, dtype: str, steps: int, timed: int 
     step_ms = 1e3 * statistics.median(wall)
     graph_ms = None
     if graph:
+        # The last eager loss keeps its autograd graph, and with it each parameter's gradient
+        # accumulator made on the default stream: a capture on the graph's side stream that
+        # meets those accumulators is invalidated.
+        del loss
         replay = graphed()
         for _ in range(3):  # two eager warm-up steps, then the capture and its first replay
             replay().item()

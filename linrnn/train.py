@@ -477,8 +477,10 @@ class GraphedStep:
     and the Triton kernels are ready before the capture); the next call captures and replays.
     Every call is one real optimizer step, so a run's losses match an eager run's. Fixed
     shapes only: no packed documents (their boundaries change per batch), and no fp16 autocast
-    (its loss scaler reads the gradients' overflow on the host). On a CPU the steps run
-    eagerly, the same code without the graph::
+    (its loss scaler reads the gradients' overflow on the host). Drop the losses of any eager
+    steps taken on the model before: each keeps its autograd graph, whose gradient
+    accumulators belong to the default stream, and a capture that meets them fails. On a CPU
+    the steps run eagerly, the same code without the graph::
 
         step = GraphedStep(model, opt, torch.bfloat16, grad_clip=1.0)
         for i in range(steps):
