@@ -205,6 +205,24 @@ def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so,
 
 
 @triton.jit
+def _diag_weighted(b_p, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, BQ: tl.constexpr,
+                   HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+                   AFFINE: tl.constexpr, FIX: tl.constexpr):  # fmt: skip
+    """The diagonal tile's scores b_p [BQ, BQ] of the rows o_r times their weights D_rs
+    (``AFFINE``: p_rs → A_r p_rs + dd_r first). Returns (weighted scores, causal mask)."""
+    if AFFINE:
+        b_p = b_p * b_A[:, None] + b_dd[:, None]
+    b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
+    causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
+    w = _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+    if FIX:
+        b_p = tl.where(causal, b_p * w, 0.0)  # not b_p·w: a later key's NaN score times 0
+    else:  # a later key's NaN score times 0 leaves a NaN row: the caller re-forms the tile
+        b_p *= w
+    return b_p, causal
+
+
+@triton.jit
 def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, r0,
                 c0, c1, o_o, m_o, D, s_x, s_z, BQ: tl.constexpr, BD: tl.constexpr,
                 HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
@@ -217,15 +235,8 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
     result that is not finite (fix_pass.launch) and forms that tile again with ``FIX``, the
     causal product :func:`_causal_dot`; dq needs no causal product (docs/DESIGN.md §6.1,
     "The backward"). Returns (acc, den)."""
-    if AFFINE:
-        b_p = b_p * b_A[:, None] + b_dd[:, None]
-    b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
-    causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
-    w = _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
-    if FIX:
-        b_p = tl.where(causal, b_p * w, 0.0)  # not b_p·w: a later key's NaN score times 0
-    else:  # a later key's NaN score times 0 leaves a NaN row: the caller re-forms the tile
-        b_p *= w
+    b_p, causal = _diag_weighted(b_p, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, BQ, HAS_DECAY,
+                                 HAS_IGATE, HAS_MAX, AFFINE, FIX)  # fmt: skip
     if DEN:
         b_den += tl.sum(b_p, 1)
     b_z = _tile(p_z, o_r, o_o, s_z, m_r, m_o)  # [BQ, BO]
@@ -275,15 +286,8 @@ def _rows_one(p_x, p_y, p_s, p_n, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, o_o, m_o,
         m_d = o_d < D
         b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
         b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, s_x, m_r, m_d), input_precision=DOT_PREC)
-    if AFFINE:
-        b_p = b_p * b_A[:, None] + b_dd[:, None]
-    b_ar = _vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
-    causal = (o_r[:, None] >= o_r[None, :]) & m_r[:, None]  # s ≤ r < c1
-    w = _log_weights(b_br, b_br, b_ar, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
-    if FIX:
-        b_p = tl.where(causal, b_p * w, 0.0)
-    else:
-        b_p *= w
+    b_p, _ = _diag_weighted(b_p, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, BQ, HAS_DECAY, HAS_IGATE,
+                            HAS_MAX, AFFINE, FIX)  # fmt: skip
     b_psum = tl.sum(b_p, 1) if DEN else tl.zeros([BQ], dtype=tl.float32)
     b_pz = b_p.to(Z_DTYPE)
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
