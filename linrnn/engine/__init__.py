@@ -31,7 +31,8 @@ Host side (plain Python and PyTorch):
 Kernels (Triton):
 
 * ``triton_common``        @triton.jit helpers every kernel file shares.
-* ``scalar_kernels``       scalar gates: chunk states fwd/bwd, output, dq, dk, dv, normalizer bwd;
+* ``scalar_kernels``       scalar gates: output, dq, dk, dv;
+  ``scalar_state_kernels`` their chunk-state walks fwd/bwd and the normalizer's backward rows;
   ``group_kernels``        their dq and dk for large head groups (Mamba2): the intra-chunk
                            gradient matrix once per group and chunk.
   ``group_scores_kernels``  the output and dv for large q/k groups (Mamba2): a chunk's scores

@@ -35,7 +35,7 @@ from linrnn.engine.config import (
 )
 from linrnn.engine.gate_grads import GateFlags, final_grads, gate_grads, reverse_sum, rows
 from linrnn.engine.host_math import cdiv, next_pow2
-from linrnn.engine.scalar_kernels import norm_bwd_kernel
+from linrnn.engine.scalar_state_kernels import norm_bwd_kernel
 
 # What forward(save=True) keeps for backward, and the inputs backward returns gradients for.
 SAVED = ("q", "k", "v", "g", "gv", "gi", "u", "S0", "n0", "m0", "o", "S_T", "n_T", "den", "m_row")

@@ -28,6 +28,7 @@ from linrnn.engine import group_scores_kernels as gsk
 from linrnn.engine import scalar_cumsum_kernels as ck
 from linrnn.engine import scalar_gate_grad_kernels as ggk
 from linrnn.engine import scalar_kernels as kern
+from linrnn.engine import scalar_state_kernels as walk
 from linrnn.engine.config import (
     GATE_GRAD_TILES,
     GROUP_SCORE_TILES,
@@ -203,7 +204,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
     gates = dict(HAS_DECAY=b is not None, HAS_IGATE=a is not None, HAS_MAX=mc is not None,
                  DOT_PREC=c.prec, VARLEN=c.varlen)  # fmt: skip
     BS, BK, BV, launch = c.tiles("states_fwd", K, V)
-    kern.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
+    walk.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
         k=k, v=v, g=b, gi=a, cmax=_chunk_max(b, a, L, c) if c.stab else None,
         h0=S0, n0=n0, m0=m0, h=states, hn=ns, mc=mc, ht=S_T, nt=n_T, co=c.CO, chunks=c.CHUNKS,
         T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, BK=BK, BV=BV, BS=BS,
@@ -311,7 +312,7 @@ def _norm_rows(do, o, den, m_row, c: ChunkConfig):
     R_A, R_D = torch.empty(B * H, T, **f32), torch.empty(B * H, T, **f32)
     R_M = torch.empty(B * H, T, **f32) if c.stab else None
     BT = 64
-    kern.norm_bwd_kernel[(cdiv(T, BT), B * H)](
+    walk.norm_bwd_kernel[(cdiv(T, BT), B * H)](
         do=do, o=o, den=den, m_row=m_row, ra=R_A, rd=R_D, dm_row=R_M, T=T, H=H, V=V, eps=c.eps,
         BT=BT, BV=min(128, max(16, next_pow2(V))), NORM=c.norm, HAS_MAX=R_M is not None,
     )  # fmt: skip
@@ -341,7 +342,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     BQ, BK, BV, launch = c.tiles("states_bwd", K, V)
     grid = (cdiv(K, BK), cdiv(V, BV), c.walkers)
     bnd = torch.zeros(BH, NT, grid[0] * grid[1], **f32) if c.has_decay else None
-    kern.states_bwd_kernel[grid](
+    walk.states_bwd_kernel[grid](
         q=q, do=do, g=b, mc=mc, m_row=m_row, ra=R_A, rd=R_D, h=states, hn=ns, ht=s["S_T"],
         nt=s["n_T"], dht=dS_T if has_dst else None, dnt=dn_T if has_dst else None, dh=dstates,
         dhn=dns, dh0=dS0, dn0=dn0, bnd=bnd, co=c.CO, chunks=c.CHUNKS,
