@@ -93,11 +93,12 @@ def _row_max(g, gi, b_br, m_c, o_r, m_r, c0, c1, r_end, BS: tl.constexpr):
 @triton.jit
 def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so,
                 BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, DEN: tl.constexpr,
-                DOT_PREC: tl.constexpr):  # fmt: skip
+                DOT_PREC: tl.constexpr, SCORES: tl.constexpr = True):  # fmt: skip
     """One pass over depth for the rows o_r: the inter-chunk product x_r·S_c [BQ, BO] (S_c at
     p_s with element strides (s_sd, s_so)) and the diagonal key tile's scores x_r·y_s [BQ, BQ]
     (the key tile s = r0 is the query tile itself) share each load of x; ``DEN``: also x_r·n_c
-    [BQ] (n_c at p_n). x and y have row stride s_x. Returns (inter, scores, den)."""
+    [BQ] (n_c at p_n). x and y have row stride s_x. Returns (inter, scores, den); without
+    ``SCORES`` the scores are zeros, not formed."""
     b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
     b_den = tl.zeros([BQ], dtype=tl.float32)
     b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
@@ -107,7 +108,8 @@ def _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so,
         b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
         b_s = _state_tile(p_s, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
         b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
-        b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, s_x, m_r, m_d), input_precision=DOT_PREC)
+        if SCORES:
+            b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, s_x, m_r, m_d), input_precision=DOT_PREC)
         if DEN:
             b_n = _vec(p_n, o_d, m_d)
             b_den += _dot_n(b_x, b_n, DOT_PREC)
@@ -200,16 +202,8 @@ def _rows_one(p_x, p_y, p_s, p_n, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, o_o, m_o,
                             HAS_MAX, AFFINE, FIX)  # fmt: skip
     b_psum = tl.sum(b_p, 1) if DEN else tl.zeros([BQ], dtype=tl.float32)
     b_pz = b_p.to(Z_DTYPE)
-    b_acc = tl.zeros([BQ, BO], dtype=tl.float32)
-    b_den = tl.zeros([BQ], dtype=tl.float32)
-    for d0 in range(0, D, BD):
-        o_d = d0 + tl.arange(0, BD)
-        m_d = o_d < D
-        b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
-        b_s = _state_tile(p_s, o_d, o_o, s_sd, s_so, m_d, m_o)  # [BD, BO]
-        b_acc += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
-        if DEN:
-            b_den += _dot_n(b_x, _vec(p_n, o_d, m_d), DOT_PREC)
+    b_acc, _, b_den = _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so,
+                                  BQ, BD, BO, DEN, DOT_PREC, False)  # fmt: skip
     return b_acc, b_den, b_pz, b_psum
 
 
