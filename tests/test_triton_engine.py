@@ -170,33 +170,22 @@ def test_chunk_states_stored_in_16_bit(family, monkeypatch):
             assert err16 <= 1.5 * err32 + 1e-6, (n, err16, err32)
 
 
-class _Forced:
-    """A kernel whose launches take ``ONE_TILE=False`` whatever the host chose."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-        return lambda *args, **kw: launch(*args, **{**kw, "ONE_TILE": False})
-
-
 @pytest.mark.parametrize("family", SCALAR)
 def test_single_tile_chunks_match_the_tiled_path_bitwise(family, monkeypatch):
-    """A chunk that is one tile (L ≤ the kernels' time tile) takes the kernels' ONE_TILE path
-    (the diagonal tile alone, its intra-chunk part formed apart from the inter-chunk product,
-    docs/tuning.md): the same operations in the same order as the tiled path, so the output,
-    final state and every gradient are bitwise the tiled path's."""
+    """A chunk that is one tile (L ≤ the kernels' time tile) takes the single-tile path (the
+    diagonal tile alone, its intra-chunk part formed apart from the inter-chunk product; dq and
+    dk by one kernel from one weighted matrix, docs/tuning.md): the same operations in the same
+    order as the tiled path, so the output, final state and every gradient are bitwise the
+    tiled path's."""
     import linrnn.engine.scalar as scalar
 
     fam = FAMILIES[family]
     inputs = _on(fam.build(1, 80, 2, 32, 24, False))
     h0 = _on(fam.make_state(1, 2, 32, 24, torch.float32))
     runs = []
-    for forced in (False, True):
-        if forced:
-            for name in ("out_fwd_kernel", "dq_bwd_kernel", "dk_bwd_kernel", "dv_bwd_kernel"):
-                monkeypatch.setattr(scalar.kern, name, _Forced(getattr(scalar.kern, name)))
+    for tiled in (False, True):
+        if tiled:
+            monkeypatch.setattr(scalar, "one_tile", lambda L, BT: False)
         runs.append(run_with_grads(fam, inputs, h0, torch.bfloat16, backend="triton",
                                    mode="chunk", chunk_size=16))  # fmt: skip
     (o1, s1, g1), (o0, s0, g0) = runs

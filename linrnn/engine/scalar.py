@@ -220,7 +220,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
         q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
         chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ,
         scale=c.scale, eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip,
-        HAS_SKIP=skip is not None, ONE_TILE=L <= BQ, **gates, **launch,
+        HAS_SKIP=skip is not None, ONE_TILE=one_tile(L, BQ), **gates, **launch,
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
     tables = dict(states=states, ns=ns, mc=mc, den=den, m_row=m_row)
@@ -368,7 +368,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
             k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
             chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ,
             scale=c.scale, BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip,
-            dskip=dskip, HAS_SKIP=skip is not None, ONE_TILE=L <= BS, **flags, **launch,
+            dskip=dskip, HAS_SKIP=skip is not None, ONE_TILE=one_tile(L, BS), **flags, **launch,
         )  # fmt: skip
     if dskip is not None:  # Σ over the batch rows and tiles of each head
         dskip = dskip.view(-1, H, dskip.shape[1]).double().sum((0, 2)).float()
@@ -376,35 +376,56 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd, dskip
 
 
+def one_tile(L: int, BT: int) -> bool:
+    """Whether a chunk of L steps is one time tile of BT: the kernels' single-tile path (the
+    diagonal tile alone; dq and dk by one kernel, dqk_bwd_kernel)."""
+    return L <= BT
+
+
 def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, flags, c):
     """dq, dk (a group's value heads summed in the kernels, :func:`heads_per_program`) and the
-    identity products q·dq, k·dk per value head ``[B·H, T]`` (None without their gate)."""
+    identity products q·dq, k·dk per value head ``[B·H, T]`` (None without their gate). A chunk
+    of one time tile takes one kernel for both (dqk_bwd_kernel: the weighted intra-chunk
+    matrix formed once), where a program serves one value head."""
     T, K = q.shape[1], q.shape[3]
     H, V = v.shape[2], v.shape[3]
     BH, NT, L = c.rows, c.NT, c.L
     f32 = dict(device=q.device, dtype=torch.float32)
     gates = c.has_decay or c.has_igate
-    BQ, BD, BO, launch = c.tiles("dq_bwd", V, K)
-    nQ, nK = cdiv(L, BQ), cdiv(K, BO)
-    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
-    HPP = heads_per_program(G, NT * nQ * nK * (BH // G))
-    dq = _group_grad(q, H // HPP)
-    kern.dq_bwd_kernel[(NT * nQ, nK, BH // HPP)](
-        do=do, v=v, k=k, q=q, h=states, hn=ns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, rd=R_D,
-        dq=dq, qdq=q_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=nQ, NSEQ=c.NSEQ,
-        scale=c.scale, BQ=BQ, BD=BD, BO=BO, HPP=HPP, ONE_TILE=L <= BQ, **flags, **launch,
-    )  # fmt: skip
-    BS, BD, BO, launch = c.tiles("dk_bwd", V, K)
-    nS, nK = cdiv(L, BS), cdiv(K, BO)
-    k_part = torch.empty(nK, BH, T, **f32) if gates else None
-    HPP = heads_per_program(G, NT * nS * nK * (BH // G))
-    dk = _group_grad(k, H // HPP)
-    kern.dk_bwd_kernel[(NT * nS, nK, BH // HPP)](
-        v=v, do=do, q=q, k=k, dh=dstates, dhn=dns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
-        rd=R_D, dk=dk, kdk=k_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS,
-        NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None, HPP=HPP,
-        ONE_TILE=L <= BS, **flags, **launch,
-    )  # fmt: skip
+    BQ, BD, BO, launch = c.tiles("dqk_bwd", V, K)
+    nK = cdiv(K, BO)
+    if one_tile(L, BQ) and heads_per_program(G, NT * nK * (BH // G)) == 1:
+        q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
+        k_part = torch.empty(nK, BH, T, **f32) if gates else None
+        dq, dk = _group_grad(q, H), _group_grad(k, H)
+        kern.dqk_bwd_kernel[(NT, nK, BH)](
+            do=do, v=v, k=k, q=q, h=states, hn=ns, dh=dstates, dhn=dns, mc=mc, g=b, gi=a,
+            m_row=m_row, ra=R_A, rd=R_D, dq=dq, dk=dk, qdq=q_part, kdk=k_part, chunks=c.CHUNKS,
+            T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO,
+            HAS_N=dns is not None, **flags, **launch,
+        )  # fmt: skip
+    else:
+        BQ, BD, BO, launch = c.tiles("dq_bwd", V, K)
+        nQ, nK = cdiv(L, BQ), cdiv(K, BO)
+        q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
+        HPP = heads_per_program(G, NT * nQ * nK * (BH // G))
+        dq = _group_grad(q, H // HPP)
+        kern.dq_bwd_kernel[(NT * nQ, nK, BH // HPP)](
+            do=do, v=v, k=k, q=q, h=states, hn=ns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
+            rd=R_D, dq=dq, qdq=q_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT,
+            NQ=nQ, NSEQ=c.NSEQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, HPP=HPP, **flags, **launch,
+        )  # fmt: skip
+        BS, BD, BO, launch = c.tiles("dk_bwd", V, K)
+        nS, nK = cdiv(L, BS), cdiv(K, BO)
+        k_part = torch.empty(nK, BH, T, **f32) if gates else None
+        HPP = heads_per_program(G, NT * nS * nK * (BH // G))
+        dk = _group_grad(k, H // HPP)
+        kern.dk_bwd_kernel[(NT * nS, nK, BH // HPP)](
+            v=v, do=do, q=q, k=k, dh=dstates, dhn=dns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
+            rd=R_D, dk=dk, kdk=k_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT,
+            NS=nS, NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None,
+            HPP=HPP, **flags, **launch,
+        )  # fmt: skip
     dq, dk = _group_sum(dq, q), _group_sum(dk, k)
     k_dk = _tile_sum(k_part) if gates else None
     q_dq = _tile_sum(q_part) if c.has_decay else None

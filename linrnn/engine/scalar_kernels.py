@@ -22,6 +22,8 @@ layouts):
   the forward's body (:func:`_rows_inter`, :func:`_rows_intra`).
 * ``dk_bwd_kernel``, ``dv_bwd_kernel`` — the transposed-causal products, tiled over (key tile,
   output tile): dv from (k, q, do, dC), dk from (v, do, q, dCᵀ); one body (:func:`_cols`).
+* ``dqk_bwd_kernel`` — dq and dk together for chunks of one time tile: their intra-chunk parts
+  are one weighted matrix (rows for dq, columns for dk), formed once.
 
 Optional tensors are None with a ``HAS_*`` flag the host derives from them: ``HAS_DECAY`` (g,
 the rows of b), ``HAS_IGATE`` (gi, the rows of a), ``HAS_MAX`` (the max state: mc, m_row),
@@ -346,7 +348,7 @@ def dq_bwd_kernel(
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    HPP: tl.constexpr = 1, ONE_TILE: tl.constexpr = False,
+    HPP: tl.constexpr = 1,
 ):  # fmt: skip
     """Grid (chunks × query tiles, K tiles, B·H / HPP): dq_r = scale·[e_r (A_r do_r C_cᵀ +
     dd_r n_c) + Σ_{s≤r} D_rs (A_r do_r·v_s + dd_r) k_s] of one query tile; ``HAS_NORM``:
@@ -373,7 +375,7 @@ def dq_bwd_kernel(
         b_dq += _dq_head(
             i_h0 + j, do, v, k + qk, q + qk, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k,
             rows, i_c, i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
-            BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC, ONE_TILE,
+            BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC,
         )  # fmt: skip
     p_dq = dq + (i_b * T * NP + i_s) * K + o_r.to(tl.int64)[:, None] * NP * K + o_k[None, :]
     tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
@@ -384,8 +386,7 @@ def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_
              i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K: tl.constexpr, V: tl.constexpr,
              NT, NSEQ, scale, BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
              HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
-             HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr,
-             ONE_TILE: tl.constexpr):  # fmt: skip
+             HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
     """dq [BQ, BO] fp32 of value head i_h on the rows o_r (:func:`dq_bwd_kernel`; p_k, p_q at
     its q/k head), storing its q·dq part (``HAS_DECAY``)."""
     i_bh = i_b * H + i_h
@@ -411,28 +412,16 @@ def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_
         b_dd = _vec(rd + i_bh * T, o_r, m_r)
 
     p_h = h + (i_bh * NT + i_c) * K * V
-    if ONE_TILE:
-        b_acc, b_den, b_pz, b_psum = _rows_one(
-            p_do, p_v, p_h, None, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, o_k, m_k, V, H * V, 1, V,
-            BQ, BD, BO, p_k.dtype.element_ty, HAS_DECAY, HAS_IGATE, HAS_MAX, False, HAS_NORM,
-            DOT_PREC, False,
-        )  # fmt: skip
-    else:
-        b_acc, b_p, b_den = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H * V, 1, V,
-                                        BQ, BD, BO, False, DOT_PREC)  # fmt: skip
+    b_acc, b_p, b_den = _rows_inter(p_do, p_v, p_h, None, o_r, m_r, o_k, m_k, V, H * V, 1, V, BQ,
+                                    BD, BO, False, DOT_PREC)  # fmt: skip
     if HAS_NORM:
         b_no = _vec(hn + (i_bh * NT + i_c) * K, o_k, m_k)  # [BO]
         b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
     b_acc *= e_r[:, None]
     # (b_den: zeros, unused; a jit helper may not return a None it was given)
-    if ONE_TILE:
-        b_acc, b_den = _rows_one_end(b_acc, b_den, b_pz, b_psum, p_k, o_r, m_r, o_k, m_k, HK * K,
-                                     False, DOT_PREC, False)  # fmt: skip
-    else:
-        b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A,
-                                   b_dd, o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, BQ, BD,
-                                   HAS_DECAY, HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC,
-                                   False)  # fmt: skip
+    b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd,
+                               o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, BQ, BD, HAS_DECAY,
+                               HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC, False)  # fmt: skip
     b_acc *= scale
     if HAS_DECAY:  # q·dq over this K tile, for the log-decay gradient
         b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
@@ -549,7 +538,7 @@ def dk_bwd_kernel(
     BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    HPP: tl.constexpr = 1, ONE_TILE: tl.constexpr = False,
+    HPP: tl.constexpr = 1,
 ):  # fmt: skip
     """Grid (chunks × key tiles, K tiles, B·H / HPP): dk_s = w_s (v_s dC_c+1ᵀ + dn_c+1) +
     scale·Σ_{r≥s} D_rs (A_r v_s·do_r + dd_r) q_r of one key tile (:func:`_cols`), from the
@@ -573,7 +562,7 @@ def dk_bwd_kernel(
         b_dk += _dk_head(
             i_h0 + j, v, do, q + qk, k + qk, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, i_k,
             rows, i_c, i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale, BS, BD,
-            BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC, ONE_TILE,
+            BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC,
         )  # fmt: skip
     p_dk = dk + (i_b * T * NP + i_s) * K + o_s.to(tl.int64)[:, None] * NP * K + o_k[None, :]
     tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & m_k[None, :])
@@ -584,8 +573,8 @@ def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, 
              i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K: tl.constexpr, V: tl.constexpr, NT,
              NSEQ, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
              HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
-             HAS_N: tl.constexpr, HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr,
-             ONE_TILE: tl.constexpr):  # fmt: skip
+             HAS_N: tl.constexpr, HAS_NORM: tl.constexpr,
+             DOT_PREC: tl.constexpr):  # fmt: skip
     """dk [BS, BO] fp32 of value head i_h on the key rows o_s (:func:`dk_bwd_kernel`; p_q, p_k
     at its q/k head), storing its k·dk part (with a gate)."""
     i_bh = i_b * H + i_h
@@ -605,13 +594,111 @@ def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, 
         v + (i_b * T * H + i_h) * V, do + (i_b * T * H + i_h) * V, p_q,
         dh + (i_bh * NT + i_c) * K * V, dhn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_k,
         m_k, V, H * V, HK * K, 1, V, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM,
-        HAS_N, HAS_NORM, DOT_PREC, ONE_TILE,
+        HAS_N, HAS_NORM, DOT_PREC, False,
     )  # fmt: skip
     if HAS_DECAY or HAS_IGATE:  # k·dk over this K tile, for the gate gradients
         b_k = _tile(p_k, o_s, o_k, HK * K, m_s, m_k)
         part = tl.sum(b_k.to(tl.float32) * b_dk, 1)
         tl.store(kdk + (i_k * rows + i_bh) * T + o_s, part, mask=m_s)
     return b_dk
+
+
+@triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
+def dqk_bwd_kernel(
+    do, v, k, q, h, hn, dh, dhn, mc, g, gi, m_row, ra, rd, dq, dk, qdq, kdk, chunks,
+    T, H, G, K: tl.constexpr, V: tl.constexpr, L, NT, NSEQ, scale,
+    BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+    HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
+    HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Grid (chunks, K tiles, B·H), for chunks of one time tile (L ≤ BQ): dq and dk of one
+    chunk (:func:`dq_bwd_kernel`, :func:`dk_bwd_kernel`, one value head a program). Their
+    intra-chunk parts are one weighted matrix and its transpose,
+
+        W_rs = D_rs (A_r do_r·v_s + dd_r),   dq_r ∋ scale·Σ_s W_rs k_s,   dk_s ∋ scale·Σ_r W_rs q_r,
+
+    so W is formed once (one pass over V of do and v) and kept as 16-bit operands, the form
+    both kernels cast it to; then dq's inter-chunk product (do C_cᵀ), stored with q·dq, then
+    dk's (v dC_c+1ᵀ), stored with k·dk. dq and dk are stored per value head, ``[B, T, H, K]``
+    (the caller sums a group's heads). The same operations as the two kernels' (the results
+    are theirs: a test checks it)."""
+    i_c, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_c, _c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_c, 1, L, T, BQ, VARLEN)
+    if r0 >= c1:
+        return
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BO + tl.arange(0, BO)
+    m_k = o_k < K
+    HK = H // G  # q/k heads: value head i_h reads q/k head i_h // G
+    qk = (i_b * T * HK + i_h // G) * K
+    p_q, p_k = q + qk, k + qk
+    p_do = do + (i_b * T * H + i_h) * V
+    p_v = v + (i_b * T * H + i_h) * V
+    if HAS_DECAY:
+        g += i_bh * T
+    if HAS_IGATE:
+        gi += i_bh * T
+    if HAS_MAX:
+        mc += i_bh * (NT + NSEQ) + i_c + i_n
+        m_row += i_bh * T
+    if HAS_NORM:
+        ra += i_bh * T
+        rd += i_bh * T
+
+    b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+    b_mr = _vec(m_row, o_r, m_r) if HAS_MAX else tl.zeros([BQ], dtype=tl.float32)
+    b_A = _vec(ra, o_r, m_r) if HAS_NORM else None
+    b_dd = _vec(rd, o_r, m_r) if HAS_NORM else None
+    b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
+    for d0 in tl.static_range(0, V, BD):
+        o_d = d0 + tl.arange(0, BD)
+        m_d = o_d < V
+        b_x = _tile(p_do, o_r, o_d, H * V, m_r, m_d)  # [BQ, BD]
+        b_p += tl.dot(b_x, _tile_t(p_v, o_r, o_d, H * V, m_r, m_d), input_precision=DOT_PREC)
+    b_w, _ = _diag_weighted(b_p, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, BQ, HAS_DECAY, HAS_IGATE,
+                            HAS_MAX, HAS_NORM, False)  # fmt: skip
+    b_wz = b_w.to(k.dtype.element_ty)
+
+    # dq_r = scale·[e_r (A_r do_r C_cᵀ + dd_r n_c) + Σ_s W_rs k_s]
+    b_acc, _, _ = _rows_inter(p_do, p_v, h + (i_bh * NT + i_c) * K * V, None, o_r, m_r, o_k,
+                              m_k, V, H * V, 1, V, BQ, BD, BO, False, DOT_PREC,
+                              False)  # fmt: skip
+    if HAS_NORM:
+        b_no = _vec(hn + (i_bh * NT + i_c) * K, o_k, m_k)  # [BO]
+        b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
+    if HAS_MAX:
+        b_acc *= tl.exp(b_br + tl.load(mc) - b_mr)[:, None]
+    else:
+        b_acc *= tl.exp(b_br)[:, None]
+    b_acc += tl.dot(b_wz, _tile(p_k, o_r, o_k, HK * K, m_r, m_k), input_precision=DOT_PREC)
+    b_acc *= scale
+    rows = tl.num_programs(2)  # B·H
+    if HAS_DECAY:  # q·dq over this K tile, for the log-decay gradient
+        b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
+        tl.store(qdq + (i_k * rows + i_bh) * T + o_r, tl.sum(b_q.to(tl.float32) * b_acc, 1),
+                 mask=m_r)  # fmt: skip
+    p_out = (i_b * T * H + i_h) * K + o_r.to(tl.int64)[:, None] * H * K + o_k[None, :]
+    tl.store(dq + p_out, b_acc.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
+
+    # dk_s = w_s (v_s dC_c+1ᵀ + dn_c+1) + scale·Σ_r W_rs q_r
+    lw = (_vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)) - b_br
+    if HAS_DECAY:
+        lw += tl.load(g + c1 - 1)
+    if HAS_MAX:
+        lw -= tl.load(mc + 1)
+    w_s = tl.exp(tl.where(m_r, lw, float("-inf")))  # [BQ], ≤ 1
+    b_acc, _, _ = _rows_inter(p_v, p_v, dh + (i_bh * NT + i_c) * K * V, None, o_r, m_r, o_k,
+                              m_k, V, H * V, 1, V, BQ, BD, BO, False, DOT_PREC,
+                              False)  # fmt: skip
+    if HAS_N:
+        b_acc += _vec(dhn + (i_bh * NT + i_c) * K, o_k, m_k)[None, :]
+    b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
+    b_acc = tl.dot(tl.trans(b_wz), b_q, input_precision=DOT_PREC) * scale + b_acc * w_s[:, None]
+    if HAS_DECAY or HAS_IGATE:  # k·dk over this K tile, for the gate gradients
+        b_kk = _tile(p_k, o_r, o_k, HK * K, m_r, m_k)
+        tl.store(kdk + (i_k * rows + i_bh) * T + o_r, tl.sum(b_kk.to(tl.float32) * b_acc, 1),
+                 mask=m_r)  # fmt: skip
+    tl.store(dk + p_out, b_acc.to(dk.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
 
 
 @triton.jit(do_not_specialize=["T", "NT", "NS", "NSEQ"])
