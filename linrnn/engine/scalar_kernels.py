@@ -650,19 +650,26 @@ def dqk_bwd_kernel(
     b_A = _vec(ra, o_r, m_r) if HAS_NORM else None
     b_dd = _vec(rd, o_r, m_r) if HAS_NORM else None
     b_p = tl.zeros([BQ, BQ], dtype=tl.float32)
+    b_dq = tl.zeros([BQ, BO], dtype=tl.float32)
+    b_int = tl.zeros([BQ, BO], dtype=tl.float32)
+    p_h = h + (i_bh * NT + i_c) * K * V
+    p_dh = dh + (i_bh * NT + i_c) * K * V
     for d0 in tl.static_range(0, V, BD):
         o_d = d0 + tl.arange(0, BD)
         m_d = o_d < V
         b_x = _tile(p_do, o_r, o_d, H * V, m_r, m_d)  # [BQ, BD]
-        b_p += tl.dot(b_x, _tile_t(p_v, o_r, o_d, H * V, m_r, m_d), input_precision=DOT_PREC)
+        b_vt = _tile_t(p_v, o_r, o_d, H * V, m_r, m_d)  # [BD, BQ]
+        b_p += tl.dot(b_x, b_vt, input_precision=DOT_PREC)
+        b_s = _state_tile(p_h, o_d, o_k, 1, V, m_d, m_k)
+        b_dq += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PREC)
+        b_s = _state_tile(p_dh, o_d, o_k, 1, V, m_d, m_k)
+        b_int += tl.dot(tl.trans(b_vt), b_s.to(b_x.dtype), input_precision=DOT_PREC)
     b_w, _ = _diag_weighted(b_p, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, BQ, HAS_DECAY, HAS_IGATE,
                             HAS_MAX, HAS_NORM, False)  # fmt: skip
     b_wz = b_w.to(k.dtype.element_ty)
 
     # dq_r = scale·[e_r (A_r do_r C_cᵀ + dd_r n_c) + Σ_s W_rs k_s]
-    b_acc, _, _ = _rows_inter(p_do, p_v, h + (i_bh * NT + i_c) * K * V, None, o_r, m_r, o_k,
-                              m_k, V, H * V, 1, V, BQ, BD, BO, False, DOT_PREC,
-                              False)  # fmt: skip
+    b_acc = b_dq
     if HAS_NORM:
         b_no = _vec(hn + (i_bh * NT + i_c) * K, o_k, m_k)  # [BO]
         b_acc = b_acc * b_A[:, None] + b_dd[:, None] * b_no[None, :]
@@ -687,9 +694,7 @@ def dqk_bwd_kernel(
     if HAS_MAX:
         lw -= tl.load(mc + 1)
     w_s = tl.exp(tl.where(m_r, lw, float("-inf")))  # [BQ], ≤ 1
-    b_acc, _, _ = _rows_inter(p_v, p_v, dh + (i_bh * NT + i_c) * K * V, None, o_r, m_r, o_k,
-                              m_k, V, H * V, 1, V, BQ, BD, BO, False, DOT_PREC,
-                              False)  # fmt: skip
+    b_acc = b_int
     if HAS_N:
         b_acc += _vec(dhn + (i_bh * NT + i_c) * K, o_k, m_k)[None, :]
     b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
