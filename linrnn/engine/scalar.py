@@ -392,9 +392,13 @@ def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, 
     BH, NT, L = c.rows, c.NT, c.L
     f32 = dict(device=q.device, dtype=torch.float32)
     gates = c.has_decay or c.has_igate
-    BQ, BD, BO, launch = c.tiles("dqk_bwd", V, K)
-    nK = cdiv(K, BO)
-    if one_tile(L, BQ) and heads_per_program(G, NT * nK * (BH // G)) == 1:
+    BQ, BD, BO, launch = c.tiles("dq_bwd", V, K)
+    nQ, nK = cdiv(L, BQ), cdiv(K, BO)
+    HPP = heads_per_program(G, NT * nQ * nK * (BH // G))
+    single = c.tiles("dqk_bwd", V, K)
+    if one_tile(L, single[0]) and HPP == 1:
+        BQ, BD, BO, launch = single
+        nK = cdiv(K, BO)
         q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
         k_part = torch.empty(nK, BH, T, **f32) if gates else None
         dq, dk = _group_grad(q, H), _group_grad(k, H)
@@ -405,10 +409,7 @@ def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, 
             HAS_N=dns is not None, **flags, **launch,
         )  # fmt: skip
     else:
-        BQ, BD, BO, launch = c.tiles("dq_bwd", V, K)
-        nQ, nK = cdiv(L, BQ), cdiv(K, BO)
         q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
-        HPP = heads_per_program(G, NT * nQ * nK * (BH // G))
         dq = _group_grad(q, H // HPP)
         kern.dq_bwd_kernel[(NT * nQ, nK, BH // HPP)](
             do=do, v=v, k=k, q=q, h=states, hn=ns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
