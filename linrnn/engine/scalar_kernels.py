@@ -182,13 +182,12 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
 
 
 @triton.jit
-def _rows_one(p_x, p_y, p_s, p_n, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, o_o, m_o, D, s_x, s_sd,
-              s_so, BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, Z_DTYPE: tl.constexpr,
+def _rows_one(p_x, p_y, p_s, p_n, gi, b_br, b_mr, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so,
+              BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, Z_DTYPE: tl.constexpr,
               HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
-              DEN: tl.constexpr, AFFINE: tl.constexpr, DOT_PREC: tl.constexpr,
-              FIX: tl.constexpr):  # fmt: skip
-    """:func:`_rows_inter` and the diagonal tile of :func:`_rows_intra` for a chunk that is one
-    query tile (L ≤ BQ): the weighted scores D_rs p_rs first (their row sums with
+              DEN: tl.constexpr, DOT_PREC: tl.constexpr, FIX: tl.constexpr):  # fmt: skip
+    """The output's :func:`_rows_inter` and the diagonal tile of :func:`_rows_intra` for a chunk
+    that is one query tile (L ≤ BQ): the weighted scores D_rs p_rs first (their row sums with
     ``DEN``), kept as Z_DTYPE operands (what the product casts them to), then the inter-chunk
     product x_r·S_c (``DEN``: x_r·n_c), so a [BQ, BQ] fp32 block is not live beside the
     accumulator. The caller finishes as after :func:`_rows_inter`, then adds the scores' product
@@ -200,8 +199,8 @@ def _rows_one(p_x, p_y, p_s, p_n, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, o_o, m_o,
         m_d = o_d < D
         b_x = _tile(p_x, o_r, o_d, s_x, m_r, m_d)  # [BQ, BD]
         b_p += tl.dot(b_x, _tile_t(p_y, o_r, o_d, s_x, m_r, m_d), input_precision=DOT_PREC)
-    b_p, _ = _diag_weighted(b_p, gi, b_br, b_mr, b_A, b_dd, o_r, m_r, BQ, HAS_DECAY, HAS_IGATE,
-                            HAS_MAX, AFFINE, FIX)  # fmt: skip
+    b_p, _ = _diag_weighted(b_p, gi, b_br, b_mr, None, None, o_r, m_r, BQ, HAS_DECAY, HAS_IGATE,
+                            HAS_MAX, False, FIX)  # fmt: skip
     b_psum = tl.sum(b_p, 1) if DEN else tl.zeros([BQ], dtype=tl.float32)
     b_pz = b_p.to(Z_DTYPE)
     b_acc, _, b_den = _rows_inter(p_x, p_y, p_s, p_n, o_r, m_r, o_o, m_o, D, s_x, s_sd, s_so,
@@ -305,9 +304,8 @@ def _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v, i_
     DEN: tl.constexpr = NORM != NORM_NONE
     if ONE_TILE:
         b_acc, b_den, b_pz, b_psum = _rows_one(
-            p_q, p_k, p_h, hn, gi, b_br, b_mr, None, None, o_r, m_r, o_v, m_v, K, HK * K, V, 1,
-            BQ, BD, BO, v.dtype.element_ty, HAS_DECAY, HAS_IGATE, HAS_MAX, DEN, False, DOT_PREC,
-            FIX,
+            p_q, p_k, p_h, hn, gi, b_br, b_mr, o_r, m_r, o_v, m_v, K, HK * K, V, 1, BQ, BD, BO,
+            v.dtype.element_ty, HAS_DECAY, HAS_IGATE, HAS_MAX, DEN, DOT_PREC, FIX,
         )  # fmt: skip
         b_acc *= e_r[:, None]
         b_den *= e_r
