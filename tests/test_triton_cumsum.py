@@ -6,7 +6,8 @@ the exclusive sum equal to the inclusive one shifted by one step, bit for bit; e
 span (the fast chunks' test) against the fp64 sums' range. The outputs are NaN-poisoned
 allocations (conftest), so a row the kernel skips fails. scalar_cumsum_kernels (through
 scalar._chunk_cumsum): a scalar gate's sums as [B·H, T] rows against the same fp64 loop, dense
-and packed, chunks of one and of several column tiles, strided and bf16 gates."""
+and packed, chunks of one and of several column tiles, strided and bf16 gates; and the running
+maximum of a − b within each chunk (mLSTM-exp's row maxima) against torch's cummax."""
 
 from __future__ import annotations
 
@@ -103,8 +104,15 @@ def test_scalar_cumsum_matches_fp64(B, T, H, L, offsets, dtype):
     c = ChunkConfig(q, q, q, scale=1.0, has_decay=True, has_igate=False, stabilize=False,
                     track_n=False, normalizer=None, eps=0.0, chunk_size=L,
                     offsets=offsets)  # fmt: skip
-    got = scalar._chunk_cumsum(g, c.L, c)
-    assert got.shape == (B * H, T) and got.dtype == torch.float32
+    a = torch.randn(B * H, T, device=DEVICE) * 5  # log input gate rows (mLSTM-exp)
+    got, rmax = scalar._chunk_cumsum(g, c.L, c, a)
+    assert got.shape == rmax.shape == (B * H, T) and got.dtype == rmax.dtype == torch.float32
+    assert torch.equal(scalar._chunk_cumsum(g, c.L, c)[0], got)
+    # the running maximum of a − b within each chunk, exactly (a maximum rounds nothing)
+    ref_max = torch.full((B * H, T), float("nan"), device=DEVICE)
+    for c0, c1 in _chunks(T, c.L, offsets):
+        ref_max[:, c0:c1] = (a - got)[:, c0:c1].cummax(1).values
+    assert torch.equal(rmax, ref_max)
 
     ref = torch.full((B, T, H), float("nan"), dtype=torch.float64)
     g64 = g.double().cpu()

@@ -139,7 +139,7 @@ def _solve_case(offsets, gated, L=32):
     T = 100 if offsets is None else offsets[-1]
     q, k, v, beta, g, _ = _inputs(1, T, 1, 2, 16, 32, gated=gated)
     cfg = delta.config(q, k, v, scale=1.0, g=g, chunk_size=L, offsets=offsets)
-    b = delta._chunk_cumsum(g, cfg.L, cfg) if gated else None
+    b = delta._chunk_cumsum(g, cfg.L, cfg)[0] if gated else None
     A, w, u = delta.solve_wu(k, v, beta, b, cfg)
     return q, k, v, beta, b, A, w, u, cfg
 

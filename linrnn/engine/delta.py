@@ -143,7 +143,7 @@ def forward(q, k, v, beta, g, S0, cfg: DeltaConfig):
     S0 ``[N, HV, K, V]`` fp32 contiguous or None. ``saved``: the tensors of :data:`SAVED`."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     beta, g = fp32_contiguous(beta), fp32_contiguous(g)
-    b = _chunk_cumsum(g, cfg.L, cfg) if g is not None else None
+    b = _chunk_cumsum(g, cfg.L, cfg)[0] if g is not None else None
     A, w, u = solve_wu(k, v, beta, b, cfg)
     vn, states, S_T = walk(k, w, u, b, S0, cfg)
     del w, u

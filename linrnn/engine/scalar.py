@@ -59,11 +59,14 @@ def kept(cfg: ChunkConfig) -> dict[str, bool]:
 
 
 def gate_rows(g, gi, cfg: ChunkConfig):
-    """(b, a): the chunk-local cumulative log decay and the log input gate as [B·H, T] fp32
-    rows (None without that gate)."""
-    b = _chunk_cumsum(g, cfg.L, cfg) if cfg.has_decay else None
+    """(b, a, rmax): the chunk-local cumulative log decay and the log input gate as [B·H, T]
+    fp32 rows (None without that gate), and for the output kernel of a call with the max state
+    (mode chunk) the running maximum of a − b within each chunk (else None)."""
     a = rows(gi) if cfg.has_igate else None
-    return b, a
+    if not cfg.has_decay:
+        return None, a, None
+    b, rmax = _chunk_cumsum(g, cfg.L, cfg, a if cfg.stab and not cfg.fused else None)
+    return b, a, rmax
 
 
 def forward(q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig, skip=None):
@@ -71,13 +74,13 @@ def forward(q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig, skip=None):
     (fp16/bf16/fp32), g, gi ``[B, T, H]`` fp32 or None, the initial state as
     :func:`prepare_state` makes it (or None); ``skip`` [H] fp32 or None (module docstring)."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    b, a = gate_rows(g, gi, cfg)
+    b, a, rmax = gate_rows(g, gi, cfg)
     if cfg.fused:
         if skip is not None:
             raise NotImplementedError("the skip term has no fused_chunk kernel")
         o, S_T, n_T, m_T, tables = _forward_fused(q, k, v, b, a, S0, n0, m0, cfg)
     else:
-        o, S_T, n_T, m_T, tables = _forward(q, k, v, b, a, S0, n0, m0, cfg, skip)
+        o, S_T, n_T, m_T, tables = _forward(q, k, v, b, a, S0, n0, m0, cfg, skip, rmax)
     saved = dict(q=q, k=k, v=v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, o=o, S_T=S_T, n_T=n_T, b=b, a=a)
     if skip is not None:
         saved["skip"] = skip
@@ -159,22 +162,26 @@ def chunk_gate_grads(b, a, mc, q_dq, k_dk, R_M, bnd, tail, m0, dm0, c, shape):
     return (tokens(dg, shape) if dg is not None else None), da, dm0
 
 
-def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig) -> torch.Tensor:
+def _chunk_cumsum(g: torch.Tensor, L: int, c: ChunkConfig, a=None):
     """Chunk-local cumulative sum of the log decays g ``[B, T, H]``: ``[B·H, T]`` fp32 rows,
     one kernel (scalar_cumsum_kernels). Packed sequences: each chunk of the table summed alone,
     as without packing (not as differences of one sum over the pack: a non-finite gate in one
-    sequence would make every later sequence's sums NaN)."""
+    sequence would make every later sequence's sums NaN). With ``a`` (the log input gate rows)
+    the same kernel also gives the running maximum of a − b within each chunk. Returns (b,
+    running maximum or None)."""
     B, T, H = g.shape
     out = torch.empty(B * H, T, device=g.device, dtype=torch.float32)
+    rmax = torch.empty_like(out) if a is not None else None
     if out.numel() == 0:
-        return out
+        return out, rmax
     BL = min(max(16, next_pow2(L)), 256)
     CH = max(1, min(1024 // BL, next_pow2(c.NT)))
     ck.chunk_cumsum_kernel[(cdiv(c.NT, CH), B * H)](
         G=g, OUT=out, CHUNKS=c.CHUNKS, T=T, H=H, L=L, NT=c.NT, s_b=g.stride(0), s_t=g.stride(1),
-        s_h=g.stride(2), CH=CH, BL=BL, VARLEN=c.varlen, num_warps=4,
+        s_h=g.stride(2), CH=CH, BL=BL, VARLEN=c.varlen, A=a, RMAX=rmax, HAS_RMAX=a is not None,
+        num_warps=4,
     )  # fmt: skip
-    return out
+    return out, rmax
 
 
 def _chunk_max(b, a, L, c: ChunkConfig | None = None):
@@ -189,8 +196,9 @@ def _chunk_max(b, a, L, c: ChunkConfig | None = None):
     return z.view(BH, NT, L).amax(-1).contiguous()
 
 
-def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
-    """The chunk states (states_fwd_kernel), then the outputs (out_fwd_kernel)."""
+def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None, rmax=None):
+    """The chunk states (states_fwd_kernel), then the outputs (out_fwd_kernel; ``rmax``: the
+    running maxima :func:`gate_rows` gives with the max state)."""
     T, K = q.shape[1], q.shape[3]
     H, V = v.shape[2], v.shape[3]
     G = H // q.shape[2]
@@ -217,7 +225,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None):
     NQ = cdiv(L, BQ)
     fix_pass.launch(
         kern.out_fwd_kernel, (NT * NQ, cdiv(V, BO), BH), q.device,
-        q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, o=o, den=den, m_row=m_row,
+        q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, rmax=rmax, o=o, den=den, m_row=m_row,
         chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ,
         scale=c.scale, eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip,
         HAS_SKIP=skip is not None, ONE_TILE=one_tile(L, BQ), **gates, **launch,

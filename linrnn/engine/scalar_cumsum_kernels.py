@@ -18,14 +18,22 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _max2(x, y):
+    return tl.maximum(x, y)
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def chunk_cumsum_kernel(
     G, OUT, CHUNKS, T, H, L, NT, s_b, s_t, s_h,
     CH: tl.constexpr, BL: tl.constexpr, VARLEN: tl.constexpr,
+    A=None, RMAX=None, HAS_RMAX: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (cdiv(NT, CH), B·H). G ``[B, T, H]`` (any float dtype, element strides s_b, s_t,
     s_h); OUT ``[B·H, T]`` fp32; CHUNKS the packed chunk table (rows (start, end, sequence),
-    int32) with ``VARLEN``, else unused."""
+    int32) with ``VARLEN``, else unused. ``HAS_RMAX`` (mLSTM-exp's max state): also the
+    running maximum within each chunk of a_s − b_s (A the log input gate rows ``[B·H, T]``
+    fp32), RMAX ``[B·H, T]`` fp32: RMAX_t = max_{c0 ≤ s ≤ t} (a_s − b_s), from the b stored."""
     i_cb, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = i_cb * CH + tl.arange(0, CH)  # this program's chunks
@@ -41,6 +49,8 @@ def chunk_cumsum_kernel(
     g = G + i_b * s_b + i_h * s_h
     out = OUT + i_bh * T
     carry = tl.zeros([CH], dtype=tl.float32)
+    rcarry = tl.full([CH], float("-inf"), dtype=tl.float32)
+    last = tl.arange(0, BL)[None, :] == BL - 1
     for j0 in range(0, L, BL):
         o_t = c0[:, None] + j0 + tl.arange(0, BL)[None, :]  # [CH, BL] token indices
         m_t = o_t < c1[:, None]
@@ -49,4 +59,9 @@ def chunk_cumsum_kernel(
         tl.store(out + o_t, y, mask=m_t)
         # the last column's sum, selected (exact), so the next tile continues from the value
         # stored; masked-out columns add 0 and leave it unchanged
-        carry = tl.sum(tl.where(tl.arange(0, BL)[None, :] == BL - 1, y, 0.0), 1)
+        carry = tl.sum(tl.where(last, y, 0.0), 1)
+        if HAS_RMAX:  # masked-out columns: −inf, which leaves the running maximum unchanged
+            z = tl.where(m_t, tl.load(A + i_bh * T + o_t, mask=m_t, other=0.0) - y, float("-inf"))
+            r = tl.maximum(tl.associative_scan(z, 1, _max2), rcarry[:, None])
+            tl.store(RMAX + i_bh * T + o_t, r, mask=m_t)
+            rcarry = tl.max(tl.where(last, r, float("-inf")), 1)

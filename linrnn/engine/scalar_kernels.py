@@ -16,8 +16,8 @@ the normalizer's ``norm_bwd_kernel`` are in :mod:`scalar_state_kernels`, with th
 layouts):
 
 * ``out_fwd_kernel`` — the output, tiled over (query tile, V tile), looping over the chunk's key
-  tiles and over depth tiles. The exact row max m_r is found first by a cheap pass over the
-  scalar gates, so the main loop needs no online rescaling.
+  tiles and over depth tiles. The exact row max m_r comes from the chunk's running maximum of
+  a − b (the cumulative-sum pass gives it), so the main loop needs no online rescaling.
 * ``dq_bwd_kernel`` — dq: the forward's products with (q, k, v, C) → (do, v, k, Cᵀ); it shares
   the forward's body (:func:`_rows_inter`, :func:`_rows_intra`).
 * ``dk_bwd_kernel``, ``dv_bwd_kernel`` — the transposed-causal products, tiled over (key tile,
@@ -76,20 +76,6 @@ from linrnn.engine.triton_common import (
 #
 # e_r = exp(b_r + m_c − m_r); forward: (x, y, z, S) = (q, k, v, C), A = 1, dd = 0; dq: (do, v,
 # k, Cᵀ) with A = 1/denominator and dd the normalizer's row gradient (``AFFINE``).
-
-
-@triton.jit
-def _row_max(g, gi, b_br, m_c, o_r, m_r, c0, c1, r_end, BS: tl.constexpr):
-    """The exact row max m_r = max(b_r + m_c, max_{s≤r} (b_r − b_s + a_s)) [BQ] of the rows o_r,
-    from the scalar gates alone (no matmul); 0 on rows past the chunk."""
-    b_mr = b_br + m_c
-    for s0 in range(c0, r_end, BS):
-        o_s = s0 + tl.arange(0, BS)
-        m_s = o_s < c1
-        z = b_br[:, None] + (_vec(gi, o_s, m_s) - _vec(g, o_s, m_s))[None, :]
-        causal = (o_r[:, None] >= o_s[None, :]) & m_s[None, :]
-        b_mr = tl.maximum(b_mr, tl.max(tl.where(causal, z, float("-inf")), 1))
-    return tl.where(m_r, b_mr, 0.0)
 
 
 @triton.jit
@@ -230,13 +216,14 @@ def out_fwd_kernel(
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, skip=None, HAS_SKIP: tl.constexpr = False,
-    bad=None, SLOTS=0, FIX: tl.constexpr = False, ONE_TILE: tl.constexpr = False,
+    bad=None, SLOTS=0, FIX: tl.constexpr = False, ONE_TILE: tl.constexpr = False, rmax=None,
 ):  # fmt: skip
     """Grid (chunks × query tiles, V tiles, B·H): o_r = scale·[e_r q_r C_c + Σ_{s≤r} D_rs
     (q_r·k_s) v_s] of one query tile from the chunk states h (and hn, mc). ``NORM``: divided
     by the normalizer's denominator, den [B·H, T] = scale·q·n stored; ``HAS_MAX``: the row max
-    m_row [B·H, T] stored. ``HAS_SKIP``: plus the skip term skip[h]·v_r (skip [H] fp32, after
-    the normalizer: Mamba2's D·x).
+    m_r = b_r + max(m_c, rmax_r) stored in m_row [B·H, T] (rmax: the running maximum of a − b
+    within the chunk, scalar_cumsum_kernels). ``HAS_SKIP``: plus the skip term skip[h]·v_r
+    (skip [H] fp32, after the normalizer: Mamba2's D·x).
 
     Launched twice (fix_pass.launch): each tile with a plain diagonal product, flagging in bad
     [SLOTS] (int8, one per program of that grid) whether it came out finite; then, ``FIX``, a
@@ -252,24 +239,24 @@ def out_fwd_kernel(
                         i_cq, i_v, i_bh = _slot_ids(slot, NT * NQ, tl.cdiv(V, BO))
                         i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ,
                                                                      VARLEN)  # fmt: skip
-                        _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v,
-                                  i_bh, i_c, c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ,
-                                  scale, eps, BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, NORM,
-                                  DOT_PREC, HAS_SKIP, True, ONE_TILE)  # fmt: skip
+                        _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, slot,
+                                  i_v, i_bh, i_c, c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT,
+                                  NSEQ, scale, eps, BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX,
+                                  NORM, DOT_PREC, HAS_SKIP, True, ONE_TILE)  # fmt: skip
     else:
         i_cq, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
         if r0 >= c1:
             return
-        _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, _program_slot(), i_v,
+        _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, _program_slot(), i_v,
                   i_bh, i_c, c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ, scale, eps, BQ,
                   BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, NORM, DOT_PREC, HAS_SKIP,
                   False, ONE_TILE)  # fmt: skip
 
 
 @triton.jit
-def _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v, i_bh, i_c, c0, c1,
-              i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ, scale, eps,
+def _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, slot, i_v, i_bh, i_c,
+              c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ, scale, eps,
               BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
               HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
               DOT_PREC: tl.constexpr, HAS_SKIP: tl.constexpr, FIX: tl.constexpr,
@@ -295,7 +282,8 @@ def _out_tile(q, k, v, h, hn, mc, g, gi, o, den, m_row, skip, bad, slot, i_v, i_
     b_mr = tl.zeros([BQ], dtype=tl.float32)
     if HAS_MAX:
         m_c = tl.load(mc + i_bh * (NT + NSEQ) + i_c + i_n)
-        b_mr = _row_max(g, gi, b_br, m_c, o_r, m_r, c0, c1, tl.minimum(r0 + BQ, c1), BQ)
+        # the exact max(b_r + m_c, max_{c0≤s≤r} (b_r + (a_s − b_s))): fp32 addition is monotone
+        b_mr = tl.where(m_r, b_br + tl.maximum(m_c, _vec(rmax + i_bh * T, o_r, m_r)), 0.0)
         e_r = tl.exp(b_br + m_c - b_mr)
     else:
         e_r = tl.exp(b_br)
