@@ -298,10 +298,21 @@ def test_triton_custom_ops_opcheck():
         torch.ops.linrnn.chunk_fwd,
         (q, k, v, g, gi, S0, n0, m0, 0.5, 1e-6, 4, False, True, True, "mlstm", None),
     )
+    for fused in (False, True):  # a decay that wants no gradient (the backward skips dg)
+        torch.library.opcheck(
+            torch.ops.linrnn.chunk_fwd,
+            (q, k, v, g.detach(), None, S0, None, None, 0.5, 0.0, 4, fused, False, False,
+             "none", None),
+        )  # fmt: skip
     torch.library.opcheck(
         torch.ops.linrnn.recurrent_fwd,
         (q, k, v, g, None, gi, None, S0, n0, m0, 0.5, 1e-6, True, True, "mlstm", None, True),
     )
+    torch.library.opcheck(
+        torch.ops.linrnn.recurrent_fwd,
+        (q, k, v, g.detach(), None, None, None, S0, None, None, 0.5, 0.0, False, False, "none",
+         None, True),
+    )  # fmt: skip
     gk = F.logsigmoid(torch.randn(B, T, H, K)).requires_grad_()
     gv = F.logsigmoid(torch.randn(B, T, H, V)).requires_grad_()
     u = torch.randn(H, K, requires_grad=True)

@@ -342,3 +342,79 @@ def test_max_state_routing_sums_each_run(rows, L, targets):
     assert got.dtype == torch.float32 and got.shape == (rows, L + 1)
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
     assert torch.all(got[~hit] == 0)
+
+
+class _Launches:
+    """Records the keyword arguments of every launch of a Triton kernel, then launches it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(**kw):
+            self.calls.append(kw)
+            return self.kernel[grid](**kw)
+
+        return launch
+
+
+@pytest.mark.parametrize("mode", ["chunk", "chunk-tiled", "fused_chunk", "recurrent"])
+@pytest.mark.parametrize("family", ["retention", "simple_gla"])
+def test_gates_without_gradient_skip_its_work(family, mode, monkeypatch):
+    """A decay that wants no gradient (retention's fixed γ, a frozen gate): no dg, and none of
+    the work only it needs (the kernels' q·dq, k·dk and chunk-end ⟨dC, C⟩ terms, the gate
+    gradient kernel, the reductions), while dq, dk, dv and the initial state's gradient are
+    those of the same call with the gate's gradient: bitwise in chunk mode (the same kernels,
+    less stored; one-tile chunks and, "chunk-tiled", the tiled dq and dk kernels), in the
+    recurrent kernels' backward and in fused_chunk with fp32 inputs; with bf16 inputs
+    fused_chunk rounds the state's products as the forward does once no decay gradient needs
+    them exact, so there the two agree to bf16 rounding."""
+    import linrnn.engine.recurrent as rec
+    import linrnn.engine.scalar as scalar
+
+    B, T, H, K, V = 1, 37, 2, 16, 8
+    fn = linrnn.retention if family == "retention" else linrnn.simple_gla
+    opts = dict(output_final_state=True, mode=mode.split("-")[0], backend="triton", chunk_size=16)
+    kernels = [(scalar.walk, "states_bwd_kernel"), (scalar.fused, "fused_dq_kernel"),
+               (scalar.fused, "fused_dk_kernel")]  # fmt: skip
+    kernels += [(scalar.kern, n) for n in ("dqk_bwd_kernel", "dq_bwd_kernel", "dk_bwd_kernel")]
+    kernels += [(rec.kern, f"recurrent_bwd_kernel_{x}") for x in ("dq", "dk", "dv")]
+    dtypes = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+    for dtype in dtypes:
+        q, k, v = (torch.randn(B, T, H, d, device=DEVICE).to(dtype) for d in (K, K, V))
+        S0 = torch.randn(B, H, K, V, device=DEVICE)
+        if family == "retention":
+            g = torch.log1p(-torch.exp2(-2.0 - torch.rand(H, device=DEVICE) * 4))
+        else:
+            g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device=DEVICE) + 2)
+        do = torch.randn(B, T, H, V, device=DEVICE).to(dtype)
+        grads, spies = {}, []
+        for wants in (True, False):
+            if mode == "chunk-tiled":
+                monkeypatch.setattr(scalar, "one_tile", lambda L, BT: False)
+            if not wants:  # the gate gradients' host code must not run
+                fail = lambda *a, **kw: pytest.fail("gate gradients formed")  # noqa: E731
+                monkeypatch.setattr(scalar, "chunk_gate_grads", fail)
+                monkeypatch.setattr(scalar, "gate_grads", fail)
+                monkeypatch.setattr(rec, "_gate_grads", fail)
+                spies = [_Launches(getattr(mod, n)) for mod, n in kernels]
+                for (mod, n), spy in zip(kernels, spies):
+                    monkeypatch.setattr(mod, n, spy)
+            leaves = [x.clone().requires_grad_() for x in (q, k, v, S0)]
+            gg = g.clone().requires_grad_(wants)
+            o, S_T = fn(*leaves[:3], gg, initial_state=leaves[3], **opts)
+            ins = leaves + [gg] * wants
+            grads[wants] = torch.autograd.grad((o, S_T), ins, (do, torch.ones_like(S_T)))
+            monkeypatch.undo()
+        launches = [kw for spy in spies for kw in spy.calls]
+        assert launches
+        for kw in launches:
+            for flag in ("STORE_QDQ", "STORE_KDK", "STORE_VDV", "HAS_BND", "SPLIT"):
+                assert not kw.get(flag, False), (flag, sorted(kw))
+            assert all(kw.get(n) is None for n in ("qdq", "kdk", "vdv", "bnd")), sorted(kw)
+        bitwise = mode != "fused_chunk" or dtype == torch.float32
+        for name, a, b in zip(("dq", "dk", "dv", "dS0"), grads[False], grads[True]):
+            if bitwise:
+                assert torch.equal(a, b), (name, dtype)
+            else:
+                assert rel_err(a.double().cpu(), b.double().cpu()) < 1e-2, (name, dtype)

@@ -114,9 +114,10 @@ def _chunk_bwd(
     n_T: Tensor, b: Tensor, a: Tensor, states: Tensor, ns: Tensor, mc: Tensor, den: Tensor,
     m_row: Tensor, do: Tensor, dS_T: Tensor | None, dn_T: Tensor | None, dm_T: Tensor | None,
     scale: float, eps: float, chunk_size: int, fused: bool, stabilize: bool, track_n: bool,
-    normalizer: str, offsets: list[int] | None,
+    normalizer: str, offsets: list[int] | None, need_gate_grads: bool,
 ) -> list[Tensor]:  # fmt: skip
-    """[dq, dk, dv, dg, dgi, dS0, dn0, dm0] (empty where the input was None)."""
+    """[dq, dk, dv, dg, dgi, dS0, dn0, dm0] (empty where the input was None, and dg, dgi
+    without ``need_gate_grads``: scalar.backward)."""
     c = _chunk_config(q, k, v, g, gi, scale, eps, chunk_size, fused, stabilize, track_n,
                       normalizer, offsets)  # fmt: skip
     has = scalar.kept(c)
@@ -125,7 +126,9 @@ def _chunk_bwd(
                  n0=n0, m0=m0)  # fmt: skip
     made = scalar.OUTPUTS + scalar.PRODUCED
     saved.update({n: x if has[n] else None for n, x in zip(made, tensors)})
-    grads = scalar.backward(saved, c, do, dS_T, dn_T, dm_T)
+    grads = list(scalar.backward(saved, c, do, dS_T, dn_T, dm_T, need_gate_grads))
+    if not need_gate_grads:  # (the max state forms them anyway: wants_gate_grads)
+        grads[3:5] = [None, None]
     outs = [_empty(q) if x is None else x for x in grads]
     return _distinct(outs, (q, k, v, g, gi, S0, n0, m0, *tensors, do, dS_T, dn_T, dm_T))
 
@@ -133,7 +136,8 @@ def _chunk_bwd(
 @_chunk_bwd.register_fake
 def _chunk_bwd_fake(q, k, v, g, gi, S0, n0, m0, *rest):
     f = lambda x: _empty(q) if x is None else x.new_empty(x.shape, dtype=torch.float32)  # noqa: E731
-    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), f(g), f(gi),
+    gate = f if rest[-1] else lambda x: _empty(q)  # (rest[-1]: need_gate_grads)
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), gate(g), gate(gi),
             f(S0), f(n0), f(m0)]  # fmt: skip
 
 
@@ -158,10 +162,13 @@ def _chunk_backward(ctx, grads):
         do = torch.zeros_like(saved["o"])
     dn_T = dn_T if opts["track_n"] else None
     dm_T = dm_T if opts["stabilize"] else None
+    need = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]  # g, gi
     dq, dk, dv, *rest = torch.ops.linrnn.chunk_bwd(
-        *saved.values(), do, dS_T, dn_T, dm_T, *opts.values()
+        *saved.values(), do, dS_T, dn_T, dm_T, *opts.values(), need
     )
     rest = [x if has else None for x, has in zip(rest, ctx.has)]
+    if not need:
+        rest[:2] = [None, None]
     return (dq, dk, dv, *rest) + (None,) * len(_CHUNK_OPTS)
 
 
@@ -348,10 +355,11 @@ def _recurrent_bwd(
     m0: Tensor | None, o: Tensor, S_T: Tensor, n_T: Tensor, den: Tensor, m_row: Tensor,
     do: Tensor, dS_T: Tensor | None, dn_T: Tensor | None, dm_T: Tensor | None,
     scale: float, eps: float, stabilize: bool, track_n: bool, normalizer: str,
-    offsets: list[int] | None,
+    offsets: list[int] | None, need_gate_grads: bool,
 ) -> list[Tensor]:  # fmt: skip
-    """[dq, dk, dv, dg, dgv, dgi, du, dS0, dn0, dm0] (empty where the input was None). The
-    saved tensors come in :data:`recurrent.SAVED` order (empty where unused)."""
+    """[dq, dk, dv, dg, dgv, dgi, du, dS0, dn0, dm0] (empty where the input was None, and the
+    gates' without ``need_gate_grads``). The saved tensors come in :data:`recurrent.SAVED`
+    order (empty where unused)."""
     norm = normalizer != "none"
     saved = dict(
         q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g, gv=gv, gi=gi, u=u, S0=S0,
@@ -360,8 +368,10 @@ def _recurrent_bwd(
     )  # fmt: skip
     grads = rec.backward(
         saved, do, dS_T, dn_T, dm_T, scale=scale, eps=eps, normalizer=_norm_code(normalizer),
-        stabilize=stabilize, track_n=track_n, offsets=offsets,
+        stabilize=stabilize, track_n=track_n, offsets=offsets, need_gate_grads=need_gate_grads,
     )  # fmt: skip
+    if not need_gate_grads:  # (the max state forms them anyway)
+        grads.update(g=None, gv=None, gi=None)
     outs = [_empty(q) if grads[n] is None else grads[n] for n in rec.GRADS]
     return _distinct(outs, (q, k, v, g, gv, gi, u, S0, n0, m0, o, S_T, n_T, den, m_row, do,
                             dS_T, dn_T, dm_T))  # fmt: skip
@@ -370,8 +380,9 @@ def _recurrent_bwd(
 @_recurrent_bwd.register_fake
 def _recurrent_bwd_fake(q, k, v, g, gv, gi, u, S0, n0, m0, *rest):
     f = lambda x: _empty(q) if x is None else x.new_empty(x.shape, dtype=torch.float32)  # noqa: E731
-    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), f(g), f(gv),
-            f(gi), f(u), f(S0), f(n0), f(m0)]  # fmt: skip
+    gate = f if rest[-1] else lambda x: _empty(q)  # (rest[-1]: need_gate_grads)
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), gate(g), gate(gv),
+            gate(gi), f(u), f(S0), f(n0), f(m0)]  # fmt: skip
 
 
 _REC_INPUTS = ("q", "k", "v", "g", "gv", "gi", "u", "S0", "n0", "m0")
@@ -398,10 +409,13 @@ def _rec_backward(ctx, grads):
         do = torch.zeros_like(saved["o"])
     dn_T = dn_T if opts["track_n"] else None
     dm_T = dm_T if opts["stabilize"] else None
+    need = any(ctx.needs_input_grad[3:6])  # g, gv, gi
     dq, dk, dv, *rest = torch.ops.linrnn.recurrent_bwd(
-        *saved.values(), do, dS_T, dn_T, dm_T, *opts.values()
+        *saved.values(), do, dS_T, dn_T, dm_T, *opts.values(), need
     )
     rest = [x if has else None for x, has in zip(rest, ctx.has)]
+    if not need:
+        rest[:3] = [None, None, None]
     return (dq, dk, dv, *rest) + (None,) * len(_REC_OPTS)
 
 

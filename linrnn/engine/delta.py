@@ -258,7 +258,8 @@ def _dq(q, k, vn, do, b, states, cfg: DeltaConfig, sizes, flags):
     sk.dq_bwd_kernel[(cfg.NT * nQ, nK, cfg.rows)](
         do=do, v=vn, k=k, q=q, h=states, hn=None, mc=None, g=b, gi=None, m_row=None, ra=None,
         rd=None, dq=dq, qdq=q_part, chunks=cfg.CHUNKS, **sizes, NQ=nQ, NSEQ=cfg.NSEQ,
-        scale=cfg.scale, BQ=BQ, BD=BD, BO=BO, **_engine_flags(flags), **launch,
+        scale=cfg.scale, BQ=BQ, BD=BD, BO=BO, STORE_QDQ=q_part is not None,
+        **_engine_flags(flags), **launch,
     )  # fmt: skip
     return dq, (q_part.sum(0) if q_part is not None else None)
 
@@ -276,7 +277,8 @@ def _dk_direct(q, k, vn, do, b, dstates, cfg: DeltaConfig, sizes, flags):
     sk.dk_bwd_kernel[(cfg.NT * nS, nK, cfg.rows)](
         v=vn, do=do, q=q, k=k, dh=dstates, dhn=None, mc=None, g=b, gi=None, m_row=None,
         ra=None, rd=None, dk=dk, kdk=k_part, chunks=cfg.CHUNKS, **sizes, NS=nS, NSEQ=cfg.NSEQ,
-        scale=cfg.scale, BS=BS, BD=BD, BO=BO, HAS_N=False, **_engine_flags(flags), **launch,
+        scale=cfg.scale, BS=BS, BD=BD, BO=BO, HAS_N=False, STORE_KDK=k_part is not None,
+        **_engine_flags(flags), **launch,
     )  # fmt: skip
     return dk, (k_part.sum(0) if k_part is not None else None)
 

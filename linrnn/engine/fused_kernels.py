@@ -321,6 +321,7 @@ def fused_dq_kernel(
     g=None, gi=None, n0=None, mc=None, m_row=None, ra=None, rd=None,
     HAS_DECAY: tl.constexpr = False, HAS_IGATE: tl.constexpr = False,
     HAS_MAX: tl.constexpr = False, HAS_N: tl.constexpr = False, HAS_NORM: tl.constexpr = False,
+    STORE_QDQ: tl.constexpr = False,
     # per-channel gates
     gk=None, gkx=None, gv=None, u=None, tot=None,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
@@ -332,7 +333,7 @@ def fused_dq_kernel(
         dq_r = scale·[e_r (A_r do_r Cᵀ + dd_r n) + Σ_{s≤r} D_rs (A_r do_r·v_s + dd_r) k_s]
 
     (A = ra, dd = rd: the normalizer's row factors). qdq: q·dq for the decay gradient, per K
-    tile as row sums [nK, B·H, T] (scalar gates, ``HAS_DECAY``) or q ⊙ dq [B, T, H, K] fp32
+    tile as row sums [nK, B·H, T] (scalar gates, ``STORE_QDQ``) or q ⊙ dq [B, T, H, K] fp32
     (``VEC``, with each chunk's inter-chunk total in tot [B, NT, H, K])."""
     i_k = tl.program_id(0)
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
@@ -406,7 +407,7 @@ def fused_dq_kernel(
             b_dq = scale * tl.dot(b_dp.to(b_k.dtype), b_k, input_precision=DOT_PREC)
             if HAS_NORM:
                 b_dq += (scale * e_r * b_dd)[:, None] * b_n[None, :]
-            if HAS_DECAY:
+            if STORE_QDQ:
                 # q·dq for the log-decay gradient. Its inter-chunk part takes q_r f_r rounded
                 # as fused_dk_kernel rounds it into dC (and C holds k_s w_s rounded as that
                 # kernel's k·dk takes it), so each cross-chunk pair enters q·dq and k·dk with
@@ -437,6 +438,7 @@ def fused_dk_kernel(
     g=None, gi=None, dn0=None, dnt=None, mc=None, m_row=None, ra=None, rd=None,
     HAS_DECAY: tl.constexpr = False, HAS_IGATE: tl.constexpr = False,
     HAS_MAX: tl.constexpr = False, HAS_N: tl.constexpr = False, HAS_NORM: tl.constexpr = False,
+    STORE_KDK: tl.constexpr = False,
     # per-channel gates
     gk=None, gkx=None, gv=None, u=None, tot=None,
     VEC: tl.constexpr = False, VEC_V: tl.constexpr = False, EXCL: tl.constexpr = False,
@@ -448,8 +450,8 @@ def fused_dk_kernel(
         dk_s = w_s (v_s dCᵀ + dn) + scale·Σ_{r≥s} D_rs (A_r v_s·do_r + dd_r) q_r,
 
     and the initial state's gradient into dh0 [N, H, K, V], dn0 [N, H, K]. kdk: k·dk for the
-    gate gradients, per K tile as row sums [nK, B·H, T] (scalar gates, ``HAS_DECAY`` or
-    ``HAS_IGATE``) or k ⊙ dk [B, T, H, K] fp32 (``VEC``, with the chunk totals in tot)."""
+    gate gradients, per K tile as row sums [nK, B·H, T] (scalar gates, ``STORE_KDK``) or
+    k ⊙ dk [B, T, H, K] fp32 (``VEC``, with the chunk totals in tot)."""
     i_k = tl.program_id(0)
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
     o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
@@ -528,7 +530,7 @@ def fused_dk_kernel(
             b_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
             b_dpt *= tl.trans(b_d)
             b_dk += scale * tl.dot(b_dpt.to(b_qt.dtype), tl.trans(b_qt), input_precision=DOT_PREC)
-            if HAS_DECAY or HAS_IGATE:
+            if STORE_KDK:
                 # k·dk with the inter-chunk part's k_s w_s rounded as fused_dq_kernel rounds it into
                 # C (see the q·dq there).
                 b_k = _tile(p_k, o_t, o_k, HK * K, m_t, m_k).to(tl.float32)

@@ -177,11 +177,14 @@ def _norm_rows(do, o, den, m_row, norm: int, stabilize: bool, eps: float):
 
 
 def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, normalizer=None,
-             stabilize=False, track_n=False, offsets=None):  # fmt: skip
+             stabilize=False, track_n=False, offsets=None, need_gate_grads=True):  # fmt: skip
     """Gradients of a :func:`forward` call (with ``save=True``) from the cotangents of its
     outputs (``do`` may be None when only the state is used; the state's may be None each).
     The switches are the forward's. Returns a dict over :data:`GRADS`: fp32 for the gates and
-    the state, the input dtype for q, k, v; None where the input was None. With grouped q/k
+    the state, the input dtype for q, k, v; None where the input was None, and for the gates
+    with ``need_gate_grads=False`` (no gate wants a gradient: the kernels store no q·dq, k·dk,
+    v·dv for them and the gate sums do not run; the max state forms them anyway, as the chunk
+    engine does). With grouped q/k
     heads the kernels write dq, dk per value head (fp32), summed here over each group."""
     s = saved
     q, k, v, o = s["q"], s["k"], s["v"], s["o"]
@@ -217,14 +220,15 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
     BK = max(16, min(BWD_TILE_MAX, BWD_STATE_ELEMS // VP, KP))
     BV = max(16, min(BWD_TILE_MAX, BWD_STATE_ELEMS // KP, VP))
     has_gates = g is not None or gi is not None
+    want = need_gate_grads or stabilize
 
     dq = torch.empty(B, T, H, K, **f32)
-    qdq = torch.zeros(B, T, H, K, **f32) if g is not None else None
+    qdq = torch.zeros(B, T, H, K, **f32) if g is not None and want else None
     kern.recurrent_bwd_kernel_dq[(cdiv(K, BK), NH)](
         **args, h0=S0, n0=n0, dq=dq, qdq=qdq, BK=BK, BV=VP, STORE_QDQ=qdq is not None
     )
     dk = torch.empty(B, T, H, K, **f32)
-    kdk = torch.zeros(B, T, H, K, **f32) if has_gates else None
+    kdk = torch.zeros(B, T, H, K, **f32) if has_gates and want else None
     du = torch.empty(NH, K, **f32) if u is not None else None
     dS0 = torch.empty(N, H, K, V, **f32)
     dn0 = torch.empty(N, H, K, **f32) if track_n else None
@@ -233,7 +237,7 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
         HAS_DHT=has_dht, STORE_KDK=kdk is not None,
     )  # fmt: skip
     dv = torch.empty(B, T, H, V, **f32)
-    vdv = torch.empty(B, T, H, V, **f32) if gv is not None else None
+    vdv = torch.empty(B, T, H, V, **f32) if gv is not None and want else None
     kern.recurrent_bwd_kernel_dv[(cdiv(V, BV), NH)](
         **args, dht=dS_T, dnt=dn_T, dv=dv, vdv=vdv, BK=KP, BV=BV, HAS_DHT=has_dht,
         STORE_VDV=vdv is not None,
@@ -242,7 +246,9 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
     dm0 = None
     if S0 is not None and stabilize:
         dm0 = (dS0 * S0).sum((-2, -1)) + (dn0 * n0).sum(-1)
-    dg, dgv, dgi, dm0 = _gate_grads(s, do, qdq, kdk, vdv, r_m, dS_T, dn_T, dm_T, dm0, flags)
+    dg = dgv = dgi = None
+    if want:
+        dg, dgv, dgi, dm0 = _gate_grads(s, do, qdq, kdk, vdv, r_m, dS_T, dn_T, dm_T, dm0, flags)
     if G > 1:
         dq, dk = dq.view(B, T, HK, G, K).sum(3), dk.view(B, T, HK, G, K).sum(3)
     return dict(
@@ -302,7 +308,8 @@ class RecurrentFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dS_T, dn_T, dm_T):
         saved = dict(zip(SAVED, ctx.saved_tensors))
-        grads = backward(saved, do, dS_T, dn_T, dm_T, **ctx.opts)
+        need = any(ctx.needs_input_grad[3:6])  # g, gv, gi
+        grads = backward(saved, do, dS_T, dn_T, dm_T, need_gate_grads=need, **ctx.opts)
         return (*(grads[n] for n in GRADS), None)
 
 

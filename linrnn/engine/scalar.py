@@ -89,21 +89,33 @@ def forward(q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig, skip=None):
     return (o, S_T, n_T, m_T), saved
 
 
-def backward(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
+def backward(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T, need_gate_grads: bool = True):
     """The gradients ``(dq, dk, dv, dg, dgi, dS0, dn0, dm0)`` of one chunk-engine call from
     what :func:`forward` saved and the outputs' cotangents (any of dS_T, dn_T, dm_T may be
-    None; None where an input was None)."""
-    return backward_skip(saved, cfg, do, dS_T, dn_T, dm_T)[:8]
+    None; None where an input was None). ``need_gate_grads=False``: the gates want no gradient
+    (retention's fixed decay, frozen gates): dg and dgi are None, and the work that only they
+    need is left out (:func:`wants_gate_grads`)."""
+    return backward_skip(saved, cfg, do, dS_T, dn_T, dm_T, need_gate_grads)[:8]
 
 
-def backward_skip(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
+def wants_gate_grads(cfg: ChunkConfig, need_gate_grads: bool) -> bool:
+    """Whether a backward forms the gate gradients: when asked, and always with the max state
+    (whose routing also reaches the initial m). Without them the kernels store no q·dq, k·dk
+    and no ⟨dC, C⟩ at the chunk ends, and the gate-gradient kernel does not run; the group
+    path (:func:`group_path`) still forms its parts, unread."""
+    return need_gate_grads or cfg.stab
+
+
+def backward_skip(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T,
+                  need_gate_grads: bool = True):  # fmt: skip
     """:func:`backward`'s gradients, then the skip term's (None without one)."""
     s = saved
     do = do.contiguous()
+    want = wants_gate_grads(cfg, need_gate_grads)
     if cfg.fused:
-        grads = (*_backward_fused(s, do, dS_T, dn_T, cfg), None)
+        grads = (*_backward_fused(s, do, dS_T, dn_T, cfg, want), None)
     else:
-        grads = _backward(s, do, dS_T, dn_T, cfg)
+        grads = _backward(s, do, dS_T, dn_T, cfg, want)
     dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd, dskip = grads
     S0, n0, m0, g, gi = s["S0"], s["n0"], s["m0"], s["g"], s["gi"]
     dm0 = None
@@ -111,6 +123,8 @@ def backward_skip(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T):
         dm0 = (dS0 * S0).sum((-2, -1)) + (dn0 * n0).sum(-1)
     dg = dgi = None
     shape = g.shape if g is not None else gi.shape if gi is not None else None
+    if not want:
+        shape = None
     if cfg.fused and shape is not None:  # no chunk boundary values: whole-sequence sums
         dg, dgi, dm0 = gate_grads(g, gi, shape, q_dq, k_dk, R_M, s["S_T"], s["n_T"], dS_T, dn_T,
                                   dm_T, m0, dm0, cfg)  # fmt: skip
@@ -261,9 +275,10 @@ def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     return o, S_T, n_T, m_T, dict(mc=mc, den=den, m_row=m_row)
 
 
-def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig):
+def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
     """fused_chunk's backward: dq, dk (with dS0, dn0) and dv, one walk each. With grouped
-    heads (G > 1) dq and dk are formed per value head in fp32 and summed per group."""
+    heads (G > 1) dq and dk are formed per value head in fp32 and summed per group. ``want``:
+    also the gates' parts q·dq, k·dk (:func:`wants_gate_grads`)."""
     q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
     S0, n0, mc, m_row = s["S0"], s["n0"], s["mc"], s["m_row"]
     T, K = q.shape[1], q.shape[3]
@@ -274,20 +289,21 @@ def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     R_A, R_D, R_M = _norm_rows(do, s["o"], s["den"], m_row, c)
     has_dst, dS_T, dn_T = final_grads(dS_T, dn_T, v, K, V, c)
     nK = cdiv(K, c.BKf)
-    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
-    k_part = torch.empty(nK, BH, T, **f32) if c.has_decay or c.has_igate else None
+    q_part = torch.empty(nK, BH, T, **f32) if c.has_decay and want else None
+    k_part = torch.empty(nK, BH, T, **f32) if (c.has_decay or c.has_igate) and want else None
     sizes = dict(co=c.CO, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ,
                  scale=c.scale, BT=c.BT, DOT_PREC=c.prec, VARLEN=c.varlen, **c.launch)  # fmt: skip
     gates = dict(g=b, gi=a, mc=mc, m_row=m_row, ra=R_A, HAS_DECAY=b is not None,
                  HAS_IGATE=a is not None, HAS_MAX=mc is not None,
                  HAS_NORM=R_A is not None)  # fmt: skip
     # The log-decay gradient is a whole-sequence sum here: keep the states' products exact.
-    split = c.has_decay and q.dtype != torch.float32
+    split = q_part is not None and q.dtype != torch.float32
     per_head = (*v.shape[:3], K)  # dq, dk per value head (fp32, for the group sums)
     dq = torch.empty(per_head, **f32) if G > 1 else torch.empty_like(q)
     fused.fused_dq_kernel[(nK, c.walkers)](
         q=q, k=k, v=v, do=do, dq=dq, h0=S0, qdq=q_part, BK=c.BKf, BV=c.VP, HAS_H0=S0 is not None,
-        SPLIT=split, n0=n0, rd=R_D, HAS_N=c.track_n, **sizes, **gates,
+        SPLIT=split, n0=n0, rd=R_D, HAS_N=c.track_n, STORE_QDQ=q_part is not None, **sizes,
+        **gates,
     )  # fmt: skip
     dk = torch.empty(per_head, **f32) if G > 1 else torch.empty_like(k)
     dS0 = torch.empty(N, H, K, V, **f32)
@@ -295,7 +311,8 @@ def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig):
     fused.fused_dk_kernel[(nK, c.walkers)](
         q=q, k=k, v=v, do=do, dk=dk, dh0=dS0, dht=dS_T if has_dst else None, kdk=k_part,
         BK=c.BKf, BV=c.VP, HAS_DHT=has_dst, SPLIT=split, dn0=dn0,
-        dnt=dn_T if has_dst else None, rd=R_D, HAS_N=dn0 is not None, **sizes, **gates,
+        dnt=dn_T if has_dst else None, rd=R_D, HAS_N=dn0 is not None,
+        STORE_KDK=k_part is not None, **sizes, **gates,
     )  # fmt: skip
     dv = torch.empty_like(v)
     fused.fused_dv_kernel[(cdiv(V, c.BVf), c.walkers)](
@@ -327,11 +344,12 @@ def _norm_rows(do, o, den, m_row, c: ChunkConfig):
     return R_A, R_D, R_M
 
 
-def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
+def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
     """The state gradients (states_bwd_kernel), then dq, dk and dv (one kernel each). With
     grouped heads (G > 1) the dq and dk kernels sum a group's value heads themselves
     (:func:`heads_per_program`), large groups through one intra-chunk gradient matrix per
-    group and chunk (:func:`group_path`)."""
+    group and chunk (:func:`group_path`). ``want``: also what the gate gradients read (q·dq,
+    k·dk, the chunk-end terms bnd; :func:`wants_gate_grads`)."""
     q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
     states, ns, mc, m_row = s["states"], s["ns"], s["mc"], s["m_row"]
     T, K = q.shape[1], q.shape[3]
@@ -349,13 +367,13 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
                  DOT_PREC=c.prec, VARLEN=c.varlen)  # fmt: skip
     BQ, BK, BV, launch = c.tiles("states_bwd", K, V)
     grid = (cdiv(K, BK), cdiv(V, BV), c.walkers)
-    bnd = torch.zeros(BH, NT, grid[0] * grid[1], **f32) if c.has_decay else None
+    bnd = torch.zeros(BH, NT, grid[0] * grid[1], **f32) if c.has_decay and want else None
     walk.states_bwd_kernel[grid](
         q=q, do=do, g=b, mc=mc, m_row=m_row, ra=R_A, rd=R_D, h=states, hn=ns, ht=s["S_T"],
         nt=s["n_T"], dht=dS_T if has_dst else None, dnt=dn_T if has_dst else None, dh=dstates,
         dhn=dns, dh0=dS0, dn0=dn0, bnd=bnd, co=c.CO, chunks=c.CHUNKS,
         T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BK=BK, BV=BV, BQ=BQ,
-        HAS_N=ns is not None, HAS_DHT=has_dst, **flags, **launch,
+        HAS_N=ns is not None, HAS_DHT=has_dst, HAS_BND=bnd is not None, **flags, **launch,
     )  # fmt: skip
 
     flags.update(HAS_IGATE=a is not None)
@@ -363,7 +381,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
         dq, dk, q_dq, k_dk = _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c)
     else:
         dq, dk, q_dq, k_dk = _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row,
-                                    R_A, R_D, G, flags, c)  # fmt: skip
+                                    R_A, R_D, G, flags, c, want)  # fmt: skip
     skip = s.get("skip")  # (absent where the custom ops rebuild the saved tensors)
     if _group_dv_heads(c, G, K, V) > 1:
         dv, dskip = _group_dv(q, k, v, b, a, do, dstates, c, skip)
@@ -380,7 +398,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig):
         )  # fmt: skip
     if dskip is not None:  # Σ over the batch rows and tiles of each head
         dskip = dskip.view(-1, H, dskip.shape[1]).double().sum((0, 2)).float()
-    bnd = bnd.sum(-1) if c.has_decay else None
+    bnd = bnd.sum(-1) if bnd is not None else None
     return dq, dk, dv, dS0, dn0, q_dq, k_dk, R_M, dS_T, dn_T, bnd, dskip
 
 
@@ -390,16 +408,18 @@ def one_tile(L: int, BT: int) -> bool:
     return L <= BT
 
 
-def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, flags, c):
+def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, flags, c,
+           want: bool):  # fmt: skip
     """dq, dk (a group's value heads summed in the kernels, :func:`heads_per_program`) and the
-    identity products q·dq, k·dk per value head ``[B·H, T]`` (None without their gate). A chunk
+    identity products q·dq, k·dk per value head ``[B·H, T]`` (None without their gate, or
+    without ``want``, :func:`wants_gate_grads`). A chunk
     of one time tile takes one kernel for both (dqk_bwd_kernel: the weighted intra-chunk
     matrix formed once), where a program serves one value head."""
     T, K = q.shape[1], q.shape[3]
     H, V = v.shape[2], v.shape[3]
     BH, NT, L = c.rows, c.NT, c.L
     f32 = dict(device=q.device, dtype=torch.float32)
-    gates = c.has_decay or c.has_igate
+    wants_q, wants_k = c.has_decay and want, (c.has_decay or c.has_igate) and want
     BQ, BD, BO, launch = c.tiles("dq_bwd", V, K)
     nQ, nK = cdiv(L, BQ), cdiv(K, BO)
     HPP = heads_per_program(G, NT * nQ * nK * (BH // G))
@@ -407,37 +427,38 @@ def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, 
     if one_tile(L, single[0]) and HPP == 1:
         BQ, BD, BO, launch = single
         nK = cdiv(K, BO)
-        q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
-        k_part = torch.empty(nK, BH, T, **f32) if gates else None
+        q_part = torch.empty(nK, BH, T, **f32) if wants_q else None
+        k_part = torch.empty(nK, BH, T, **f32) if wants_k else None
         dq, dk = _group_grad(q, H), _group_grad(k, H)
         kern.dqk_bwd_kernel[(NT, nK, BH)](
             do=do, v=v, k=k, q=q, h=states, hn=ns, dh=dstates, dhn=dns, mc=mc, g=b, gi=a,
             m_row=m_row, ra=R_A, rd=R_D, dq=dq, dk=dk, qdq=q_part, kdk=k_part, chunks=c.CHUNKS,
             T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO,
-            HAS_N=dns is not None, **flags, **launch,
+            HAS_N=dns is not None, STORE_QDQ=wants_q, STORE_KDK=wants_k, **flags, **launch,
         )  # fmt: skip
     else:
-        q_part = torch.empty(nK, BH, T, **f32) if c.has_decay else None
+        q_part = torch.empty(nK, BH, T, **f32) if wants_q else None
         dq = _group_grad(q, H // HPP)
         kern.dq_bwd_kernel[(NT * nQ, nK, BH // HPP)](
             do=do, v=v, k=k, q=q, h=states, hn=ns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
             rd=R_D, dq=dq, qdq=q_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT,
-            NQ=nQ, NSEQ=c.NSEQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, HPP=HPP, **flags, **launch,
+            NQ=nQ, NSEQ=c.NSEQ, scale=c.scale, BQ=BQ, BD=BD, BO=BO, HPP=HPP, STORE_QDQ=wants_q,
+            **flags, **launch,
         )  # fmt: skip
         BS, BD, BO, launch = c.tiles("dk_bwd", V, K)
         nS, nK = cdiv(L, BS), cdiv(K, BO)
-        k_part = torch.empty(nK, BH, T, **f32) if gates else None
+        k_part = torch.empty(nK, BH, T, **f32) if wants_k else None
         HPP = heads_per_program(G, NT * nS * nK * (BH // G))
         dk = _group_grad(k, H // HPP)
         kern.dk_bwd_kernel[(NT * nS, nK, BH // HPP)](
             v=v, do=do, q=q, k=k, dh=dstates, dhn=dns, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A,
             rd=R_D, dk=dk, kdk=k_part, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT,
             NS=nS, NSEQ=c.NSEQ, scale=c.scale, BS=BS, BD=BD, BO=BO, HAS_N=dns is not None,
-            HPP=HPP, **flags, **launch,
+            HPP=HPP, STORE_KDK=wants_k, **flags, **launch,
         )  # fmt: skip
     dq, dk = _group_sum(dq, q), _group_sum(dk, k)
-    k_dk = _tile_sum(k_part) if gates else None
-    q_dq = _tile_sum(q_part) if c.has_decay else None
+    k_dk = _tile_sum(k_part) if wants_k else None
+    q_dq = _tile_sum(q_part) if wants_q else None
     return dq, dk, q_dq, k_dk
 
 
@@ -610,7 +631,8 @@ class ChunkFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dS_T, dn_T, dm_T):
         saved = dict(zip(ctx.names, ctx.saved_tensors))
-        return (*backward_skip(saved, ctx.cfg, do, dS_T, dn_T, dm_T), None)
+        need = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]  # g, gi
+        return (*backward_skip(saved, ctx.cfg, do, dS_T, dn_T, dm_T, need), None)
 
 
 def config(q, k, v, *, scale, g, gi, stabilize, track_n, normalizer, eps, chunk_size, fused,

@@ -334,12 +334,13 @@ def dq_bwd_kernel(
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    HPP: tl.constexpr = 1,
+    STORE_QDQ: tl.constexpr, HPP: tl.constexpr = 1,
 ):  # fmt: skip
     """Grid (chunks × query tiles, K tiles, B·H / HPP): dq_r = scale·[e_r (A_r do_r C_cᵀ +
     dd_r n_c) + Σ_{s≤r} D_rs (A_r do_r·v_s + dd_r) k_s] of one query tile; ``HAS_NORM``:
-    A = ra, dd = rd (:func:`norm_bwd_kernel`), else A = 1, dd = 0. ``HAS_DECAY``: also this K
-    tile's part of q·dq per value head, qdq [K tiles, B·H, T] fp32, for the log-decay gradient.
+    A = ra, dd = rd (:func:`norm_bwd_kernel`), else A = 1, dd = 0. ``STORE_QDQ`` (the log
+    decay wants its gradient): also this K tile's part of q·dq per value head, qdq [K tiles,
+    B·H, T] fp32.
 
     A program sums the dq of ``HPP`` consecutive value heads of one group (HPP divides G) and
     stores it in its slot of dq [B, T, H / HPP, K]: HPP = 1 per value head, HPP = G the
@@ -361,7 +362,7 @@ def dq_bwd_kernel(
         b_dq += _dq_head(
             i_h0 + j, do, v, k + qk, q + qk, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k,
             rows, i_c, i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
-            BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC,
+            BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC, STORE_QDQ,
         )  # fmt: skip
     p_dq = dq + (i_b * T * NP + i_s) * K + o_r.to(tl.int64)[:, None] * NP * K + o_k[None, :]
     tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
@@ -372,9 +373,10 @@ def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_
              i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K: tl.constexpr, V: tl.constexpr,
              NT, NSEQ, scale, BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
              HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
-             HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+             HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr,
+             STORE_QDQ: tl.constexpr):  # fmt: skip
     """dq [BQ, BO] fp32 of value head i_h on the rows o_r (:func:`dq_bwd_kernel`; p_k, p_q at
-    its q/k head), storing its q·dq part (``HAS_DECAY``)."""
+    its q/k head), storing its q·dq part (``STORE_QDQ``)."""
     i_bh = i_b * H + i_h
     p_do = do + (i_b * T * H + i_h) * V
     p_v = v + (i_b * T * H + i_h) * V
@@ -409,7 +411,7 @@ def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_
                                o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, BQ, BD, HAS_DECAY,
                                HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC, False)  # fmt: skip
     b_acc *= scale
-    if HAS_DECAY:  # q·dq over this K tile, for the log-decay gradient
+    if STORE_QDQ:  # q·dq over this K tile, for the log-decay gradient
         b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
         part = tl.sum(b_q.to(tl.float32) * b_acc, 1)
         tl.store(qdq + (i_k * rows + i_bh) * T + o_r, part, mask=m_r)
@@ -524,12 +526,12 @@ def dk_bwd_kernel(
     BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    HPP: tl.constexpr = 1,
+    STORE_KDK: tl.constexpr, HPP: tl.constexpr = 1,
 ):  # fmt: skip
     """Grid (chunks × key tiles, K tiles, B·H / HPP): dk_s = w_s (v_s dC_c+1ᵀ + dn_c+1) +
     scale·Σ_{r≥s} D_rs (A_r v_s·do_r + dd_r) q_r of one key tile (:func:`_cols`), from the
-    state gradients dh, dhn. With a gate (``HAS_DECAY`` or ``HAS_IGATE``) also this K tile's
-    part of k·dk per value head, kdk [K tiles, B·H, T] fp32, for the gate gradients. ``HPP``:
+    state gradients dh, dhn. ``STORE_KDK`` (the gates want their gradients): also this K
+    tile's part of k·dk per value head, kdk [K tiles, B·H, T] fp32. ``HPP``:
     value heads summed per program, as in :func:`dq_bwd_kernel` (dk [B, T, H / HPP, K])."""
     i_cs, i_k, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NP = H // HPP  # dk slots per batch row
@@ -548,7 +550,7 @@ def dk_bwd_kernel(
         b_dk += _dk_head(
             i_h0 + j, v, do, q + qk, k + qk, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, i_k,
             rows, i_c, i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale, BS, BD,
-            BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC,
+            BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC, STORE_KDK,
         )  # fmt: skip
     p_dk = dk + (i_b * T * NP + i_s) * K + o_s.to(tl.int64)[:, None] * NP * K + o_k[None, :]
     tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & m_k[None, :])
@@ -560,9 +562,9 @@ def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, 
              NSEQ, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
              HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
              HAS_N: tl.constexpr, HAS_NORM: tl.constexpr,
-             DOT_PREC: tl.constexpr):  # fmt: skip
+             DOT_PREC: tl.constexpr, STORE_KDK: tl.constexpr):  # fmt: skip
     """dk [BS, BO] fp32 of value head i_h on the key rows o_s (:func:`dk_bwd_kernel`; p_q, p_k
-    at its q/k head), storing its k·dk part (with a gate)."""
+    at its q/k head), storing its k·dk part (``STORE_KDK``)."""
     i_bh = i_b * H + i_h
     if HAS_DECAY:
         g += i_bh * T
@@ -582,7 +584,7 @@ def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, 
         m_k, V, H * V, HK * K, 1, V, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM,
         HAS_N, HAS_NORM, DOT_PREC, False,
     )  # fmt: skip
-    if HAS_DECAY or HAS_IGATE:  # k·dk over this K tile, for the gate gradients
+    if STORE_KDK:  # k·dk over this K tile, for the gate gradients
         b_k = _tile(p_k, o_s, o_k, HK * K, m_s, m_k)
         part = tl.sum(b_k.to(tl.float32) * b_dk, 1)
         tl.store(kdk + (i_k * rows + i_bh) * T + o_s, part, mask=m_s)
@@ -596,6 +598,7 @@ def dqk_bwd_kernel(
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+    STORE_QDQ: tl.constexpr, STORE_KDK: tl.constexpr,
 ):  # fmt: skip
     """Grid (chunks, K tiles, B·H), for chunks of one time tile (L ≤ BQ): dq and dk of one
     chunk (:func:`dq_bwd_kernel`, :func:`dk_bwd_kernel`, one value head a program). Their
@@ -605,11 +608,11 @@ def dqk_bwd_kernel(
 
     and one pass over V reads each tile of do and v once for three products: the scores
     do·vᵀ of W, dq's inter-chunk product do C_cᵀ and dk's v dC_c+1ᵀ. W is formed once and kept
-    as 16-bit operands (the form both kernels cast it to); dq is stored with q·dq, then dk with
-    k·dk, per value head, ``[B, T, H, K]`` (the caller sums a group's heads). The products and
-    sums of the two kernels' single-tile paths; at 64 × 64 heads on an H200 it takes 1.33 ms
-    where dq and dk took 1.38 (linear attention), 1.59 for 1.97 (mLSTM sigmoid) and 1.64 for
-    2.64 (mLSTM exp; docs/tuning.md)."""
+    as 16-bit operands (the form both kernels cast it to); dq is stored with q·dq
+    (``STORE_QDQ``), then dk with k·dk (``STORE_KDK``), per value head, ``[B, T, H, K]`` (the
+    caller sums a group's heads). The products and sums of the two kernels' single-tile paths;
+    at 64 × 64 heads on an H200 it takes 1.33 ms where dq and dk took 1.38 (linear attention),
+    1.59 for 1.97 (mLSTM sigmoid) and 1.64 for 2.64 (mLSTM exp; docs/tuning.md)."""
     i_c, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_c, _c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_c, 1, L, T, BQ, VARLEN)
     if r0 >= c1:
@@ -668,7 +671,7 @@ def dqk_bwd_kernel(
     b_acc += tl.dot(b_wz, _tile(p_k, o_r, o_k, HK * K, m_r, m_k), input_precision=DOT_PREC)
     b_acc *= scale
     rows = tl.num_programs(2)  # B·H
-    if HAS_DECAY:  # q·dq over this K tile, for the log-decay gradient
+    if STORE_QDQ:  # q·dq over this K tile, for the log-decay gradient
         b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
         tl.store(qdq + (i_k * rows + i_bh) * T + o_r, tl.sum(b_q.to(tl.float32) * b_acc, 1),
                  mask=m_r)  # fmt: skip
@@ -687,7 +690,7 @@ def dqk_bwd_kernel(
         b_acc += _vec(dhn + (i_bh * NT + i_c) * K, o_k, m_k)[None, :]
     b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
     b_acc = tl.dot(tl.trans(b_wz), b_q, input_precision=DOT_PREC) * scale + b_acc * w_s[:, None]
-    if HAS_DECAY or HAS_IGATE:  # k·dk over this K tile, for the gate gradients
+    if STORE_KDK:  # k·dk over this K tile, for the gate gradients
         b_kk = _tile(p_k, o_r, o_k, HK * K, m_r, m_k)
         tl.store(kdk + (i_k * rows + i_bh) * T + o_r, tl.sum(b_kk.to(tl.float32) * b_acc, 1),
                  mask=m_r)  # fmt: skip

@@ -149,17 +149,17 @@ def states_bwd_kernel(
     T, H, G, K, V, L, NT, NSEQ, scale,
     BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr, HAS_NORM: tl.constexpr,
-    HAS_DHT: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_DHT: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, HAS_BND: tl.constexpr,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, N·H). Walks the chunks backwards from the final state's gradient
     (dht, dnt); stores the gradient of the state leaving each chunk (dh [B·H, NT, K, V] in its
     dtype, dhn [B·H, NT, K]) and of the initial state (dh0 [N, H, K, V], dn0 [N, H, K]).
     ``HAS_NORM``: the outputs' row factors ra, rd of :func:`norm_bwd_kernel`.
 
-    ``HAS_DECAY``: also this tile's part of ⟨dC, C⟩ + ⟨dn, n⟩ for the state leaving each chunk
-    (bnd [B·H, NT, K tiles · V tiles]): the exact log-decay gradient at the chunk's end (the
-    next chunk's stored state h, hn, or the final state ht, nt after a sequence's last
-    chunk)."""
+    ``HAS_BND`` (a log decay that wants its gradient): also this tile's part of ⟨dC, C⟩ +
+    ⟨dn, n⟩ for the state leaving each chunk (bnd [B·H, NT, K tiles · V tiles]): the exact
+    log-decay gradient at the chunk's end (the next chunk's stored state h, hn, or the final
+    state ht, nt after a sequence's last chunk)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, i_n = _walk(co, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
@@ -183,7 +183,7 @@ def states_bwd_kernel(
         )  # fmt: skip
         if HAS_N:
             tl.store(dhn + (i_bh * NT + i_c) * K + o_k, b_dn, mask=m_k & ((o_k * 0 + i_v) == 0))
-        if HAS_DECAY:
+        if HAS_BND:
             # (chunk states in the inputs' dtype, the final state fp32: one load per branch)
             if i_c + 1 < c_hi:
                 p_nx = h + (i_bh * NT + i_c + 1) * K * V
