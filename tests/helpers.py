@@ -288,26 +288,37 @@ ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11}
 SENSITIVITY_FACTOR = 8.0
 
 
-def sensitivity(fam, inputs, h0, dtype, ref, **kw):
-    """RMS-relative change of the fp64 results when every input and initial-state element is
-    multiplied by (1 + u·N(0,1)), u the dtype's unit roundoff (max over two draws): the error
-    any implementation in that dtype inherits from the problem's conditioning. Near-zero
-    normalizers (mLSTM-exp with input gates at ±20) make it reach 1e-4..1e-3 in fp32."""
+def roundoff_moves(inputs, h0, dtype, seed):
+    """A function that returns ``(inputs, h0)`` (a dict, and a tensor, tuple or None) with every
+    element multiplied by (1 + u·N(0,1)), u the dtype's unit roundoff, fp64, a fresh draw per
+    call from a generator seeded with ``seed``."""
     u = ROUNDOFF[dtype]
     device = next(iter(inputs.values())).device
-    gen = torch.Generator(device=device).manual_seed(1)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def jig(t):
         noise = torch.randn(t.shape, generator=gen, device=device, dtype=torch.float64)
         return t.double() * (1 + u * noise)
 
-    worst = {}
-    for _ in range(2):
+    def move():
         h = None
         if h0 is not None:
             h = tuple(jig(x) for x in h0) if isinstance(h0, tuple) else jig(h0)
-        o, st, grads = run_with_grads(fam, {n: jig(t) for n, t in inputs.items()}, h,
-                                      torch.float64, mode="reference", **kw)  # fmt: skip
+        return {n: jig(t) for n, t in inputs.items()}, h
+
+    return move
+
+
+def sensitivity(fam, inputs, h0, dtype, ref, **kw):
+    """RMS-relative change of the fp64 results when every input and initial-state element is
+    multiplied by (1 + u·N(0,1)), u the dtype's unit roundoff (max over two draws): the error
+    any implementation in that dtype inherits from the problem's conditioning. Near-zero
+    normalizers (mLSTM-exp with input gates at ±20) make it reach 1e-4..1e-3 in fp32."""
+    move = roundoff_moves(inputs, h0, dtype, seed=1)
+    worst = {}
+    for _ in range(2):
+        xs, h = move()
+        o, st, grads = run_with_grads(fam, xs, h, torch.float64, mode="reference", **kw)
         errs = {"o": rel_err(o, ref[0])}
         errs.update({f"state[{j}]": rel_err(a, b) for j, (a, b) in enumerate(zip(st, ref[1]))})
         errs.update({f"d{n}": rel_err(g, ref[2][n]) for n, g in grads.items()})
@@ -324,21 +335,10 @@ def same_dtype_runs(fam, inputs, h0, dtype, ref_grads, draws=3, **kw):
     C), the error of any fp32 implementation at one draw is a sample of a wide spread (from
     0.5 % to 85 % at one such token, loop and kernel alike, under one-roundoff moves of q and
     k): one run of the loop is no yardstick, the worst of a few is."""
-    u = ROUNDOFF[dtype]
-    device = next(iter(inputs.values())).device
-    gen = torch.Generator(device=device).manual_seed(2)
-
-    def jig(t):
-        noise = torch.randn(t.shape, generator=gen, device=device, dtype=torch.float64)
-        return t.double() * (1 + u * noise)
-
+    move = roundoff_moves(inputs, h0, dtype, seed=2)
     worst, errs = {}, {}
     for d in range(draws + 1):
-        xs, h = inputs, h0
-        if d:
-            xs = {n: jig(t) for n, t in inputs.items()}
-            if h0 is not None:
-                h = tuple(jig(x) for x in h0) if isinstance(h0, tuple) else jig(h0)
+        xs, h = move() if d else (inputs, h0)
         if h is not None:
             h = tuple(x.to(dtype) for x in h) if isinstance(h, tuple) else h.to(dtype)
         grads = run_with_grads(fam, xs, h, dtype, backend="torch", mode="recurrent", **kw)[2]
