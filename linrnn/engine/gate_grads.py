@@ -71,6 +71,14 @@ def rev_cumsum(y: torch.Tensor) -> torch.Tensor:
     return y.double().flip(-1).cumsum(-1).flip(-1)
 
 
+def wants_gate_grads(need_gate_grads: bool, stab: bool) -> bool:
+    """Whether a backward forms the gate gradients: when a gate asks for its gradient
+    (autograd's ``needs_input_grad``), and always with the max state (``stab``: its routing
+    also reaches the initial m). Without them the hosts leave out what only they read (the
+    kernels' q·dq, k·dk, v·dv, the chunk-end ⟨dC, C⟩, the gate sums; docs/DESIGN.md §6.5)."""
+    return need_gate_grads or stab
+
+
 def final_grads(dS_T, dn_T, q, K, V, c):
     """The final state's cotangents as fp32 (zeros where only one of them is given)."""
     f32 = dict(device=q.device, dtype=torch.float32)

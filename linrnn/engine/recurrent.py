@@ -33,7 +33,14 @@ from linrnn.engine.config import (
     fp32_contiguous,
     prepare_state,
 )
-from linrnn.engine.gate_grads import GateFlags, final_grads, gate_grads, reverse_sum, rows
+from linrnn.engine.gate_grads import (
+    GateFlags,
+    final_grads,
+    gate_grads,
+    reverse_sum,
+    rows,
+    wants_gate_grads,
+)
 from linrnn.engine.host_math import cdiv, next_pow2
 from linrnn.engine.scalar_state_kernels import norm_bwd_kernel
 
@@ -220,7 +227,7 @@ def backward(saved, do, dS_T=None, dn_T=None, dm_T=None, *, scale, eps=0.0, norm
     BK = max(16, min(BWD_TILE_MAX, BWD_STATE_ELEMS // VP, KP))
     BV = max(16, min(BWD_TILE_MAX, BWD_STATE_ELEMS // KP, VP))
     has_gates = g is not None or gi is not None
-    want = need_gate_grads or stabilize
+    want = wants_gate_grads(need_gate_grads, stabilize)
 
     dq = torch.empty(B, T, H, K, **f32)
     qdq = torch.zeros(B, T, H, K, **f32) if g is not None and want else None

@@ -37,7 +37,15 @@ from linrnn.engine.config import (
     chunk_state_dtype,
     prepare_state,
 )
-from linrnn.engine.gate_grads import final_grads, final_term, gate_grads, max_tail, rows, tokens
+from linrnn.engine.gate_grads import (
+    final_grads,
+    final_term,
+    gate_grads,
+    max_tail,
+    rows,
+    tokens,
+    wants_gate_grads,
+)
 from linrnn.engine.host_math import cdiv, next_pow2
 
 # What forward() saves for backward(): the inputs (contiguous; initial states fp32), the outputs,
@@ -94,16 +102,9 @@ def backward(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T, need_gate_grad
     what :func:`forward` saved and the outputs' cotangents (any of dS_T, dn_T, dm_T may be
     None; None where an input was None). ``need_gate_grads=False``: the gates want no gradient
     (retention's fixed decay, frozen gates): dg and dgi are None, and the work that only they
-    need is left out (:func:`wants_gate_grads`)."""
+    need is left out (gate_grads.wants_gate_grads; the group path, :func:`group_path`, still
+    forms its parts, unread)."""
     return backward_skip(saved, cfg, do, dS_T, dn_T, dm_T, need_gate_grads)[:8]
-
-
-def wants_gate_grads(cfg: ChunkConfig, need_gate_grads: bool) -> bool:
-    """Whether a backward forms the gate gradients: when asked, and always with the max state
-    (whose routing also reaches the initial m). Without them the kernels store no q·dq, k·dk
-    and no ⟨dC, C⟩ at the chunk ends, and the gate-gradient kernel does not run; the group
-    path (:func:`group_path`) still forms its parts, unread."""
-    return need_gate_grads or cfg.stab
 
 
 def backward_skip(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T,
@@ -111,7 +112,7 @@ def backward_skip(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T,
     """:func:`backward`'s gradients, then the skip term's (None without one)."""
     s = saved
     do = do.contiguous()
-    want = wants_gate_grads(cfg, need_gate_grads)
+    want = wants_gate_grads(need_gate_grads, cfg.stab)
     if cfg.fused:
         grads = (*_backward_fused(s, do, dS_T, dn_T, cfg, want), None)
     else:
@@ -123,8 +124,7 @@ def backward_skip(saved: dict, cfg: ChunkConfig, do, dS_T, dn_T, dm_T,
         dm0 = (dS0 * S0).sum((-2, -1)) + (dn0 * n0).sum(-1)
     dg = dgi = None
     shape = g.shape if g is not None else gi.shape if gi is not None else None
-    if not want:
-        shape = None
+    shape = shape if want else None  # (None: no gate gradients)
     if cfg.fused and shape is not None:  # no chunk boundary values: whole-sequence sums
         dg, dgi, dm0 = gate_grads(g, gi, shape, q_dq, k_dk, R_M, s["S_T"], s["n_T"], dS_T, dn_T,
                                   dm_T, m0, dm0, cfg)  # fmt: skip
@@ -278,7 +278,7 @@ def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
 def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
     """fused_chunk's backward: dq, dk (with dS0, dn0) and dv, one walk each. With grouped
     heads (G > 1) dq and dk are formed per value head in fp32 and summed per group. ``want``:
-    also the gates' parts q·dq, k·dk (:func:`wants_gate_grads`)."""
+    also the gates' parts q·dq, k·dk (gate_grads.wants_gate_grads)."""
     q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
     S0, n0, mc, m_row = s["S0"], s["n0"], s["mc"], s["m_row"]
     T, K = q.shape[1], q.shape[3]
@@ -349,7 +349,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
     grouped heads (G > 1) the dq and dk kernels sum a group's value heads themselves
     (:func:`heads_per_program`), large groups through one intra-chunk gradient matrix per
     group and chunk (:func:`group_path`). ``want``: also what the gate gradients read (q·dq,
-    k·dk, the chunk-end terms bnd; :func:`wants_gate_grads`)."""
+    k·dk, the chunk-end terms bnd; gate_grads.wants_gate_grads)."""
     q, k, v, b, a = s["q"], s["k"], s["v"], s["b"], s["a"]
     states, ns, mc, m_row = s["states"], s["ns"], s["mc"], s["m_row"]
     T, K = q.shape[1], q.shape[3]
@@ -412,9 +412,9 @@ def _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row, R_A, R_D, G, 
            want: bool):  # fmt: skip
     """dq, dk (a group's value heads summed in the kernels, :func:`heads_per_program`) and the
     identity products q·dq, k·dk per value head ``[B·H, T]`` (None without their gate, or
-    without ``want``, :func:`wants_gate_grads`). A chunk
-    of one time tile takes one kernel for both (dqk_bwd_kernel: the weighted intra-chunk
-    matrix formed once), where a program serves one value head."""
+    without ``want``: gate_grads.wants_gate_grads). A chunk of one time tile takes one kernel
+    for both (dqk_bwd_kernel: the weighted intra-chunk matrix formed once), where a program
+    serves one value head."""
     T, K = q.shape[1], q.shape[3]
     H, V = v.shape[2], v.shape[3]
     BH, NT, L = c.rows, c.NT, c.L
