@@ -60,6 +60,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_LIMIT = {90: 232448}  # bytes of shared memory one block may use (Hopper: 227 KiB)
+# The launch options a record may carry besides the kernel's arguments (maxnreg: --set maxnreg=N).
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 POINTER_TYPES = {"torch.float16": "*fp16", "torch.bfloat16": "*bf16", "torch.float32": "*fp32",
                  "torch.int8": "*i8", "torch.int32": "*i32", "torch.int64": "*i64"}  # fmt: skip
 
@@ -367,7 +369,7 @@ def compile_all(path: str, arch: int, only: set[str], match: dict | None = None,
         fn = getattr(importlib.import_module(module), name)
         params = {p.name: p for p in fn.params}
         # runtime ints and floats do not specialize (beyond the i32/i64 split): leave them out
-        key_items = {k: v for k, v in given.items() if k in ("num_warps", "num_stages") or (
+        key_items = {k: v for k, v in given.items() if k in LAUNCH_OPTIONS or (
             k in params and (params[k].is_constexpr or v[0] == "tensor" or v[1] is None
                              or isinstance(v[1], bool)))}  # fmt: skip
         key = (module, name, tuple(sorted((k, str(v)) for k, v in key_items.items())))
@@ -375,7 +377,7 @@ def compile_all(path: str, arch: int, only: set[str], match: dict | None = None,
             continue
         seen.add(key)
         signature, constants = _signature(fn, given)
-        options = {k: given[k][1] for k in ("num_warps", "num_stages") if k in given}
+        options = {k: given[k][1] for k in LAUNCH_OPTIONS if k in given}
         try:
             source = ASTSource(fn, signature, constants, _attrs(fn, given))
             kernel = triton.compile(source, target=target, options=options)

@@ -255,6 +255,16 @@ def out_fwd_kernel(
 
 
 @triton.jit
+def _row_factor(b_br, m_c, b_mr, HAS_MAX: tl.constexpr):
+    """e_r = exp(b_r + m_c − m_r), the inter-chunk part's row factor (exp(b_r) without the max
+    state)."""
+    if HAS_MAX:
+        return tl.exp(b_br + m_c - b_mr)
+    else:
+        return tl.exp(b_br)
+
+
+@triton.jit
 def _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, slot, i_v, i_bh, i_c,
               c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ, scale, eps,
               BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
@@ -280,13 +290,13 @@ def _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, slot, i
 
     b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
     b_mr = tl.zeros([BQ], dtype=tl.float32)
+    m_c = 0.0
     if HAS_MAX:
         m_c = tl.load(mc + i_bh * (NT + NSEQ) + i_c + i_n)
         # the exact max(b_r + m_c, max_{c0≤s≤r} (b_r + (a_s − b_s))): fp32 addition is monotone
         b_mr = tl.where(m_r, b_br + tl.maximum(m_c, _vec(rmax + i_bh * T, o_r, m_r)), 0.0)
-        e_r = tl.exp(b_br + m_c - b_mr)
-    else:
-        e_r = tl.exp(b_br)
+    if not ONE_TILE:
+        e_r = _row_factor(b_br, m_c, b_mr, HAS_MAX)
 
     p_h = h + (i_bh * NT + i_c) * K * V
     DEN: tl.constexpr = NORM != NORM_NONE
@@ -295,6 +305,10 @@ def _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, slot, i
             p_q, p_k, p_h, hn, gi, b_br, b_mr, o_r, m_r, o_v, m_v, K, HK * K, V, 1, BQ, BD, BO,
             v.dtype.element_ty, HAS_DECAY, HAS_IGATE, HAS_MAX, DEN, DOT_PREC, FIX,
         )  # fmt: skip
+        # the row factor once the scores and the inter-chunk product are formed: formed before
+        # them it was live beside them (with the max state at 64 × 64: 180 → 152 registers,
+        # 2 → 3 programs per SM; docs/tuning.md)
+        e_r = _row_factor(b_br, m_c, b_mr, HAS_MAX)
         b_acc *= e_r[:, None]
         b_den *= e_r
         b_acc, b_den = _rows_one_end(b_acc, b_den, b_pz, b_psum, p_v, o_r, m_r, o_v, m_v, H * V,
