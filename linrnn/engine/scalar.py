@@ -230,7 +230,7 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None, rmax=None):
         k=k, v=v, g=b, gi=a, cmax=_chunk_max(b, a, L, c) if c.stab else None,
         h0=S0, n0=n0, m0=m0, h=states, hn=ns, mc=mc, ht=S_T, nt=n_T, co=c.CO, chunks=c.CHUNKS,
         T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, BK=BK, BV=BV, BS=BS,
-        HAS_N=ns is not None, HAS_H0=S0 is not None, **gates, **launch,
+        HAS_N=ns is not None, HAS_H0=S0 is not None, ONE_TILE=one_tile(L, BS), **gates, **launch,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
     den = torch.empty(BH, T, **f32) if c.norm else None
@@ -373,7 +373,8 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
         nt=s["n_T"], dht=dS_T if has_dst else None, dnt=dn_T if has_dst else None, dh=dstates,
         dhn=dns, dh0=dS0, dn0=dn0, bnd=bnd, co=c.CO, chunks=c.CHUNKS,
         T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BK=BK, BV=BV, BQ=BQ,
-        HAS_N=ns is not None, HAS_DHT=has_dst, HAS_BND=bnd is not None, **flags, **launch,
+        HAS_N=ns is not None, HAS_DHT=has_dst, HAS_BND=bnd is not None,
+        ONE_TILE=one_tile(L, BQ) and ns is None and bnd is None, **flags, **launch,
     )  # fmt: skip
 
     flags.update(HAS_IGATE=a is not None)

@@ -27,19 +27,44 @@ from linrnn.engine.triton_common import (
 )
 
 
+@triton.jit
+def _add_steps(b_C, b_n, p_k, p_v, g, gi, o_s, c1, o_k, o_v, m_k, m_v, s_k, s_v, b_last, m_next,
+               HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_N: tl.constexpr,
+               DOT_PREC: tl.constexpr):  # fmt: skip
+    """The steps o_s (< c1) of a chunk added to its leaving state: C += Σ_s w_s k_s v_sᵀ and
+    n += Σ_s w_s k_s, w_s = exp(b_last − b_s + a_s − m_next) ≤ 1."""
+    m_s = o_s < c1
+    b_kt = _tile_t(p_k, o_s, o_k, s_k, m_s, m_k)  # [BK, BS]
+    b_vs = _tile(p_v, o_s, o_v, s_v, m_s, m_v)  # [BS, BV]
+    w = -m_next + tl.zeros(o_s.shape, dtype=tl.float32)
+    if HAS_DECAY:
+        w += b_last - _vec(g, o_s, m_s)
+    if HAS_IGATE:
+        w += _vec(gi, o_s, m_s)
+    w = tl.exp(tl.where(m_s, w, float("-inf")))  # [BS], ≤ 1
+    b_kw = b_kt.to(tl.float32) * w[None, :]
+    b_C += tl.dot(b_kw.to(b_vs.dtype), b_vs, input_precision=DOT_PREC)
+    if HAS_N:
+        b_n += tl.sum(b_kw, 1)
+    return b_C, b_n
+
+
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_fwd_kernel(
     k, v, g, gi, cmax, h0, n0, m0, h, hn, mc, ht, nt, co, chunks,
     T, H, G, K, V, L, NT, NSEQ,
     BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
-    HAS_H0: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_H0: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, ONE_TILE: tl.constexpr,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, N·H). Stores the state entering each chunk (h [B·H, NT, K, V],
     hn [B·H, NT, K], mc [B·H, NT + NSEQ]) and the final state (ht [N, H, K, V], nt [N, H, K],
     the last slot of each sequence in mc), from the initial one (h0, n0, m0). cmax [B·H, NT]:
     each chunk's max over s of (a_s − b_s), the chunk's own candidate for the max state. The max
-    state of chunk i_c of sequence n sits at mc[row, i_c + n]."""
+    state of chunk i_c of sequence n sits at mc[row, i_c + n].
+
+    ``ONE_TILE`` (L ≤ BS): a chunk is one time tile, so the chunk loop is the innermost loop
+    and the compiler's pipelining loads the next chunk's k and v while this one's are summed."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, i_n = _walk(co, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
@@ -84,21 +109,15 @@ def states_fwd_kernel(
             decay = 1.0
         b_C *= decay
         b_n *= decay
-        for s0 in range(c0, c1, BS):
-            o_s = s0 + tl.arange(0, BS)
-            m_s = o_s < c1
-            b_kt = _tile_t(p_k, o_s, o_k, HK * K, m_s, m_k)  # [BK, BS]
-            b_vs = _tile(p_v, o_s, o_v, H * V, m_s, m_v)  # [BS, BV]
-            w = -m_next + tl.zeros([BS], dtype=tl.float32)
-            if HAS_DECAY:
-                w += b_last - _vec(g, o_s, m_s)
-            if HAS_IGATE:
-                w += _vec(gi, o_s, m_s)
-            w = tl.exp(tl.where(m_s, w, float("-inf")))  # [BS], ≤ 1
-            b_kw = b_kt.to(tl.float32) * w[None, :]
-            b_C += tl.dot(b_kw.to(b_vs.dtype), b_vs, input_precision=DOT_PREC)
-            if HAS_N:
-                b_n += tl.sum(b_kw, 1)
+        if ONE_TILE:
+            b_C, b_n = _add_steps(b_C, b_n, p_k, p_v, g, gi, c0 + tl.arange(0, BS), c1, o_k, o_v,
+                                  m_k, m_v, HK * K, H * V, b_last, m_next, HAS_DECAY, HAS_IGATE,
+                                  HAS_N, DOT_PREC)  # fmt: skip
+        else:
+            for s0 in range(c0, c1, BS):
+                b_C, b_n = _add_steps(b_C, b_n, p_k, p_v, g, gi, s0 + tl.arange(0, BS), c1, o_k,
+                                      o_v, m_k, m_v, HK * K, H * V, b_last, m_next, HAS_DECAY,
+                                      HAS_IGATE, HAS_N, DOT_PREC)  # fmt: skip
         b_m = m_next
     tl.store(
         ht + i_st * K * V + o_k[:, None] * V + o_v[None, :], b_C.to(ht.dtype.element_ty),
@@ -143,6 +162,33 @@ def norm_bwd_kernel(
         tl.store(dm_row + i_bh * T + o_t, -dot * eps * inv, mask=m_t)
 
 
+@triton.jit
+def _add_rows(b_dC, b_dn, p_q, p_do, g, m_row, ra, rd, row, o_r, c1, o_k, o_v, m_k, m_v, s_q,
+              s_do, m_c, scale, HAS_DECAY: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
+              HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """The rows o_r (< c1) of a chunk added to the gradient of the state entering it:
+    dC += Σ_r f_r q_r do_rᵀ (times ra_r with the normalizer), dn += Σ_r f_r rd_r q_r, with
+    f_r = scale · exp(b_r + m_c − m_r)."""
+    m_r = o_r < c1
+    lf = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros(o_r.shape, dtype=tl.float32)
+    if HAS_MAX:
+        lf += m_c - _vec(m_row + row, o_r, m_r)
+    f = scale * tl.exp(tl.where(m_r, lf, float("-inf")))  # [BQ]
+    b_qt = _tile_t(p_q, o_r, o_k, s_q, m_r, m_k).to(tl.float32)  # [BK, BQ]
+    b_do = _tile(p_do, o_r, o_v, s_do, m_r, m_v)  # [BQ, BV]
+    if HAS_NORM:
+        b_dC += tl.dot(
+            (b_qt * (f * _vec(ra + row, o_r, m_r))[None, :]).to(b_do.dtype), b_do,
+            input_precision=DOT_PREC,
+        )  # fmt: skip
+        if HAS_N:
+            b_dn += tl.sum(b_qt * (f * _vec(rd + row, o_r, m_r))[None, :], 1)
+    else:
+        b_qf = (b_qt * f[None, :]).to(b_do.dtype)
+        b_dC += tl.dot(b_qf, b_do, input_precision=DOT_PREC)
+    return b_dC, b_dn
+
+
 @triton.jit(do_not_specialize=["T", "NT", "NSEQ"])
 def states_bwd_kernel(
     q, do, g, mc, m_row, ra, rd, h, hn, ht, nt, dht, dnt, dh, dhn, dh0, dn0, bnd, co, chunks,
@@ -150,6 +196,7 @@ def states_bwd_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_DHT: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, HAS_BND: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, N·H). Walks the chunks backwards from the final state's gradient
     (dht, dnt); stores the gradient of the state leaving each chunk (dh [B·H, NT, K, V] in its
@@ -159,7 +206,10 @@ def states_bwd_kernel(
     ``HAS_BND`` (a log decay that wants its gradient): also this tile's part of ⟨dC, C⟩ +
     ⟨dn, n⟩ for the state leaving each chunk (bnd [B·H, NT, K tiles · V tiles]): the exact
     log-decay gradient at the chunk's end (the next chunk's stored state h, hn, or the final
-    state ht, nt after a sequence's last chunk)."""
+    state ht, nt after a sequence's last chunk). ``ONE_TILE`` (L ≤ BQ): as in
+    :func:`states_fwd_kernel`, the chunk loop innermost; the host asks for it only where the
+    walk carries dC alone (no dn, no boundary sums), the case where it measured faster
+    (docs/tuning.md)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, i_n = _walk(co, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
@@ -204,30 +254,24 @@ def states_bwd_kernel(
             m_c = tl.load(p_mc + i_c)
             decay = tl.exp(b_last + m_c - tl.load(p_mc + i_c + 1))
         elif HAS_DECAY:
+            m_c = 0.0
             decay = tl.exp(b_last)
         else:
+            m_c = 0.0
             decay = 1.0
         b_dC *= decay
         b_dn *= decay
-        for r0 in range(c0, c1, BQ):
-            o_r = r0 + tl.arange(0, BQ)
-            m_r = o_r < c1
-            lf = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
-            if HAS_MAX:
-                lf += m_c - _vec(m_row + i_bh * T, o_r, m_r)
-            f = scale * tl.exp(tl.where(m_r, lf, float("-inf")))  # [BQ]
-            b_qt = _tile_t(p_q, o_r, o_k, HK * K, m_r, m_k).to(tl.float32)  # [BK, BQ]
-            b_do = _tile(p_do, o_r, o_v, H * V, m_r, m_v)  # [BQ, BV]
-            if HAS_NORM:
-                b_dC += tl.dot(
-                    (b_qt * (f * _vec(ra + i_bh * T, o_r, m_r))[None, :]).to(b_do.dtype), b_do,
-                    input_precision=DOT_PREC,
-                )  # fmt: skip
-                if HAS_N:
-                    b_dn += tl.sum(b_qt * (f * _vec(rd + i_bh * T, o_r, m_r))[None, :], 1)
-            else:
-                b_qf = (b_qt * f[None, :]).to(b_do.dtype)
-                b_dC += tl.dot(b_qf, b_do, input_precision=DOT_PREC)
+        if ONE_TILE:
+            b_dC, b_dn = _add_rows(b_dC, b_dn, p_q, p_do, g, m_row, ra, rd, i_bh * T,
+                                   c0 + tl.arange(0, BQ), c1, o_k, o_v, m_k, m_v, HK * K, H * V,
+                                   m_c, scale, HAS_DECAY, HAS_MAX, HAS_N, HAS_NORM,
+                                   DOT_PREC)  # fmt: skip
+        else:
+            for r0 in range(c0, c1, BQ):
+                b_dC, b_dn = _add_rows(b_dC, b_dn, p_q, p_do, g, m_row, ra, rd, i_bh * T,
+                                       r0 + tl.arange(0, BQ), c1, o_k, o_v, m_k, m_v, HK * K,
+                                       H * V, m_c, scale, HAS_DECAY, HAS_MAX, HAS_N, HAS_NORM,
+                                       DOT_PREC)  # fmt: skip
     tl.store(
         dh0 + i_st * K * V + o_k[:, None] * V + o_v[None, :], b_dC,
         mask=m_k[:, None] & m_v[None, :],
