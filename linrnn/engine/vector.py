@@ -380,7 +380,7 @@ def _forward_chunk(q, k, v, Gk, Gx, Gv, u, S0, c: ChunkConfig, spans, QG, KG):
         k=k if KG is None else KG, v=v, gk=Gk, gv=Gv, h0=S0, h=states, ht=S_T,
         co=c.CO, chunks=c.CHUNKS, T=T, H=H, K=K, V=V, L=c.L, NT=c.NT, NSEQ=c.NSEQ, BK=BK, BV=BV,
         BS=BS, USE_GV=has_gv, HAS_H0=S0 is not None, PRE_GATED=KG is not None,
-        DOT_PREC=c.prec, VARLEN=c.varlen, num_warps=nw, num_stages=ns,
+        DOT_PREC=c.prec, VARLEN=c.varlen, ONE_TILE=c.L <= BS, num_warps=nw, num_stages=ns,
     )  # fmt: skip
     o = torch.empty_like(v, dtype=q.dtype)
     if not has_gv:  # gk alone: the scores stored, applied with wide row tiles

@@ -565,23 +565,38 @@ def _vec_to_end(b_x, p_g, o_t, m_t, o_c, m_c, s_c, c1):
 @triton.jit
 def _vec_state_fwd(b_C, p_k, p_v, p_gk, p_gv, c0, c1, o_k, m_k, o_v, m_v, K, V, H,
                    BS: tl.constexpr, VEC_V: tl.constexpr, DOT_PREC: tl.constexpr,
-                   PRE_GATED: tl.constexpr = False):  # fmt: skip
+                   PRE_GATED: tl.constexpr = False, ONE_TILE: tl.constexpr = False):  # fmt: skip
     """C ← diag(exp(G^K_L)) C diag(exp(G^V_L)) + Σ_s (k_s ⊙ exp(G^K_L − G^K_s))
     (v_s ⊙ exp(G^V_L − G^V_s))ᵀ over the chunk [c0, c1): the state leaving it. ``PRE_GATED``:
-    p_k holds k_s ⊙ exp(G^K_L − G^K_s) already (vector_cumsum_kernels' KG)."""
+    p_k holds k_s ⊙ exp(G^K_L − G^K_s) already (vector_cumsum_kernels' KG). ``ONE_TILE`` (the
+    chunk is one tile of BS steps): no loop, so that a caller's chunk loop is the innermost one
+    (the compiler pipelines only innermost loops)."""
     b_C *= tl.exp(_ld_row(p_gk, c1 - 1, o_k, H * K, m_k))[:, None]
     if VEC_V:
         b_C *= tl.exp(_ld_row(p_gv, c1 - 1, o_v, H * V, m_v))[None, :]
-    for s0 in range(c0, c1, BS):
-        o_s = s0 + tl.arange(0, BS)
-        m_s = o_s < c1
-        b_k = _tile(p_k, o_s, o_k, H * K, m_s, m_k)
-        if not PRE_GATED:
-            b_k = _vec_to_end(b_k, p_gk, o_s, m_s, o_k, m_k, H * K, c1)
-        b_v = _tile(p_v, o_s, o_v, H * V, m_s, m_v)
-        if VEC_V:
-            b_v = _vec_to_end(b_v, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
-        b_C += tl.dot(tl.trans(b_k), b_v.to(b_k.dtype), input_precision=DOT_PREC)
+    if ONE_TILE:
+        b_C = _vec_state_steps(b_C, p_k, p_v, p_gk, p_gv, c0 + tl.arange(0, BS), c1, o_k, m_k,
+                               o_v, m_v, K, V, H, VEC_V, DOT_PREC, PRE_GATED)  # fmt: skip
+    else:
+        for s0 in range(c0, c1, BS):
+            b_C = _vec_state_steps(b_C, p_k, p_v, p_gk, p_gv, s0 + tl.arange(0, BS), c1, o_k,
+                                   m_k, o_v, m_v, K, V, H, VEC_V, DOT_PREC, PRE_GATED)  # fmt: skip
+    return b_C
+
+
+@triton.jit
+def _vec_state_steps(b_C, p_k, p_v, p_gk, p_gv, o_s, c1, o_k, m_k, o_v, m_v, K, V, H,
+                     VEC_V: tl.constexpr, DOT_PREC: tl.constexpr,
+                     PRE_GATED: tl.constexpr):  # fmt: skip
+    """The steps o_s (< c1) of :func:`_vec_state_fwd`'s sum added to C."""
+    m_s = o_s < c1
+    b_k = _tile(p_k, o_s, o_k, H * K, m_s, m_k)
+    if not PRE_GATED:
+        b_k = _vec_to_end(b_k, p_gk, o_s, m_s, o_k, m_k, H * K, c1)
+    b_v = _tile(p_v, o_s, o_v, H * V, m_s, m_v)
+    if VEC_V:
+        b_v = _vec_to_end(b_v, p_gv, o_s, m_s, o_v, m_v, H * V, c1)
+    b_C += tl.dot(tl.trans(b_k), b_v.to(b_k.dtype), input_precision=DOT_PREC)
     return b_C
 
 

@@ -49,12 +49,12 @@ def states_fwd_kernel(
     T, H, K, V, L, NT, NSEQ,
     BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, USE_GV: tl.constexpr,
     HAS_H0: tl.constexpr, PRE_GATED: tl.constexpr, DOT_PREC: tl.constexpr,
-    VARLEN: tl.constexpr,
+    VARLEN: tl.constexpr, ONE_TILE: tl.constexpr,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, N·H). Stores h [B·H, NT, K, V] fp32, the state entering each
     chunk, and ht [N, H, K, V] fp32, the final one; h0 [N, H, K, V] fp32 the initial one
     (``HAS_H0``). ``PRE_GATED``: k is k ⊙ exp(G^K_L − G^K) already (vector_cumsum_kernels'
-    KG)."""
+    KG). ``ONE_TILE`` (L ≤ BS): the chunk loop is the innermost loop, software-pipelined."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_bh, i_st, c_lo, c_hi, _seq = _walk(co, i_nh, H, NT, VARLEN)
     i_b, i_h = i_bh // H, i_bh % H
@@ -74,7 +74,7 @@ def states_fwd_kernel(
         tl.store(p, b_h.to(h.dtype.element_ty), mask=m_kv)
         b_h = _vec_state_fwd(
             b_h, k + base * K, v + base * V, gk + base * K, p_gv, c0, c1, o_k, m_k, o_v, m_v,
-            K, V, H, BS, USE_GV, DOT_PREC, PRE_GATED,
+            K, V, H, BS, USE_GV, DOT_PREC, PRE_GATED, ONE_TILE,
         )  # fmt: skip
     p = ht + i_st * K * V + o_k[:, None] * V + o_v[None, :]
     tl.store(p, b_h.to(ht.dtype.element_ty), mask=m_kv)
