@@ -278,11 +278,15 @@ def auto_chunk_size(family: str, K: int, V: int, dtype, device=None, *, cache=No
 # Tiles of the scalar-gate kernels
 
 # Per kernel: (time tile, depth tile, output tile, num_warps, num_stages), each clipped to the
-# problem. Depth/output are K/V for the forward kernels, V/K for dq and dk.
+# problem. Depth/output are K/V for the forward kernels, V/K for dq and dk. The state-gradient
+# walk has two entries: states_bwd for a walk that carries dC alone (its one-tile form when the
+# chunk is one time tile), states_bwd_sums for one that also carries dn or the decay gradient's
+# chunk-end sums (more live tiles; the tiled form).
 TILES = {
-    "states_fwd": (64, 64, 256, 4, 2),
+    "states_fwd": (128, 64, 256, 8, 2),
     "out_fwd": (64, 32, 256, 4, 3),
-    "states_bwd": (64, 32, 256, 4, 2),
+    "states_bwd": (128, 32, 256, 8, 2),
+    "states_bwd_sums": (64, 32, 256, 4, 2),
     "dq_bwd": (64, 64, 128, 4, 2),
     "dqk_bwd": (64, 64, 64, 4, 1),
     "dk_bwd": (64, 64, 256, 8, 3),
@@ -294,13 +298,16 @@ TILES = {
 # (HD64_TILES) or 128 (HD128_TILES); the kernels they leave out keep TILES' entry (clipped).
 # Measured on an H200 at B8-T8192 with H64-K64-V64 and H32-K128-V128 (docs/tuning.md).
 HD64_TILES = {
+    "states_fwd": (64, 64, 64, 4, 2),
     "states_bwd": (64, 64, 64, 2, 2),
+    "states_bwd_sums": (64, 64, 64, 2, 2),
     "dk_bwd": (64, 64, 64, 4, 1),
     "dv_bwd": (64, 64, 64, 4, 2),
 }
 HD128_TILES = {
     "out_fwd": (64, 64, 128, 4, 3),
-    "states_bwd": (64, 64, 128, 4, 2),
+    "states_bwd": (128, 64, 128, 4, 2),
+    "states_bwd_sums": (64, 64, 128, 4, 2),
     "dk_bwd": (64, 64, 128, 4, 2),
     "dv_bwd": (64, 64, 128, 4, 2),
 }

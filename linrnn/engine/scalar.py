@@ -365,7 +365,8 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
     dn0 = torch.empty(N, H, K, **f32) if c.track_n else None
     flags = dict(HAS_DECAY=b is not None, HAS_MAX=mc is not None, HAS_NORM=R_A is not None,
                  DOT_PREC=c.prec, VARLEN=c.varlen)  # fmt: skip
-    BQ, BK, BV, launch = c.tiles("states_bwd", K, V)
+    sums = c.track_n or (c.has_decay and want)  # dn or the decay gradient's chunk-end sums
+    BQ, BK, BV, launch = c.tiles("states_bwd_sums" if sums else "states_bwd", K, V)
     grid = (cdiv(K, BK), cdiv(V, BV), c.walkers)
     bnd = torch.zeros(BH, NT, grid[0] * grid[1], **f32) if c.has_decay and want else None
     walk.states_bwd_kernel[grid](
@@ -374,7 +375,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
         dhn=dns, dh0=dS0, dn0=dn0, bnd=bnd, co=c.CO, chunks=c.CHUNKS,
         T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BK=BK, BV=BV, BQ=BQ,
         HAS_N=ns is not None, HAS_DHT=has_dst, HAS_BND=bnd is not None,
-        ONE_TILE=one_tile(L, BQ) and ns is None and bnd is None, **flags, **launch,
+        ONE_TILE=one_tile(L, BQ) and not sums, **flags, **launch,
     )  # fmt: skip
 
     flags.update(HAS_IGATE=a is not None)
