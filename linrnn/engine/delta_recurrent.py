@@ -49,6 +49,7 @@ from linrnn.engine import delta_recurrent_kernels as kern
 from linrnn.engine.config import STEP_TILE, fp32_contiguous
 from linrnn.engine.gate_grads import Seqs, rev_cumsum, rows, tokens
 from linrnn.engine.host_math import cdiv
+from linrnn.engine.launch import launch
 from linrnn.engine.recurrent import value_tile
 
 # What forward(save=True) keeps for backward, and the inputs backward returns gradients for.
@@ -130,7 +131,8 @@ def forward(q, k, v, beta, g, *, scale, S0=None, offsets=None, out_state=None, s
     o = torch.empty_like(v, dtype=q.dtype)
     e = torch.empty(B, T, HV, V, device=q.device, dtype=torch.float32) if save else None
     BK, BV, num_warps = value_tile(K, V, TILE)
-    kern.delta_recurrent_fwd_kernel[(cdiv(V, BV), N * HV)](
+    launch(
+        kern.delta_recurrent_fwd_kernel, (cdiv(V, BV), N * HV),
         q=q, k=k, v=v, beta=beta, g=g, o=o, h0=S0, ht=S_T, e=e,
         cu_seqlens=_cu_seqlens(offsets, q.device), scale=float(scale), T=T, H=H, HV=HV, K=K,
         V=V, BK=BK, BV=BV, HAS_G=g is not None, HAS_H0=S0 is not None, STORE_E=e is not None,

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.host_math import cdiv, next_pow2
+from linrnn.engine.launch import launch
 
 # Rows per program: enough for a few KiB of data in flight per program at K = 64..256.
 ROWS = 16
@@ -62,7 +63,8 @@ class L2Norm(torch.autograd.Function):
         y = torch.empty_like(x)
         r = torch.empty(n, device=x.device, dtype=torch.float32)
         BD = next_pow2(D)
-        l2norm_fwd_kernel[(cdiv(n, ROWS),)](x=x, y=y, r=r, n=n, D=D, eps=eps, BR=ROWS, BD=BD)
+        launch(l2norm_fwd_kernel, (cdiv(n, ROWS),), x=x, y=y, r=r, n=n, D=D, eps=eps, BR=ROWS,
+               BD=BD)  # fmt: skip
         ctx.save_for_backward(x, r)
         return y
 

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from linrnn.engine.host_math import cdiv, next_pow2
+from linrnn.engine.launch import launch
 
 LOG_SOFTPLUS_CUT = tl.constexpr(-15.0)  # (linrnn.ops.mamba2._LOG_SOFTPLUS_CUT)
 SOFTPLUS_LINEAR_ABOVE = tl.constexpr(40.0)  # (linrnn.ops.mamba2._SOFTPLUS_LINEAR_ABOVE)
@@ -133,7 +134,8 @@ def gates_forward(dt, A, dt_bias):
     g = torch.empty(B, H, T, device=dt.device, dtype=torch.float32)
     gi = torch.empty_like(g)
     BT, BH = _tiles(T, H)
-    gates_fwd_kernel[(cdiv(T, BT), B)](
+    launch(
+        gates_fwd_kernel, (cdiv(T, BT), B),
         dt=dt, dt_bias=dt_bias, A=A, g=g, gi=gi, T=T, H=H, BT=BT, BH=BH,
         HAS_BIAS=dt_bias is not None,
     )  # fmt: skip

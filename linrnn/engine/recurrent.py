@@ -42,6 +42,7 @@ from linrnn.engine.gate_grads import (
     wants_gate_grads,
 )
 from linrnn.engine.host_math import cdiv, next_pow2
+from linrnn.engine.launch import launch
 from linrnn.engine.scalar_state_kernels import norm_bwd_kernel
 
 # What forward(save=True) keeps for backward, and the inputs backward returns gradients for.
@@ -145,7 +146,8 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     if offsets is not None:
         cu_seqlens = to_device(offsets, dev)
     o = torch.empty_like(v, dtype=q.dtype)
-    kern.recurrent_fwd_kernel[(cdiv(V, BV), N * H)](
+    launch(
+        kern.recurrent_fwd_kernel, (cdiv(V, BV), N * H),
         q=q, k=k, v=v, o=o, g=gs, gk=gk, gv=gv, gi=gi, u=u, h0=h0, n0=n0, m0=m0,
         ht=S_T, nt=nt, mt=mt, den=den, m_row=m_row, cu_seqlens=cu_seqlens,
         scale=float(scale), eps=float(eps), T=T, H=H, G=G, K=K, V=V, BK=BK, BV=BV,
