@@ -92,8 +92,16 @@ def test_diagonal_walk_matches_reference(monkeypatch, family, mode, shape):
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
 
 
-@pytest.mark.parametrize("diag_loop", [False, True], ids=["block", "walk"])
-@pytest.mark.parametrize("case", ["T37-L32", "T70-L64-K60-V100", "varlen"])
+# (T37-L32 with the walk: test_diagonal_walk_matches_reference's chunk-mode case, the same call)
+STORED_FORMS = [("T37-L32", False), ("T70-L64-K60-V100", False), ("T70-L64-K60-V100", True),
+                ("varlen", False), ("varlen", True)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "diag_loop"),
+    STORED_FORMS,
+    ids=[f"{c}-{'walk' if w else 'block'}" for c, w in STORED_FORMS],
+)
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_stored_scores_match_reference(monkeypatch, family, case, diag_loop):
     """Chunk mode with gk alone, the intra-chunk scores stored: forward and dv from the scores
@@ -141,14 +149,16 @@ def test_fast_chunks_over_several_row_tiles(family):
     _check(fam, inputs, h0, torch.float32, mode="chunk", chunk_size=L)
 
 
-@pytest.mark.parametrize("case", ["T37-L32", "T200-L160-K80", "varlen"])
+@pytest.mark.parametrize("case", ["T200-L160-K80"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
 def test_split_inter_matches_reference(monkeypatch, family, case):
     """gk alone in chunk mode: dq's and dk's inter-chunk parts from
-    vector_scores_kernels.apply_kernel (``INTER``; row tiles of 32 at L = 32; three per chunk at L =
-    160, a partial one included; two output tiles at K = 80; packed sequences), loaded by the 16-row
-    dq/dk programs in every chunk (fp32: no fast chunks). Every gradient against the fp64 reference,
-    the intermediate buffers NaN-poisoned."""
+    vector_scores_kernels.apply_kernel (``INTER``; three row tiles per chunk at L = 160, a partial
+    one included; two output tiles at K = 80), loaded by the 16-row dq/dk programs in every chunk
+    (fp32: no fast chunks). Every gradient against the fp64 reference, the intermediate buffers
+    NaN-poisoned. (Row tiles of 32 at L = 32 and packed sequences, the same calls in the diagonal's
+    form of the device: test_stored_scores_match_reference's T37-L32 and varlen cases,
+    test_diagonal_walk_matches_reference's chunk-mode T37-L32 case.)"""
     _log_space(monkeypatch)
     _check_stored(family, case)
 
