@@ -25,6 +25,8 @@ beyond the two), :func:`launch` is ``kernel[grid](**kwargs)``.
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import torch
 
 try:
@@ -41,17 +43,25 @@ MAX_ENTRIES = 64
 _OPTIONS = ("num_warps", "num_stages")
 
 
-class _Plan:
-    """One kernel's parameter names (launch order; the constexprs, the runtime ones) and its
-    compiled kernels by key."""
+def _getter(names: tuple):
+    """``kwargs -> tuple`` of the values of ``names`` (in C: itemgetter), KeyError if one is
+    missing; a tuple also for one name or none."""
+    if len(names) > 1:
+        return itemgetter(*names)
+    return lambda kwargs: tuple(kwargs[n] for n in names)
 
-    __slots__ = ("compiled", "constexprs", "names", "runtime", "size")
+
+class _Plan:
+    """One kernel's parameters — getters of their values in launch order, of the constexprs'
+    and of the runtime ones' — and its compiled kernels by key."""
+
+    __slots__ = ("args", "compiled", "constexprs", "names", "runtime")
 
     def __init__(self, kernel):
         self.names = tuple(p.name for p in kernel.params)
-        self.constexprs = tuple(p.name for p in kernel.params if p.is_constexpr)
-        self.runtime = tuple(p.name for p in kernel.params if not p.is_constexpr)
-        self.size = len(self.names)
+        self.args = _getter(self.names)
+        self.constexprs = _getter(tuple(p.name for p in kernel.params if p.is_constexpr))
+        self.runtime = _getter(tuple(p.name for p in kernel.params if not p.is_constexpr))
         self.compiled: dict = {}
 
 
@@ -66,10 +76,9 @@ _AS_IS = frozenset((type(None), int))
 
 
 def _spec(a):
-    """The part of one runtime argument a compiled kernel depends on (module docstring)."""
+    """The part of one runtime argument not of an :data:`_AS_IS` class that a compiled kernel
+    depends on (module docstring)."""
     cls = a.__class__
-    if cls in _AS_IS:
-        return a
     if cls is float:
         return float
     if cls is bool:
@@ -106,15 +115,15 @@ def launch(kernel, grid: tuple, /, **kwargs):
         kernel[grid](**kwargs)
         return
     try:
-        args = [kwargs[n] for n in plan.names]
+        args = plan.args(kwargs)
     except KeyError:  # a parameter left to its default: Triton binds it
         kernel[grid](**kwargs)
         return
-    nopt = len(kwargs) - plan.size
+    nopt = len(kwargs) - len(args)
     device = driver.active.get_current_device()
-    runtime = [a if (a := kwargs[n]).__class__ in _AS_IS else _spec(a) for n in plan.runtime]
+    runtime = [a if a.__class__ in _AS_IS else _spec(a) for a in plan.runtime(kwargs)]
     key = (device, nopt, kwargs.get("num_warps"), kwargs.get("num_stages"),
-           *[kwargs[n] for n in plan.constexprs], *runtime)  # fmt: skip
+           *plan.constexprs(kwargs), *runtime)  # fmt: skip
     try:
         compiled = plan.compiled.get(key)
     except TypeError:  # an unhashable argument

@@ -12,6 +12,7 @@ import torch
 
 import linrnn
 from linrnn.engine import delta_recurrent, l2norm, mamba2_gates, recurrent
+from linrnn.engine import launch as launch_mod
 
 pytestmark = [
     pytest.mark.gpu,
@@ -112,6 +113,7 @@ def test_triton_launch_path_runs_once_per_specialization(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(kernel, "run", counted, raising=False)
+    monkeypatch.setattr(launch_mod, "_PLANS", {})  # no compiled kernel kept by earlier tests
     with torch.no_grad():
         _steps("linear_attn", torch.float16, seed=3, n=5)
         assert len(runs) == 1  # the first step only
