@@ -27,6 +27,10 @@ Host side (plain Python and PyTorch):
                   Triton kernel each way, for the Triton chunk path.
 * ``custom_ops``  torch.library ops over the hosts' forward/backward, for torch.compile.
 * ``host_math``   integer helpers for grids and tiles.
+* ``launch``      the decode kernels' launches: the compiled kernel kept per specialization and
+                  its launcher called directly.
+* ``replay``      one call's device work (ATen operations, launches) logged once and performed
+                  again without its host logic: ``linrnn.step``'s repeated steps.
 
 Kernels (Triton):
 

@@ -25,6 +25,7 @@ beyond the two), :func:`launch` is ``kernel[grid](**kwargs)``.
 
 from __future__ import annotations
 
+import contextvars
 from operator import itemgetter
 
 import torch
@@ -40,7 +41,10 @@ except ImportError:  # a Triton without these (the package requires 3.6+): the p
 # Compiled kernels kept per JITFunction at most (a decode step needs one to a few: T, the
 # dtypes and the flags vary little between steps; past the cap a call takes the plain path).
 MAX_ENTRIES = 64
-_OPTIONS = ("num_warps", "num_stages")
+OPTIONS = ("num_warps", "num_stages")
+
+# A recording of linrnn.engine.replay in progress in this context: launch() hands it the call.
+RECORDING: contextvars.ContextVar = contextvars.ContextVar("linrnn_recording", default=None)
 
 
 def _getter(names: tuple):
@@ -94,51 +98,99 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _plan(kernel) -> _Plan | None:
+def hooked() -> bool:
+    """Whether a launch hook (a profiler's) or Triton's debug switch is set: launches then go
+    through ``kernel[grid]``, which calls the hooks and checks."""
+    if JITFunction is None:
+        return False
+    rt = knobs.runtime
+    return _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook) or rt.debug
+
+
+def add_hook(fn) -> None:
+    """Add ``fn`` to Triton's launch-enter hooks (called with each launch's metadata)."""
+    if JITFunction is None:
+        return
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):
+        chain.add(fn)
+    elif chain is None:
+        knobs.runtime.launch_enter_hook = fn
+
+
+def remove_hook(fn) -> None:
+    """Undo :func:`add_hook`."""
+    if JITFunction is None:
+        return
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "remove"):
+        chain.remove(fn)
+    elif chain is fn:
+        knobs.runtime.launch_enter_hook = None
+
+
+def is_compiled(obj) -> bool:
+    """Whether ``obj`` is a compiled Triton kernel (what ``kernel[grid](...)`` returns)."""
+    return JITFunction is not None and isinstance(obj, CompiledKernel)
+
+
+def run_compiled(compiled, grid: tuple, args, device=None) -> None:
+    """Call ``compiled``'s launcher on the current stream of ``device`` (default: the current
+    device), no hooks, with ``args`` every parameter's value in launch order."""
+    n = len(grid)
+    if device is None:
+        device = driver.active.get_current_device()
+    compiled.run(
+        grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1,
+        driver.active.get_current_stream(device), compiled.function, compiled.packed_metadata,
+        None, None, None, *args,
+    )  # fmt: skip
+
+
+def plan(kernel) -> _Plan | None:
+    """The parameters and compiled kernels kept for ``kernel`` (None: not a JITFunction)."""
     entry = _PLANS.get(id(kernel))
     if entry is not None:
         return entry[1]
     if JITFunction is None or not isinstance(kernel, JITFunction):
         return None
-    plan = _Plan(kernel)
-    _PLANS[id(kernel)] = (kernel, plan)
-    return plan
+    made = _Plan(kernel)
+    _PLANS[id(kernel)] = (kernel, made)
+    return made
 
 
 def launch(kernel, grid: tuple, /, **kwargs):
     """``kernel[grid](**kwargs)``, with every parameter given by name and at most the options
     ``num_warps`` and ``num_stages``; from the second call with the same specialization on,
     the compiled kernel's launcher directly (module docstring). Returns nothing."""
-    plan = _plan(kernel)
-    rt = knobs.runtime
-    if plan is None or _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook) or rt.debug:
+    rec = RECORDING.get()
+    if rec is not None:  # it runs the kernel and logs the launch
+        rec.launch(kernel, grid, kwargs)
+        return
+    p = plan(kernel)
+    if p is None or hooked():
         kernel[grid](**kwargs)
         return
     try:
-        args = plan.args(kwargs)
+        args = p.args(kwargs)
     except KeyError:  # a parameter left to its default: Triton binds it
         kernel[grid](**kwargs)
         return
     nopt = len(kwargs) - len(args)
     device = driver.active.get_current_device()
-    runtime = [a if a.__class__ in _AS_IS else _spec(a) for a in plan.runtime(kwargs)]
+    runtime = [a if a.__class__ in _AS_IS else _spec(a) for a in p.runtime(kwargs)]
     key = (device, nopt, kwargs.get("num_warps"), kwargs.get("num_stages"),
-           *plan.constexprs(kwargs), *runtime)  # fmt: skip
+           *p.constexprs(kwargs), *runtime)  # fmt: skip
     try:
-        compiled = plan.compiled.get(key)
+        compiled = p.compiled.get(key)
     except TypeError:  # an unhashable argument
         kernel[grid](**kwargs)
         return
     if compiled is None:
         compiled = kernel[grid](**kwargs)
-        options = set(kwargs).difference(plan.names)
-        if (isinstance(compiled, CompiledKernel) and options.issubset(_OPTIONS)
-                and len(plan.compiled) < MAX_ENTRIES):  # fmt: skip
-            plan.compiled[key] = compiled
+        options = set(kwargs).difference(p.names)
+        if (isinstance(compiled, CompiledKernel) and options.issubset(OPTIONS)
+                and len(p.compiled) < MAX_ENTRIES):  # fmt: skip
+            p.compiled[key] = compiled
         return
-    n = len(grid)
-    compiled.run(
-        grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1,
-        driver.active.get_current_stream(device), compiled.function, compiled.packed_metadata,
-        None, None, None, *args,
-    )  # fmt: skip
+    run_compiled(compiled, grid, args, device)

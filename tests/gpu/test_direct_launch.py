@@ -1,7 +1,8 @@
 """The decode step's direct launches (linrnn.engine.launch) on a GPU: after the first step
 Triton's launch path is not entered again, and the steps give bitwise what ``kernel[grid]``
 gives, for every recurrent host that launches that way, with unaligned inputs and inside a
-CUDA graph."""
+CUDA graph. linrnn.step's replay (tests/test_step_replay.py) is kept off here, but in the
+graph case that captures a replayed step: a replay calls the compiled launchers itself."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 import linrnn
 from linrnn.engine import delta_recurrent, l2norm, mamba2_gates, recurrent
 from linrnn.engine import launch as launch_mod
+from linrnn.ops import step as step_mod
 
 pytestmark = [
     pytest.mark.gpu,
@@ -87,6 +89,7 @@ CASES = [(torch.bfloat16, 0), (torch.bfloat16, 1), (torch.float32, 0)]
 @pytest.mark.parametrize(("dtype", "shift"), CASES)
 @pytest.mark.parametrize("op", OPS)
 def test_direct_steps_match_triton_launches_bitwise(op, dtype, shift, monkeypatch):
+    monkeypatch.setattr(step_mod, "MAX_PLANS", 0)  # every step through the hosts
     with torch.no_grad():
         _steps(op, dtype, seed=1, shift=shift)  # the first launches: compiled and cached
         fast = _steps(op, dtype, seed=2, shift=shift)
@@ -114,6 +117,7 @@ def test_triton_launch_path_runs_once_per_specialization(monkeypatch):
 
     monkeypatch.setattr(kernel, "run", counted, raising=False)
     monkeypatch.setattr(launch_mod, "_PLANS", {})  # no compiled kernel kept by earlier tests
+    monkeypatch.setattr(step_mod, "MAX_PLANS", 0)  # every step through the hosts
     with torch.no_grad():
         _steps("linear_attn", torch.float16, seed=3, n=5)
         assert len(runs) == 1  # the first step only
@@ -121,14 +125,18 @@ def test_triton_launch_path_runs_once_per_specialization(monkeypatch):
         assert len(runs) == 2
 
 
-def test_direct_launch_inside_a_cuda_graph():
+@pytest.mark.parametrize("replayed", [False, True], ids=["hosts", "replayed"])
+def test_direct_launch_inside_a_cuda_graph(replayed, monkeypatch):
+    monkeypatch.setattr(step_mod, "_PLANS", {})
+    if not replayed:
+        monkeypatch.setattr(step_mod, "MAX_PLANS", 0)
     gen = torch.Generator(device="cuda").manual_seed(5)
     fn, inputs, S = _case("mlstm", torch.bfloat16, gen)
     state, ref_state = _clone(S), _clone(S)
     with torch.no_grad():
         o_ref, _ = linrnn.step(fn, *inputs, state=ref_state, inplace=True)
         warm = _clone(S)
-        linrnn.step(fn, *inputs, state=warm, inplace=True)  # cached before the capture
+        linrnn.step(fn, *inputs, state=warm, inplace=True)  # kept, recorded: before the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             o, _ = linrnn.step(fn, *inputs, state=state, inplace=True)
