@@ -571,6 +571,13 @@ def fp32_contiguous(x):
     return None if x is None else x.float().contiguous()
 
 
+def per_head(g) -> bool:
+    """Whether g ``[B, T, H]`` holds one value per head, the same for every token row b·T + t
+    (stride 0 over B and over T, or size 1; stride 1 over H): retention's decay, broadcast."""
+    (B, T, _), (sb, st, sh) = g.shape, g.stride()
+    return (sb == 0 or B == 1) and (st == 0 or T == 1) and sh == 1
+
+
 def prepare_state(S0, n0, m0, track_n: bool, stabilize: bool):
     """The initial state as the kernels read it: fp32 contiguous, n0/m0 zeros where the call
     tracks them but none was given, None where it does not (all None without S0). An fp32

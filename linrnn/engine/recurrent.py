@@ -31,6 +31,7 @@ from linrnn.engine.config import (
     BWD_TILE_MAX,
     STEP_TILE,
     fp32_contiguous,
+    per_head,
     prepare_state,
 )
 from linrnn.engine.gate_grads import (
@@ -77,14 +78,6 @@ def _value_tile(K: int, V: int, t: dict) -> tuple[int, int, int]:
     return BK, BV, t["FULL_WARPS"] if BK * BV >= t["STATE_ELEMS"] else t["NUM_WARPS"]
 
 
-def _per_head(g) -> bool:
-    """Whether g ``[B, T, H]`` holds one value per head, the same for every token row b·T + t
-    (stride 0 over B and over T, or size 1; stride 1 over H): the kernel then reads it with row
-    stride 0."""
-    (B, T, _), (sb, st, sh) = g.shape, g.stride()
-    return (sb == 0 or B == 1) and (st == 0 or T == 1) and sh == 1
-
-
 def _split_decay(g):
     """(g, gk): a scalar log decay [B, T, H] goes to the kernels' g, a per-key one to gk."""
     if g is None or g.dim() == 3:
@@ -116,7 +109,7 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     dev = q.device
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     # A per-head decay broadcast over B and T (retention) is read in place: token-row stride 0.
-    if g is not None and not save and g.dim() == 3 and _per_head(g):
+    if g is not None and not save and g.dim() == 3 and per_head(g):
         g, s_g = g.float(), 0  # (a cast to fp32 may densify it: every row still holds the same)
     else:
         g, s_g = fp32_contiguous(g), H

@@ -35,6 +35,7 @@ from linrnn.engine.config import (
     GROUP_TILES,
     ChunkConfig,
     chunk_state_dtype,
+    per_head,
     prepare_state,
 )
 from linrnn.engine.gate_grads import (
@@ -77,18 +78,30 @@ def gate_rows(g, gi, cfg: ChunkConfig):
     return b, a, rmax
 
 
+def head_decay(g, cfg: ChunkConfig):
+    """The per-head log decay [H] (fp32) of a call whose decay is one value per head for every
+    token (retention's, broadcast; :func:`linrnn.engine.config.per_head`), for the kernels'
+    ``PER_HEAD`` form, which forms the chunk-local cumulative decays (s − c0 + 1)·g from it
+    instead of loading their rows; None otherwise (and for fused_chunk, the max state and
+    input gates, which keep the rows)."""
+    if g is None or cfg.fused or cfg.stab or cfg.has_igate or not per_head(g):
+        return None
+    return g[0, 0].float().contiguous()
+
+
 def forward(q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig, skip=None):
     """One chunk-engine forward: ``((o, S_T, n_T, m_T), saved)``. q, k, v ``[B, T, H, *]``
     (fp16/bf16/fp32), g, gi ``[B, T, H]`` fp32 or None, the initial state as
     :func:`prepare_state` makes it (or None); ``skip`` [H] fp32 or None (module docstring)."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     b, a, rmax = gate_rows(g, gi, cfg)
+    lg = head_decay(g, cfg)
     if cfg.fused:
         if skip is not None:
             raise NotImplementedError("the skip term has no fused_chunk kernel")
         o, S_T, n_T, m_T, tables = _forward_fused(q, k, v, b, a, S0, n0, m0, cfg)
     else:
-        o, S_T, n_T, m_T, tables = _forward(q, k, v, b, a, S0, n0, m0, cfg, skip, rmax)
+        o, S_T, n_T, m_T, tables = _forward(q, k, v, b, a, S0, n0, m0, cfg, skip, rmax, lg)
     saved = dict(q=q, k=k, v=v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, o=o, S_T=S_T, n_T=n_T, b=b, a=a)
     if skip is not None:
         saved["skip"] = skip
@@ -210,7 +223,7 @@ def _chunk_max(b, a, L, c: ChunkConfig | None = None):
     return z.view(BH, NT, L).amax(-1).contiguous()
 
 
-def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None, rmax=None):
+def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None, rmax=None, lg=None):
     """The chunk states (states_fwd_kernel), then the outputs (out_fwd_kernel; ``rmax``: the
     running maxima :func:`gate_rows` gives with the max state)."""
     T, K = q.shape[1], q.shape[3]
@@ -227,7 +240,8 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None, rmax=None):
                  DOT_PREC=c.prec, VARLEN=c.varlen)  # fmt: skip
     BS, BK, BV, launch = c.tiles("states_fwd", K, V)
     walk.states_fwd_kernel[(cdiv(K, BK), cdiv(V, BV), c.walkers)](
-        k=k, v=v, g=b, gi=a, cmax=_chunk_max(b, a, L, c) if c.stab else None,
+        k=k, v=v, g=b if lg is None else lg, gi=a, PER_HEAD=lg is not None,
+        cmax=_chunk_max(b, a, L, c) if c.stab else None,
         h0=S0, n0=n0, m0=m0, h=states, hn=ns, mc=mc, ht=S_T, nt=n_T, co=c.CO, chunks=c.CHUNKS,
         T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, BK=BK, BV=BV, BS=BS,
         HAS_N=ns is not None, HAS_H0=S0 is not None, ONE_TILE=one_tile(L, BS), **gates, **launch,
@@ -239,7 +253,8 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None, rmax=None):
     NQ = cdiv(L, BQ)
     fix_pass.launch(
         kern.out_fwd_kernel, (NT * NQ, cdiv(V, BO), BH), q.device,
-        q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b, gi=a, rmax=rmax, o=o, den=den, m_row=m_row,
+        q=q, k=k, v=v, h=states, hn=ns, mc=mc, g=b if lg is None else lg, gi=a,
+        PER_HEAD=lg is not None, rmax=rmax, o=o, den=den, m_row=m_row,
         chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NQ=NQ, NSEQ=c.NSEQ,
         scale=c.scale, eps=c.eps, BQ=BQ, BD=BD, BO=BO, NORM=c.norm, skip=skip,
         HAS_SKIP=skip is not None, ONE_TILE=one_tile(L, BQ), **gates, **launch,
@@ -363,14 +378,16 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
     dns = torch.empty(BH, NT, K, **f32) if c.track_n else None
     dS0 = torch.empty(N, H, K, V, **f32)
     dn0 = torch.empty(N, H, K, **f32) if c.track_n else None
+    lg = head_decay(s["g"], c)
+    gd = b if lg is None else lg  # the kernels' decay operand: the rows, or the head's value
     flags = dict(HAS_DECAY=b is not None, HAS_MAX=mc is not None, HAS_NORM=R_A is not None,
-                 DOT_PREC=c.prec, VARLEN=c.varlen)  # fmt: skip
+                 DOT_PREC=c.prec, VARLEN=c.varlen, PER_HEAD=lg is not None)  # fmt: skip
     sums = c.track_n or (c.has_decay and want)  # dn or the decay gradient's chunk-end sums
     BQ, BK, BV, launch = c.tiles("states_bwd_sums" if sums else "states_bwd", K, V)
     grid = (cdiv(K, BK), cdiv(V, BV), c.walkers)
     bnd = torch.zeros(BH, NT, grid[0] * grid[1], **f32) if c.has_decay and want else None
     walk.states_bwd_kernel[grid](
-        q=q, do=do, g=b, mc=mc, m_row=m_row, ra=R_A, rd=R_D, h=states, hn=ns, ht=s["S_T"],
+        q=q, do=do, g=gd, mc=mc, m_row=m_row, ra=R_A, rd=R_D, h=states, hn=ns, ht=s["S_T"],
         nt=s["n_T"], dht=dS_T if has_dst else None, dnt=dn_T if has_dst else None, dh=dstates,
         dhn=dns, dh0=dS0, dn0=dn0, bnd=bnd, co=c.CO, chunks=c.CHUNKS,
         T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BK=BK, BV=BV, BQ=BQ,
@@ -382,7 +399,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
     if group_path(G, c):
         dq, dk, q_dq, k_dk = _group_dq_dk(q, k, v, do, b, a, states, dstates, G, c)
     else:
-        dq, dk, q_dq, k_dk = _dq_dk(q, k, v, do, b, a, states, ns, dstates, dns, mc, m_row,
+        dq, dk, q_dq, k_dk = _dq_dk(q, k, v, do, gd, a, states, ns, dstates, dns, mc, m_row,
                                     R_A, R_D, G, flags, c, want)  # fmt: skip
     skip = s.get("skip")  # (absent where the custom ops rebuild the saved tensors)
     if _group_dv_heads(c, G, K, V) > 1:
@@ -393,7 +410,7 @@ def _backward(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
         dv = torch.empty_like(v)
         dskip = torch.zeros(BH, NT * nS * nV, **f32) if skip is not None else None
         kern.dv_bwd_kernel[(NT * nS, nV, BH)](
-            k=k, q=q, do=do, dh=dstates, mc=mc, g=b, gi=a, m_row=m_row, ra=R_A, dv=dv,
+            k=k, q=q, do=do, dh=dstates, mc=mc, g=gd, gi=a, m_row=m_row, ra=R_A, dv=dv,
             chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NS=nS, NSEQ=c.NSEQ,
             scale=c.scale, BS=BS, BD=BD, BO=BO, v=v if skip is not None else None, skip=skip,
             dskip=dskip, HAS_SKIP=skip is not None, ONE_TILE=one_tile(L, BS), **flags, **launch,

@@ -29,7 +29,11 @@ Optional tensors are None with a ``HAS_*`` flag the host derives from them: ``HA
 the rows of b), ``HAS_IGATE`` (gi, the rows of a), ``HAS_MAX`` (the max state: mc, m_row),
 ``HAS_N`` (the normalizer state), ``HAS_NORM`` (the normalizer's row factors ra, rd),
 ``HAS_H0`` / ``HAS_DHT`` (initial state, final state's gradient). ``NORM`` is the normalizer's
-kind (:func:`linrnn.engine.config.norm_code`).
+kind (:func:`linrnn.engine.config.norm_code`). ``PER_HEAD`` (a log decay that is one value per
+head for every token, retention's): g holds the [H] values, and the kernels form the
+chunk-local cumulative decay b_s = (s − c0 + 1)·g of the rows they need instead of loading
+them (triton_common._cum): no gate loads, and no layout conversions of loaded gate vectors
+in the loops.
 
 Per-channel decays (GLA's gk/gv, RWKV6's w and u) have kernels of their own: vector_kernels.
 
@@ -57,6 +61,8 @@ from linrnn.engine.triton_common import (
     _any_flag,
     _causal_dot,
     _chunk_rows,
+    _cum,
+    _cum_last,
     _dot_n,
     _inv_denominator,
     _log_weights,
@@ -127,7 +133,7 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
                 c0, c1, o_o, m_o, D, s_x, s_z, BQ: tl.constexpr, BD: tl.constexpr,
                 HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
                 DEN: tl.constexpr, AFFINE: tl.constexpr, DOT_PREC: tl.constexpr,
-                FIX: tl.constexpr):  # fmt: skip
+                FIX: tl.constexpr, PER_HEAD: tl.constexpr):  # fmt: skip
     """Adds Σ_{s≤r} D_rs p_rs z_s to b_acc [BQ, BO]: the diagonal key tile from its scores b_p
     (causal mask), then the full key tiles before it. ``AFFINE``: p_rs → A_r p_rs + dd_r (b_A,
     b_dd [BQ]); ``DEN``: also Σ_s D_rs p_rs into b_den. Row strides: s_x of x and y, s_z of
@@ -156,7 +162,7 @@ def _rows_intra(b_acc, b_den, b_p, p_x, p_y, p_z, g, gi, b_br, b_mr, b_A, b_dd, 
             b_p += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
         if AFFINE:
             b_p = b_p * b_A[:, None] + b_dd[:, None]
-        b_bs = _vec(g, o_s, m_s) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+        b_bs = _cum(g, o_s, m_s, c0, PER_HEAD) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
         b_as = _vec(gi, o_s, m_s) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)
         full = m_r[:, None] & m_s[None, :]  # every s < r0 ≤ r
         b_p *= _log_weights(b_br, b_bs, b_as, b_mr, full, HAS_DECAY, HAS_IGATE, HAS_MAX)
@@ -217,6 +223,7 @@ def out_fwd_kernel(
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
     DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, skip=None, HAS_SKIP: tl.constexpr = False,
     bad=None, SLOTS=0, FIX: tl.constexpr = False, ONE_TILE: tl.constexpr = False, rmax=None,
+    PER_HEAD: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, V tiles, B·H): o_r = scale·[e_r q_r C_c + Σ_{s≤r} D_rs
     (q_r·k_s) v_s] of one query tile from the chunk states h (and hn, mc). ``NORM``: divided
@@ -242,7 +249,7 @@ def out_fwd_kernel(
                         _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, slot,
                                   i_v, i_bh, i_c, c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT,
                                   NSEQ, scale, eps, BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX,
-                                  NORM, DOT_PREC, HAS_SKIP, True, ONE_TILE)  # fmt: skip
+                                  NORM, DOT_PREC, HAS_SKIP, True, ONE_TILE, PER_HEAD)  # fmt: skip
     else:
         i_cq, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_cq, NQ, L, T, BQ, VARLEN)
@@ -251,7 +258,7 @@ def out_fwd_kernel(
         _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, _program_slot(), i_v,
                   i_bh, i_c, c0, c1, i_n, r0, o_r, m_r, T, H, G, K, V, NT, NSEQ, scale, eps, BQ,
                   BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, NORM, DOT_PREC, HAS_SKIP,
-                  False, ONE_TILE)  # fmt: skip
+                  False, ONE_TILE, PER_HEAD)  # fmt: skip
 
 
 @triton.jit
@@ -270,7 +277,7 @@ def _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, slot, i
               BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr, HAS_DECAY: tl.constexpr,
               HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, NORM: tl.constexpr,
               DOT_PREC: tl.constexpr, HAS_SKIP: tl.constexpr, FIX: tl.constexpr,
-              ONE_TILE: tl.constexpr):  # fmt: skip
+              ONE_TILE: tl.constexpr, PER_HEAD: tl.constexpr):  # fmt: skip
     """One tile of :func:`out_fwd_kernel` (query rows o_r of chunk i_c, V tile i_v, row i_bh
     of the gates): plain diagonal product and its flag stored at bad[slot], or (``FIX``) the
     causal product."""
@@ -282,13 +289,16 @@ def _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, slot, i
     p_k = k + (i_b * T * HK + i_h // G) * K
     p_v = v + (i_b * T * H + i_h) * V
     if HAS_DECAY:
-        g += i_bh * T
+        if PER_HEAD:  # the head's constant log decay, loaded once (the rows are formed)
+            g = tl.load(g + i_h).to(tl.float32)
+        else:
+            g += i_bh * T
     if HAS_IGATE:
         gi += i_bh * T
     if NORM != NORM_NONE:
         hn += (i_bh * NT + i_c) * K
 
-    b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+    b_br = _cum(g, o_r, m_r, c0, PER_HEAD) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
     b_mr = tl.zeros([BQ], dtype=tl.float32)
     m_c = 0.0
     if HAS_MAX:
@@ -321,7 +331,7 @@ def _out_tile(q, k, v, h, hn, mc, g, gi, rmax, o, den, m_row, skip, bad, slot, i
         b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_q, p_k, p_v, g, gi, b_br, b_mr, None,
                                    None, o_r, m_r, r0, c0, c1, o_v, m_v, K, HK * K, H * V, BQ, BD,
                                    HAS_DECAY, HAS_IGATE, HAS_MAX, DEN, False, DOT_PREC,
-                                   FIX)  # fmt: skip
+                                   FIX, PER_HEAD)  # fmt: skip
     if not FIX:
         tl.store(bad + slot, _not_finite(b_acc).to(tl.int8))
     b_acc *= scale
@@ -348,7 +358,7 @@ def dq_bwd_kernel(
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    STORE_QDQ: tl.constexpr, HPP: tl.constexpr = 1,
+    STORE_QDQ: tl.constexpr, HPP: tl.constexpr = 1, PER_HEAD: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × query tiles, K tiles, B·H / HPP): dq_r = scale·[e_r (A_r do_r C_cᵀ +
     dd_r n_c) + Σ_{s≤r} D_rs (A_r do_r·v_s + dd_r) k_s] of one query tile; ``HAS_NORM``:
@@ -376,7 +386,7 @@ def dq_bwd_kernel(
         b_dq += _dq_head(
             i_h0 + j, do, v, k + qk, q + qk, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_k,
             rows, i_c, i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale,
-            BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC, STORE_QDQ,
+            BQ, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, DOT_PREC, STORE_QDQ, PER_HEAD,
         )  # fmt: skip
     p_dq = dq + (i_b * T * NP + i_s) * K + o_r.to(tl.int64)[:, None] * NP * K + o_k[None, :]
     tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
@@ -387,19 +397,22 @@ def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_
              i_n, c0, c1, r0, o_r, m_r, o_k, m_k, T, H, HK, K: tl.constexpr, V: tl.constexpr,
              NT, NSEQ, scale, BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
              HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
-             HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr,
-             STORE_QDQ: tl.constexpr):  # fmt: skip
+             HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, STORE_QDQ: tl.constexpr,
+             PER_HEAD: tl.constexpr):  # fmt: skip
     """dq [BQ, BO] fp32 of value head i_h on the rows o_r (:func:`dq_bwd_kernel`; p_k, p_q at
     its q/k head), storing its q·dq part (``STORE_QDQ``)."""
     i_bh = i_b * H + i_h
     p_do = do + (i_b * T * H + i_h) * V
     p_v = v + (i_b * T * H + i_h) * V
     if HAS_DECAY:
-        g += i_bh * T
+        if PER_HEAD:  # the head's constant log decay, loaded once (the rows are formed)
+            g = tl.load(g + i_h).to(tl.float32)
+        else:
+            g += i_bh * T
     if HAS_IGATE:
         gi += i_bh * T
 
-    b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+    b_br = _cum(g, o_r, m_r, c0, PER_HEAD) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
     b_mr = tl.zeros([BQ], dtype=tl.float32)
     if HAS_MAX:
         m_c = tl.load(mc + i_bh * (NT + NSEQ) + i_c + i_n)
@@ -423,7 +436,8 @@ def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_
     # (b_den: zeros, unused; a jit helper may not return a None it was given)
     b_acc, b_den = _rows_intra(b_acc, b_den, b_p, p_do, p_v, p_k, g, gi, b_br, b_mr, b_A, b_dd,
                                o_r, m_r, r0, c0, c1, o_k, m_k, V, H * V, HK * K, BQ, BD, HAS_DECAY,
-                               HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC, False)  # fmt: skip
+                               HAS_IGATE, HAS_MAX, False, HAS_NORM, DOT_PREC, False,
+                               PER_HEAD)  # fmt: skip
     b_acc *= scale
     if STORE_QDQ:  # q·dq over this K tile, for the log-decay gradient
         b_q = _tile(p_q, o_r, o_k, HK * K, m_r, m_k)
@@ -433,11 +447,11 @@ def _dq_head(i_h, do, v, p_k, p_q, h, hn, mc, g, gi, m_row, ra, rd, qdq, i_b, i_
 
 
 @triton.jit
-def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_o, m_o, D,
-          s_x, s_z, s_sd, s_so, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
+def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c0, c1, o_o, m_o,
+          D, s_x, s_z, s_sd, s_so, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
           HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
           HAS_NORM: tl.constexpr, ADD_DN: tl.constexpr, SHIFT: tl.constexpr,
-          DOT_PREC: tl.constexpr, ONE_TILE: tl.constexpr):  # fmt: skip
+          DOT_PREC: tl.constexpr, ONE_TILE: tl.constexpr, PER_HEAD: tl.constexpr):  # fmt: skip
     """The columns s of one key tile of dk or dv (pointers at this row, chunk):
 
         out_s = w_s (x_s dS_c+1 + [ADD_DN] dn_c+1) + scale·Σ_{r≥s} D_rs M_sr z_r,
@@ -451,11 +465,11 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
     the only one, and the intra-chunk part is formed before the inter-chunk product instead of
     beside it, so their two accumulators are never live together (x is loaded twice): the
     same products and sums, in fewer registers."""
-    b_bs = _vec(g, o_s, m_s) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
+    b_bs = _cum(g, o_s, m_s, c0, PER_HEAD) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
     b_as = _vec(gi, o_s, m_s) if HAS_IGATE else tl.zeros([BS], dtype=tl.float32)
     lw = b_as - b_bs
     if HAS_DECAY:
-        lw += tl.load(g + c1 - 1)
+        lw += _cum_last(g, c0, c1, PER_HEAD)
     if HAS_MAX:
         lw -= tl.load(mc + 1)
     w_s = tl.exp(tl.where(m_s, lw, float("-inf")))  # [BS], ≤ 1
@@ -468,8 +482,8 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
             b_x = _tile(p_x, o_s, o_d, s_x, m_s, m_d)  # [BS, BD]
             b_mt += tl.dot(b_x, _tile_t(p_y, o_s, o_d, s_x, m_s, m_d), input_precision=DOT_PREC)
         b_acc = _cols_tile(b_mt, p_z, g, m_row, ra, rd, o_s, m_s, o_s, b_bs, b_as, o_o, m_o,
-                           s_z, BS, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, SHIFT,
-                           DOT_PREC)  # fmt: skip
+                           s_z, c0, BS, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, SHIFT,
+                           DOT_PREC, PER_HEAD)  # fmt: skip
         b_int = tl.zeros([BS, BO], dtype=tl.float32)
         for d0 in tl.static_range(0, D, BD):
             o_d = d0 + tl.arange(0, BD)
@@ -508,23 +522,23 @@ def _cols(p_x, p_y, p_z, p_ds, p_dn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1,
                 b_yt = _tile_t(p_y, o_r, o_d, s_x, m_r, m_d)  # [BD, BS]
                 b_mt += tl.dot(b_x, b_yt, input_precision=DOT_PREC)
         b_acc += _cols_tile(b_mt, p_z, g, m_row, ra, rd, o_r, m_r, o_s, b_bs, b_as, o_o, m_o,
-                            s_z, BS, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, SHIFT,
-                            DOT_PREC)  # fmt: skip
+                            s_z, c0, BS, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, SHIFT,
+                            DOT_PREC, PER_HEAD)  # fmt: skip
     return b_acc * scale + b_int * w_s[:, None]
 
 
 @triton.jit
-def _cols_tile(b_mt, p_z, g, m_row, ra, rd, o_r, m_r, o_s, b_bs, b_as, o_o, m_o, s_z,
+def _cols_tile(b_mt, p_z, g, m_row, ra, rd, o_r, m_r, o_s, b_bs, b_as, o_o, m_o, s_z, c0,
                BS: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
                HAS_MAX: tl.constexpr, HAS_NORM: tl.constexpr, SHIFT: tl.constexpr,
-               DOT_PREC: tl.constexpr):  # fmt: skip
+               DOT_PREC: tl.constexpr, PER_HEAD: tl.constexpr):  # fmt: skip
     """Σ_{r in tile} D_rs M_sr z_r [BS, BO] of one query tile r of :func:`_cols` from its
     products b_mt = x_s·y_r [BS (s), BS (r)]."""
     if HAS_NORM:
         b_mt *= _vec(ra, o_r, m_r)[None, :]
         if SHIFT:
             b_mt += _vec(rd, o_r, m_r)[None, :]
-    b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
+    b_br = _cum(g, o_r, m_r, c0, PER_HEAD) if HAS_DECAY else tl.zeros([BS], dtype=tl.float32)
     b_mr = _vec(m_row, o_r, m_r) if HAS_MAX else tl.zeros([BS], dtype=tl.float32)
     causal = (o_r[:, None] >= o_s[None, :]) & m_r[:, None]  # [BS (r), BS (s)]
     b_d = _log_weights(b_br, b_bs, b_as, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
@@ -540,7 +554,7 @@ def dk_bwd_kernel(
     BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    STORE_KDK: tl.constexpr, HPP: tl.constexpr = 1,
+    STORE_KDK: tl.constexpr, HPP: tl.constexpr = 1, PER_HEAD: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, K tiles, B·H / HPP): dk_s = w_s (v_s dC_c+1ᵀ + dn_c+1) +
     scale·Σ_{r≥s} D_rs (A_r v_s·do_r + dd_r) q_r of one key tile (:func:`_cols`), from the
@@ -550,7 +564,7 @@ def dk_bwd_kernel(
     i_cs, i_k, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NP = H // HPP  # dk slots per batch row
     i_b, i_s = i_p // NP, i_p % NP
-    i_c, _c0, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    i_c, c0, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
     if s0 >= c1:
         return
     o_k = i_k * BO + tl.arange(0, BO)
@@ -563,8 +577,9 @@ def dk_bwd_kernel(
     for j in tl.static_range(HPP):  # (unrolled: one head for every family but grouped Mamba2)
         b_dk += _dk_head(
             i_h0 + j, v, do, q + qk, k + qk, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, i_k,
-            rows, i_c, i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale, BS, BD,
-            BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC, STORE_KDK,
+            rows, i_c, i_n, s0, c0, c1, o_s, m_s, o_k, m_k, T, H, HK, K, V, NT, NSEQ, scale, BS,
+            BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_N, HAS_NORM, DOT_PREC, STORE_KDK,
+            PER_HEAD,
         )  # fmt: skip
     p_dk = dk + (i_b * T * NP + i_s) * K + o_s.to(tl.int64)[:, None] * NP * K + o_k[None, :]
     tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & m_k[None, :])
@@ -572,16 +587,19 @@ def dk_bwd_kernel(
 
 @triton.jit
 def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, i_k, rows, i_c,
-             i_n, s0, c1, o_s, m_s, o_k, m_k, T, H, HK, K: tl.constexpr, V: tl.constexpr, NT,
+             i_n, s0, c0, c1, o_s, m_s, o_k, m_k, T, H, HK, K: tl.constexpr, V: tl.constexpr, NT,
              NSEQ, scale, BS: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
              HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
-             HAS_N: tl.constexpr, HAS_NORM: tl.constexpr,
-             DOT_PREC: tl.constexpr, STORE_KDK: tl.constexpr):  # fmt: skip
+             HAS_N: tl.constexpr, HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr,
+             STORE_KDK: tl.constexpr, PER_HEAD: tl.constexpr):  # fmt: skip
     """dk [BS, BO] fp32 of value head i_h on the key rows o_s (:func:`dk_bwd_kernel`; p_q, p_k
     at its q/k head), storing its k·dk part (``STORE_KDK``)."""
     i_bh = i_b * H + i_h
     if HAS_DECAY:
-        g += i_bh * T
+        if PER_HEAD:  # the head's constant log decay, loaded once (the rows are formed)
+            g = tl.load(g + i_h).to(tl.float32)
+        else:
+            g += i_bh * T
     if HAS_IGATE:
         gi += i_bh * T
     if HAS_MAX:
@@ -594,9 +612,9 @@ def _dk_head(i_h, v, do, p_q, p_k, dh, dhn, mc, g, gi, m_row, ra, rd, kdk, i_b, 
         dhn += (i_bh * NT + i_c) * K
     b_dk = _cols(
         v + (i_b * T * H + i_h) * V, do + (i_b * T * H + i_h) * V, p_q,
-        dh + (i_bh * NT + i_c) * K * V, dhn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c1, o_k,
-        m_k, V, H * V, HK * K, 1, V, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM,
-        HAS_N, HAS_NORM, DOT_PREC, False,
+        dh + (i_bh * NT + i_c) * K * V, dhn, g, gi, mc, m_row, ra, rd, o_s, m_s, s0, c0, c1,
+        o_k, m_k, V, H * V, HK * K, 1, V, scale, BS, BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX,
+        HAS_NORM, HAS_N, HAS_NORM, DOT_PREC, False, PER_HEAD,
     )  # fmt: skip
     if STORE_KDK:  # k·dk over this K tile, for the gate gradients
         b_k = _tile(p_k, o_s, o_k, HK * K, m_s, m_k)
@@ -612,7 +630,7 @@ def dqk_bwd_kernel(
     BQ: tl.constexpr, BD: tl.constexpr, BO: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
-    STORE_QDQ: tl.constexpr, STORE_KDK: tl.constexpr,
+    STORE_QDQ: tl.constexpr, STORE_KDK: tl.constexpr, PER_HEAD: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks, K tiles, B·H), for chunks of one time tile (L ≤ BQ): dq and dk of one
     chunk (:func:`dq_bwd_kernel`, :func:`dk_bwd_kernel`, one value head a program). Their
@@ -628,7 +646,7 @@ def dqk_bwd_kernel(
     at 64 × 64 heads on an H200 it takes 1.33 ms where dq and dk took 1.38 (linear attention),
     1.59 for 1.97 (mLSTM sigmoid) and 1.64 for 2.64 (mLSTM exp; docs/tuning.md)."""
     i_c, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_c, _c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_c, 1, L, T, BQ, VARLEN)
+    i_c, c0, c1, i_n, r0, o_r, m_r = _chunk_rows(chunks, i_c, 1, L, T, BQ, VARLEN)
     if r0 >= c1:
         return
     i_b, i_h = i_bh // H, i_bh % H
@@ -640,7 +658,10 @@ def dqk_bwd_kernel(
     p_do = do + (i_b * T * H + i_h) * V
     p_v = v + (i_b * T * H + i_h) * V
     if HAS_DECAY:
-        g += i_bh * T
+        if PER_HEAD:  # the head's constant log decay, loaded once (the rows are formed)
+            g = tl.load(g + i_h).to(tl.float32)
+        else:
+            g += i_bh * T
     if HAS_IGATE:
         gi += i_bh * T
     if HAS_MAX:
@@ -650,7 +671,7 @@ def dqk_bwd_kernel(
         ra += i_bh * T
         rd += i_bh * T
 
-    b_br = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
+    b_br = _cum(g, o_r, m_r, c0, PER_HEAD) if HAS_DECAY else tl.zeros([BQ], dtype=tl.float32)
     b_mr = _vec(m_row, o_r, m_r) if HAS_MAX else tl.zeros([BQ], dtype=tl.float32)
     b_A = _vec(ra, o_r, m_r) if HAS_NORM else None
     b_dd = _vec(rd, o_r, m_r) if HAS_NORM else None
@@ -695,7 +716,7 @@ def dqk_bwd_kernel(
     # dk_s = w_s (v_s dC_c+1ᵀ + dn_c+1) + scale·Σ_r W_rs q_r
     lw = (_vec(gi, o_r, m_r) if HAS_IGATE else tl.zeros([BQ], dtype=tl.float32)) - b_br
     if HAS_DECAY:
-        lw += tl.load(g + c1 - 1)
+        lw += _cum_last(g, c0, c1, PER_HEAD)
     if HAS_MAX:
         lw -= tl.load(mc + 1)
     w_s = tl.exp(tl.where(m_r, lw, float("-inf")))  # [BQ], ≤ 1
@@ -719,7 +740,7 @@ def dv_bwd_kernel(
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
     HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr,
     v=None, skip=None, dskip=None, HAS_SKIP: tl.constexpr = False,
-    ONE_TILE: tl.constexpr = False,
+    ONE_TILE: tl.constexpr = False, PER_HEAD: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (chunks × key tiles, V tiles, B·H): dv_s = w_s k_s dC_c+1 + scale·Σ_{r≥s} D_rs A_r
     (k_s·q_r) do_r of one key tile (:func:`_cols`), from the state gradients dh.
@@ -729,13 +750,16 @@ def dv_bwd_kernel(
     tiles] fp32 (zeros where a tile is empty), whose sum over a head is ∂L/∂skip[h]."""
     i_cs, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    i_c, _c0, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
+    i_c, c0, c1, i_n, s0, o_s, m_s = _chunk_rows(chunks, i_cs, NS, L, T, BS, VARLEN)
     if s0 >= c1:
         return
     o_v = i_v * BO + tl.arange(0, BO)
     m_v = o_v < V
     if HAS_DECAY:
-        g += i_bh * T
+        if PER_HEAD:  # the head's constant log decay, loaded once (the rows are formed)
+            g = tl.load(g + i_h).to(tl.float32)
+        else:
+            g += i_bh * T
     if HAS_IGATE:
         gi += i_bh * T
     if HAS_MAX:
@@ -747,8 +771,9 @@ def dv_bwd_kernel(
     qk = (i_b * T * HK + i_h // G) * K
     b_dv = _cols(
         k + qk, q + qk, do + (i_b * T * H + i_h) * V, dh + (i_bh * NT + i_c) * K * V, None, g, gi,
-        mc, m_row, ra, None, o_s, m_s, s0, c1, o_v, m_v, K, HK * K, H * V, V, 1, scale, BS, BD,
-        BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, False, False, DOT_PREC, ONE_TILE,
+        mc, m_row, ra, None, o_s, m_s, s0, c0, c1, o_v, m_v, K, HK * K, H * V, V, 1, scale, BS,
+        BD, BO, HAS_DECAY, HAS_IGATE, HAS_MAX, HAS_NORM, False, False, DOT_PREC, ONE_TILE,
+        PER_HEAD,
     )  # fmt: skip
     if HAS_SKIP:
         vo = (i_b * T * H + i_h) * V

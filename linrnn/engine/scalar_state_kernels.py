@@ -17,6 +17,8 @@ from linrnn.engine.triton_common import (
     NORM_MAXM,
     NORM_SUM,
     _bounds,
+    _cum,
+    _cum_last,
     _inv_denominator,
     _start_state,
     _state_tile,
@@ -28,9 +30,9 @@ from linrnn.engine.triton_common import (
 
 
 @triton.jit
-def _add_steps(b_C, b_n, p_k, p_v, g, gi, o_s, c1, o_k, o_v, m_k, m_v, s_k, s_v, b_last, m_next,
-               HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_N: tl.constexpr,
-               DOT_PREC: tl.constexpr):  # fmt: skip
+def _add_steps(b_C, b_n, p_k, p_v, g, gi, o_s, c0, c1, o_k, o_v, m_k, m_v, s_k, s_v, b_last,
+               m_next, HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_N: tl.constexpr,
+               DOT_PREC: tl.constexpr, PER_HEAD: tl.constexpr):  # fmt: skip
     """The steps o_s (< c1) of a chunk added to its leaving state: C += Σ_s w_s k_s v_sᵀ and
     n += Σ_s w_s k_s, w_s = exp(b_last − b_s + a_s − m_next) ≤ 1."""
     m_s = o_s < c1
@@ -38,7 +40,7 @@ def _add_steps(b_C, b_n, p_k, p_v, g, gi, o_s, c1, o_k, o_v, m_k, m_v, s_k, s_v,
     b_vs = _tile(p_v, o_s, o_v, s_v, m_s, m_v)  # [BS, BV]
     w = -m_next + tl.zeros(o_s.shape, dtype=tl.float32)
     if HAS_DECAY:
-        w += b_last - _vec(g, o_s, m_s)
+        w += b_last - _cum(g, o_s, m_s, c0, PER_HEAD)
     if HAS_IGATE:
         w += _vec(gi, o_s, m_s)
     w = tl.exp(tl.where(m_s, w, float("-inf")))  # [BS], ≤ 1
@@ -56,6 +58,7 @@ def states_fwd_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
     HAS_H0: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, ONE_TILE: tl.constexpr,
+    PER_HEAD: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, N·H). Stores the state entering each chunk (h [B·H, NT, K, V],
     hn [B·H, NT, K], mc [B·H, NT + NSEQ]) and the final state (ht [N, H, K, V], nt [N, H, K],
@@ -75,7 +78,10 @@ def states_fwd_kernel(
     p_k = k + (i_b * T * HK + i_h // G) * K
     p_v = v + (i_b * T * H + i_h) * V
     if HAS_DECAY:
-        g += i_bh * T
+        if PER_HEAD:  # the head's constant log decay, loaded once (the rows are formed)
+            g = tl.load(g + i_h).to(tl.float32)
+        else:
+            g += i_bh * T
     if HAS_IGATE:
         gi += i_bh * T
     p_h = h + i_bh * NT * K * V
@@ -96,7 +102,7 @@ def states_fwd_kernel(
         )  # fmt: skip
         if HAS_N:
             tl.store(hn + (i_bh * NT + i_c) * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
-        b_last = tl.load(g + c1 - 1) if HAS_DECAY else 0.0
+        b_last = _cum_last(g, c0, c1, PER_HEAD) if HAS_DECAY else 0.0
         if HAS_MAX:
             tl.store(p_mc + i_c, b_m, mask=head)
             m_next = b_last + tl.maximum(b_m, tl.load(cmax + i_bh * NT + i_c))
@@ -110,14 +116,14 @@ def states_fwd_kernel(
         b_C *= decay
         b_n *= decay
         if ONE_TILE:
-            b_C, b_n = _add_steps(b_C, b_n, p_k, p_v, g, gi, c0 + tl.arange(0, BS), c1, o_k, o_v,
-                                  m_k, m_v, HK * K, H * V, b_last, m_next, HAS_DECAY, HAS_IGATE,
-                                  HAS_N, DOT_PREC)  # fmt: skip
+            b_C, b_n = _add_steps(b_C, b_n, p_k, p_v, g, gi, c0 + tl.arange(0, BS), c0, c1, o_k,
+                                  o_v, m_k, m_v, HK * K, H * V, b_last, m_next, HAS_DECAY,
+                                  HAS_IGATE, HAS_N, DOT_PREC, PER_HEAD)  # fmt: skip
         else:
             for s0 in range(c0, c1, BS):
-                b_C, b_n = _add_steps(b_C, b_n, p_k, p_v, g, gi, s0 + tl.arange(0, BS), c1, o_k,
-                                      o_v, m_k, m_v, HK * K, H * V, b_last, m_next, HAS_DECAY,
-                                      HAS_IGATE, HAS_N, DOT_PREC)  # fmt: skip
+                b_C, b_n = _add_steps(b_C, b_n, p_k, p_v, g, gi, s0 + tl.arange(0, BS), c0, c1,
+                                      o_k, o_v, m_k, m_v, HK * K, H * V, b_last, m_next,
+                                      HAS_DECAY, HAS_IGATE, HAS_N, DOT_PREC, PER_HEAD)  # fmt: skip
         b_m = m_next
     tl.store(
         ht + i_st * K * V + o_k[:, None] * V + o_v[None, :], b_C.to(ht.dtype.element_ty),
@@ -163,14 +169,15 @@ def norm_bwd_kernel(
 
 
 @triton.jit
-def _add_rows(b_dC, b_dn, p_q, p_do, g, m_row, ra, rd, row, o_r, c1, o_k, o_v, m_k, m_v, s_q,
-              s_do, m_c, scale, HAS_DECAY: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr,
-              HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+def _add_rows(b_dC, b_dn, p_q, p_do, g, m_row, ra, rd, row, o_r, c0, c1, o_k, o_v, m_k, m_v,
+              s_q, s_do, m_c, scale, HAS_DECAY: tl.constexpr, HAS_MAX: tl.constexpr,
+              HAS_N: tl.constexpr, HAS_NORM: tl.constexpr, DOT_PREC: tl.constexpr,
+              PER_HEAD: tl.constexpr):  # fmt: skip
     """The rows o_r (< c1) of a chunk added to the gradient of the state entering it:
     dC += Σ_r f_r q_r do_rᵀ (times ra_r with the normalizer), dn += Σ_r f_r rd_r q_r, with
     f_r = scale · exp(b_r + m_c − m_r)."""
     m_r = o_r < c1
-    lf = _vec(g, o_r, m_r) if HAS_DECAY else tl.zeros(o_r.shape, dtype=tl.float32)
+    lf = _cum(g, o_r, m_r, c0, PER_HEAD) if HAS_DECAY else tl.zeros(o_r.shape, dtype=tl.float32)
     if HAS_MAX:
         lf += m_c - _vec(m_row + row, o_r, m_r)
     f = scale * tl.exp(tl.where(m_r, lf, float("-inf")))  # [BQ]
@@ -196,7 +203,7 @@ def states_bwd_kernel(
     BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr,
     HAS_DECAY: tl.constexpr, HAS_MAX: tl.constexpr, HAS_N: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_DHT: tl.constexpr, DOT_PREC: tl.constexpr, VARLEN: tl.constexpr, HAS_BND: tl.constexpr,
-    ONE_TILE: tl.constexpr,
+    ONE_TILE: tl.constexpr, PER_HEAD: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (K tiles, V tiles, N·H). Walks the chunks backwards from the final state's gradient
     (dht, dnt); stores the gradient of the state leaving each chunk (dh [B·H, NT, K, V] in its
@@ -220,7 +227,10 @@ def states_bwd_kernel(
     p_q = q + (i_b * T * HK + i_h // G) * K
     p_do = do + (i_b * T * H + i_h) * V
     if HAS_DECAY:
-        g += i_bh * T
+        if PER_HEAD:  # the head's constant log decay, loaded once (the rows are formed)
+            g = tl.load(g + i_h).to(tl.float32)
+        else:
+            g += i_bh * T
     b_dC, b_dn = _start_state(dht, dnt, i_st, o_k, o_v, K, V, m_k, m_v, HAS_DHT, HAS_N, BK, BV)
     if HAS_MAX:
         p_mc = mc + i_bh * (NT + NSEQ) + i_n
@@ -249,7 +259,7 @@ def states_bwd_kernel(
                 b_bnd += tl.where(i_v == 0, tl.sum(b_dn * _vec(p_nn, o_k, m_k), 0), 0.0)
             n_tiles = tl.num_programs(0) * tl.num_programs(1)
             tl.store(bnd + (i_bh * NT + i_c) * n_tiles + i_k * tl.num_programs(1) + i_v, b_bnd)
-        b_last = tl.load(g + c1 - 1) if HAS_DECAY else 0.0
+        b_last = _cum_last(g, c0, c1, PER_HEAD) if HAS_DECAY else 0.0
         if HAS_MAX:
             m_c = tl.load(p_mc + i_c)
             decay = tl.exp(b_last + m_c - tl.load(p_mc + i_c + 1))
@@ -263,15 +273,15 @@ def states_bwd_kernel(
         b_dn *= decay
         if ONE_TILE:
             b_dC, b_dn = _add_rows(b_dC, b_dn, p_q, p_do, g, m_row, ra, rd, i_bh * T,
-                                   c0 + tl.arange(0, BQ), c1, o_k, o_v, m_k, m_v, HK * K, H * V,
-                                   m_c, scale, HAS_DECAY, HAS_MAX, HAS_N, HAS_NORM,
-                                   DOT_PREC)  # fmt: skip
+                                   c0 + tl.arange(0, BQ), c0, c1, o_k, o_v, m_k, m_v, HK * K,
+                                   H * V, m_c, scale, HAS_DECAY, HAS_MAX, HAS_N, HAS_NORM,
+                                   DOT_PREC, PER_HEAD)  # fmt: skip
         else:
             for r0 in range(c0, c1, BQ):
                 b_dC, b_dn = _add_rows(b_dC, b_dn, p_q, p_do, g, m_row, ra, rd, i_bh * T,
-                                       r0 + tl.arange(0, BQ), c1, o_k, o_v, m_k, m_v, HK * K,
-                                       H * V, m_c, scale, HAS_DECAY, HAS_MAX, HAS_N, HAS_NORM,
-                                       DOT_PREC)  # fmt: skip
+                                       r0 + tl.arange(0, BQ), c0, c1, o_k, o_v, m_k, m_v,
+                                       HK * K, H * V, m_c, scale, HAS_DECAY, HAS_MAX, HAS_N,
+                                       HAS_NORM, DOT_PREC, PER_HEAD)  # fmt: skip
     tl.store(
         dh0 + i_st * K * V + o_k[:, None] * V + o_v[None, :], b_dC,
         mask=m_k[:, None] & m_v[None, :],

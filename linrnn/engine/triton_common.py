@@ -46,6 +46,28 @@ def _vec(ptr, idx, mask):
 
 
 @triton.jit
+def _cum(g, idx, mask, c0, PER_HEAD: tl.constexpr):
+    """The chunk-local cumulative log decay b at token rows ``idx`` of the chunk starting at
+    row ``c0`` (0 where masked off): loaded from the rows ``g``, or, ``PER_HEAD``, formed from
+    the head's constant log decay ``g`` (a value): b = (idx − c0 + 1)·g, no load."""
+    if PER_HEAD:
+        b = tl.where(mask, (idx - c0 + 1).to(tl.float32) * g, 0.0)
+    else:
+        b = _vec(g, idx, mask)
+    return b
+
+
+@triton.jit
+def _cum_last(g, c0, c1, PER_HEAD: tl.constexpr):
+    """b at the chunk's last row c1 − 1 (:func:`_cum`)."""
+    if PER_HEAD:
+        b = (c1 - c0).to(tl.float32) * g
+    else:
+        b = tl.load(g + c1 - 1)
+    return b
+
+
+@triton.jit
 def _state_tile(ptr, o_d, o_o, s_d, s_o, m_d, m_o):
     """A [len(o_d), len(o_o)] block of a state with element strides (s_d, s_o)."""
     p = ptr + o_d[:, None] * s_d + o_o[None, :] * s_o
