@@ -34,13 +34,18 @@ python3 -m ruff check .
 python3 -m ruff format --check .
 
 # One pytest-xdist worker per CPU (LINRNN_TEST_WORKERS: a number, or 0 for one process), each
-# with one intra-op thread: the interpreter tier is single-threaded Python, and two torch thread
-# pools per core would only contend.
+# with one intra-op thread and inductor's C++ compiles run one at a time in the worker: the
+# interpreter tier is single-threaded Python, and a second thread pool or compile pool per core
+# would only contend (a model's inductor test took 84 s instead of 102 beside a busy core).
+# Work stealing: a worker that runs out of tests takes half of another's queue (xdist's default
+# load scheduling keeps each worker's queue to itself at the end, and left one worker with the
+# fast tier's last four minutes alone).
 workers=${LINRNN_TEST_WORKERS:-auto}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-1}
 if [[ $tier == all || $tier == fast ]]; then
-  python3 -m pytest -q -n "$workers" --durations=15 -m "not interpreter and not gpu" "$@"
+  python3 -m pytest -q -n "$workers" --dist worksteal --durations=15 -m "not interpreter and not gpu" "$@"
 fi
 if [[ $tier == all || $tier == interpreter ]]; then
-  python3 -m pytest -q -n "$workers" --durations=15 -m "interpreter and not gpu" "$@"
+  python3 -m pytest -q -n "$workers" --dist worksteal --durations=15 -m "interpreter and not gpu" "$@"
 fi

@@ -104,10 +104,10 @@ def test_triton_fullgraph_one_graph(gated, mode, backend):
     if mode == "recurrent":
         # Traced, the recurrent mode is the chunk mode's graph (the same custom op, the engine's
         # chunk length): a length of each compilation, against the eager recurrent kernel; the
-        # reuse of each graph for a second length is the chunk case's.
-        lengths = lengths[::3]
+        # reuse of each graph for a second length (and a third chunk) is the chunk case's.
+        lengths = lengths[::2]
     for T, frames in lengths:
-        inputs = _inputs(T, gated, strong=T == 150)
+        inputs = _inputs(T, gated, strong=T == lengths[-1][0])  # strong gates: the last length
         _compare(_run(compiled, inputs, dynamic=True), _run(eager, inputs), f"{mode} T={T}")
         assert cnt.frame_count == frames, f"T={T}: {cnt.frame_count} compilations"
 

@@ -66,19 +66,23 @@ def _m0_identity_scale(h0, grads):
     return (grads["h0[0]"] * S0).sum((-2, -1)).abs() + (grads["h0[1]"] * n0).sum(-1).abs()
 
 
-def _check(fam, inputs, h0, dtype, factor=1.0, cu_seqlens=None, decay_by_terms=False, **kw):
+def _check(fam, inputs, h0, dtype, factor=1.0, cu_seqlens=None, decay_by_terms=False, got=None,
+           **kw):  # fmt: skip
     """Triton run vs the fp64 reference loop; the tolerance is the dtype's, or 2× the error
     of the reference loop run in the same dtype (see helpers.assert_close), or
     SENSITIVITY_FACTOR × what rounding the inputs alone costs (:func:`helpers.sensitivity`). With
     ``decay_by_terms`` the [B, T, H] log-decay gradient is held to the conditioning bound of
-    :func:`_identity_scale` instead, and mLSTM-exp's ∂L/∂m_0 to :func:`_m0_identity_scale`."""
+    :func:`_identity_scale` instead, and mLSTM-exp's ∂L/∂m_0 to :func:`_m0_identity_scale`.
+    ``got``: the results of this very Triton call (``run_with_grads`` with ``backend="triton"``
+    and ``kw``) where the test has made it already, instead of a second run."""
     inputs, h0 = _on(inputs), _on(h0)
     if cu_seqlens is not None:
         kw["cu_seqlens"] = cu_seqlens
     seq = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
     ref = run_with_grads(fam, inputs, h0, torch.float64, mode="reference", **seq)
     low = run_with_grads(fam, inputs, h0, dtype, mode="reference", **seq)
-    got = run_with_grads(fam, inputs, h0, dtype, backend="triton", **kw)
+    if got is None:
+        got = run_with_grads(fam, inputs, h0, dtype, backend="triton", **kw)
     sens = sensitivity(fam, inputs, h0, dtype, ref, **seq)
     fac = lambda name: max(factor, SENSITIVITY_FACTOR * sens[name] / RTOL[dtype])  # noqa: E731
     assert got[0].dtype == dtype

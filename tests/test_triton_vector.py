@@ -75,7 +75,9 @@ def test_tiling_shapes(family, mode, shape):
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
 
 
-@pytest.mark.parametrize("shape", [(2, 37, 2, 20, 12, 32), (1, 9, 1, 40, 24, 5)],
+# A batch of one: the walk starts from the tile pointers the kernels' shared prologue forms
+# (the block form runs the same prologue over batches of two, test_matches_reference).
+@pytest.mark.parametrize("shape", [(1, 37, 2, 20, 12, 32), (1, 9, 1, 40, 24, 5)],
                          ids=["T37-L32", "T9-L5"])  # fmt: skip
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", VECTOR)
@@ -83,7 +85,7 @@ def test_diagonal_walk_matches_reference(monkeypatch, family, mode, shape):
     """The diagonal sub-chunk in the GPU's form, a walk over its key rows (a loop for gk
     alone, unrolled with gv), on every tile (fp32: no fast forms): forward (depth gate), dq
     (output gate), dk and dv (transposed pairs), the stored scores, RWKV6's bonus, gv's two
-    gates, a partial tile and depth tiles beyond one (K=40)."""
+    gates, two heads, a partial tile and depth tiles beyond one (K=40)."""
     _gpu_diagonal(monkeypatch)
     _log_space(monkeypatch)
     fam = FAMILIES[family]
@@ -92,7 +94,8 @@ def test_diagonal_walk_matches_reference(monkeypatch, family, mode, shape):
     _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode=mode, chunk_size=L)
 
 
-# (T37-L32 with the walk: test_diagonal_walk_matches_reference's chunk-mode case, the same call)
+# (T37-L32 with the walk: test_diagonal_walk_matches_reference's chunk-mode case, the same call
+# at a batch of one)
 STORED_FORMS = [("T37-L32", False), ("T70-L64-K60-V100", False), ("T70-L64-K60-V100", True),
                 ("varlen", False), ("varlen", True)]  # fmt: skip
 
@@ -163,20 +166,15 @@ def test_split_inter_matches_reference(monkeypatch, family, case):
     _check_stored(family, case)
 
 
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 @pytest.mark.parametrize("family", ["gla", "rwkv6"])
-def test_decay_gradient_over_row_tiles(family, varlen):
+def test_decay_gradient_over_row_tiles(family):
     """Chunks of 160 steps: the log-decay gradient's one-pass kernel (vector_gate_grad_kernels)
-    walks each chunk in 64-row tiles from its end, carrying the sum across tiles (T = 200: a full
-    chunk of three tiles, a partial one of 40 steps; packed: sequences across those cases), with K =
-    80 over two channel tiles."""
-    if varlen:
-        check_varlen(family, "chunk", True, lens=[130, 1, 69], chunk_size=160)
-        return
-    fam = FAMILIES[family]
-    B, T, H, K, V = 1, 200, 2, 80, 12
-    h0 = fam.make_state(B, H, K, V, torch.float32)
-    _check(fam, fam.build(B, T, H, K, V, False), h0, torch.float32, mode="chunk", chunk_size=160)
+    walks each chunk in 64-row tiles from its end, carrying the sum across tiles, with K = 80
+    over two channel tiles; here packed sequences across the cases of T = 200 (a full chunk of
+    three tiles, a partial one of 40 steps). (T = 200 itself, B1-H2-K80-V12 in chunks of 160:
+    test_fast_chunks_over_several_row_tiles, the same call, and on the fp32 path
+    test_split_inter_matches_reference.)"""
+    check_varlen(family, "chunk", True, lens=[130, 1, 69], chunk_size=160)
 
 
 def test_stored_scores_are_all_written():
@@ -465,5 +463,6 @@ def test_pre_gated_queries_and_keys_are_exact(monkeypatch, family, case):
     assert on[2].keys() == off[2].keys()
     for name in on[2]:
         assert torch.equal(on[2][name], off[2][name]), f"d{name}"
-    _check(fam, inputs, h0, torch.float32, cu_seqlens=seq.get("cu_seqlens"), mode="chunk",
-           chunk_size=L)  # fmt: skip
+    # against the fp64 reference: the call just made (in-kernel gating, equal to the pre-gated)
+    _check(fam, inputs, h0, torch.float32, cu_seqlens=seq.get("cu_seqlens"), got=off,
+           mode="chunk", chunk_size=L)  # fmt: skip
