@@ -109,23 +109,25 @@ def hooked() -> bool:
 
 def add_hook(fn) -> None:
     """Add ``fn`` to Triton's launch-enter hooks (called with each launch's metadata)."""
-    if JITFunction is None:
-        return
-    chain = knobs.runtime.launch_enter_hook
-    if hasattr(chain, "add"):
-        chain.add(fn)
-    elif chain is None:
-        knobs.runtime.launch_enter_hook = fn
+    _edit_hooks(fn, add=True)
 
 
 def remove_hook(fn) -> None:
     """Undo :func:`add_hook`."""
+    _edit_hooks(fn, add=False)
+
+
+def _edit_hooks(fn, add: bool) -> None:
+    """Add ``fn`` to, or remove it from, Triton's launch-enter hooks: a chain (Triton 3.6+'s
+    ``HookChain``) or a single slot."""
     if JITFunction is None:
         return
     chain = knobs.runtime.launch_enter_hook
-    if hasattr(chain, "remove"):
-        chain.remove(fn)
-    elif chain is fn:
+    if hasattr(chain, "add"):
+        chain.add(fn) if add else chain.remove(fn)
+    elif add and chain is None:
+        knobs.runtime.launch_enter_hook = fn
+    elif not add and chain is fn:
         knobs.runtime.launch_enter_hook = None
 
 
