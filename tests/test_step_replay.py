@@ -244,3 +244,20 @@ def test_record_replays_plain_tensor_work_on_new_inputs():
     env = rep.run([a2, b2])
     assert torch.equal(b2, b2_want)
     assert torch.equal(env[slot_of(id(result))], (2 * a2).view(-1)[:3])
+
+
+@pytest.mark.parametrize("case", ["mlstm_exp", "mamba2"])
+def test_gate_activations_are_formed_in_the_step_kernel(case):
+    """An eager Triton step of mLSTM (log σ of the forget gate) and of Mamba2 (Δ, its decay and
+    D·x) in place is one launch of the recurrent kernel and the allocation of o (filled with NaN
+    by the test set-up): no gate operations on the host."""
+    fn, args, kwargs, state = _case(case)()
+    f, a, kw = _unfold(fn, args, kwargs)
+    tensors = [x for x in (*a, *flat_state(state), *kw.values()) if isinstance(x, torch.Tensor)]
+    with torch.no_grad(), linrnn.checks(False):
+        ORDINARY(f, tuple(a), state, True, kw)  # compiled, caches filled
+        _, rep, _, why = replay.record(lambda: ORDINARY(f, tuple(a), state, True, kw), tensors)
+    assert rep is not None, why
+    names = [getattr(ev.func, "__name__", str(ev.func)) if isinstance(ev, replay._Op)
+             else ev.kernel.__name__ for ev in rep.events]  # fmt: skip
+    assert names == ["empty_like", "fill_.Scalar", "recurrent_fwd_kernel"], names

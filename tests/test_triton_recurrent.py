@@ -210,3 +210,29 @@ def test_mode_none_rule(monkeypatch):
     grad = short.clone().requires_grad_()
     linrnn.linear_attn(grad, grad, grad, backend="triton")
     assert picked == ["recurrent", "chunk", "recurrent", "chunk", "chunk"]
+
+
+@pytest.mark.parametrize("gate_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_mlstm_steps_form_the_forget_gate_in_the_kernel(gate_dtype):
+    """mLSTM-exp decode steps without gradients pass the forget gate's pre-activation f to the
+    kernel, which forms log σ(f): saturated gates (f = ±1000, ±30) and input gates at ±20 stay
+    finite and match the float64 reference of the whole sequence, gates in fp32 or bf16."""
+    fam = FAMILIES["mlstm_exp"]
+    B, T, H, K, V = 2, 8, 2, 16, 8
+    inputs = _inputs(fam, B, T, H, K, V)
+    pick = torch.randint(0, 5, (B, T, H))
+    table = torch.tensor([-1000.0, -30.0, 30.0, 1000.0])
+    f = torch.where(pick < 4, table[pick.clamp_max(3)], torch.randn(B, T, H) * 3)
+    inputs["f"] = f.to(gate_dtype).to(DEVICE)
+    inputs["i"] = (torch.randint(0, 2, (B, T, H)) * 40.0 - 20.0).to(gate_dtype).to(DEVICE)
+    h0 = _state(fam, B, H, K, V)
+    o_ref, st_ref = _ref(fam, {n: x.float() for n, x in inputs.items()}, h0)
+    state, outs = h0, []
+    with torch.no_grad():
+        for t in range(T):
+            step = [inputs[n][:, t : t + 1] for n in fam.tensors]
+            o, state = linrnn.mlstm_step(*step, state=state, backend="triton")
+            outs.append(o)
+    assert_close("o", torch.cat(outs, 1), o_ref, torch.float32)
+    for j, (a, b) in enumerate(zip(state, st_ref)):
+        assert_close(f"state[{j}]", a, b, torch.float32)

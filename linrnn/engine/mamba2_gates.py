@@ -22,28 +22,9 @@ import triton.language as tl
 
 from linrnn.engine.host_math import cdiv, next_pow2
 from linrnn.engine.launch import launch
+from linrnn.engine.triton_common import LOG_SOFTPLUS_CUT, _softplus_parts
 
-LOG_SOFTPLUS_CUT = tl.constexpr(-15.0)  # (linrnn.ops.mamba2._LOG_SOFTPLUS_CUT)
-SOFTPLUS_LINEAR_ABOVE = tl.constexpr(40.0)  # (linrnn.ops.mamba2._SOFTPLUS_LINEAR_ABOVE)
 BLOCK = 4096  # elements of one program's [time, head] tile
-
-
-@triton.jit
-def _log1p(x):
-    """log(1 + x) for 0 ≤ x ≤ 1, accurate where 1 + x rounds (Goldberg: log(u)·x/(u − 1))."""
-    u = 1.0 + x
-    d = u - 1.0
-    return tl.where(d == 0.0, x, tl.log(u) * (x / tl.where(d == 0.0, 1.0, d)))
-
-
-@triton.jit
-def _softplus_parts(z):
-    """(Δ = softplus(z), σ(z), e^{−|z|}) in fp32, exponents ≤ 0."""
-    e = tl.exp(-tl.abs(z))
-    delta = tl.maximum(z, 0.0) + _log1p(e)
-    delta = tl.where(z > SOFTPLUS_LINEAR_ABOVE, z, delta)
-    sig = tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-    return delta, sig, e
 
 
 @triton.jit

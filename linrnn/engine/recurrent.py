@@ -87,7 +87,8 @@ def _split_decay(g):
 
 def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
             track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None, offsets=None,
-            out_state=None, save=False, skip=None):  # fmt: skip
+            out_state=None, save=False, skip=None, f=None, dt=None, dt_bias=None,
+            A=None):  # fmt: skip
     """The recurrence forward. q, k ``[B, T, H / G, K]``, v ``[B, T, H, V]`` (fp16/bf16/fp32;
     G > 1 groups the q/k heads: value head h reads q/k head h // G, as Mamba2's B, C); g
     ``[B, T, H]`` or ``[B, T, H, K]``, gv ``[B, T, H, V]``, gi ``[B, T, H]``, u ``[H, K]`` (all
@@ -96,12 +97,16 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     the final state into these fp32 tensors (they may be the initial state itself: an in-place
     step; None entries are allocated). ``save``: also keep what :func:`backward` needs.
     ``skip`` ([H] fp32; not with ``save``, the backward has no skip term): o_t += skip[h]·v_t
-    in the kernel, after the normalizer (Mamba2's D·x in a decode step).
+    in the kernel, after the normalizer (Mamba2's D·x in a decode step). Gates the kernel forms
+    from their pre-activations (not with ``save``; one launch for a decode step): ``f``
+    ``[B, T, H]`` (any float dtype) instead of g, the log decay log σ(f) (mLSTM's forget gate);
+    ``dt`` ``[B, T, H]`` with ``dt_bias`` (or None) and ``A`` ``[H]`` instead of g and gi,
+    Mamba2's Δ = softplus(dt + dt_bias), decay exp(Δ·A) and input weight Δ.
 
     Returns ``((o, S_T, n_T, m_T), saved)``: n_T None without ``track_n``, m_T None without
     ``stabilize``; ``saved`` a dict over :data:`SAVED` (None without ``save``)."""
-    if save and skip is not None:
-        raise NotImplementedError("the recurrent backward has no skip term")
+    if save and (skip is not None or f is not None or dt is not None):
+        raise NotImplementedError("the recurrent backward has no skip term or gate activations")
     B, T, _, K = q.shape
     H, V = v.shape[2], v.shape[3]
     G = H // q.shape[2]
@@ -115,6 +120,10 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
         g, s_g = fp32_contiguous(g), H
     gv, gi, u = fp32_contiguous(gv), fp32_contiguous(gi), fp32_contiguous(u)
     gs, gk = _split_decay(g)
+    if f is not None:
+        gs = f.contiguous()
+    if dt is not None:
+        dt, A = dt.contiguous(), A.contiguous()
     S_T, n_T, m_T = out_state if out_state is not None else (None, None, None)
     if S_T is None:
         S_T = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
@@ -149,7 +158,8 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
         STABILIZE=stabilize, TRACK_N=track_n, NORM=norm, STORE_DEN=den is not None,
         STORE_M=m_row is not None, IS_VARLEN=cu_seqlens is not None,
         skip=None if skip is None else skip.float().contiguous(), HAS_SKIP=skip is not None,
-        s_g=s_g, num_warps=num_warps,
+        s_g=s_g, dt=dt, dt_bias=dt_bias, A=A, G_LOGSIG=f is not None, HAS_DT=dt is not None,
+        HAS_DT_BIAS=dt_bias is not None, num_warps=num_warps,
     )  # fmt: skip
     if track_n and n_T is not None and n_T is not nt:
         nt = n_T.copy_(nt)

@@ -39,7 +39,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.engine.triton_common import _inv_denominator, _start_state
+from linrnn.engine.triton_common import (
+    _inv_denominator,
+    _log_sigmoid,
+    _softplus_parts,
+    _start_state,
+)
 
 
 @triton.jit
@@ -187,6 +192,14 @@ def _bwd_step(q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_
     return p_hk, p_v, b_q, b_k, b_v, b_do, b_dd, a_k, a_v, w
 
 
+@triton.jit
+def _scalar_decay(g, off, G_LOGSIG: tl.constexpr):
+    """A step's scalar log decay at g + off in fp32: the value, or log σ of a pre-activation."""
+    if G_LOGSIG:
+        return _log_sigmoid(tl.load(g + off).to(tl.float32))
+    return tl.load(g + off)
+
+
 @triton.jit(do_not_specialize=["T"])
 def recurrent_fwd_kernel(
     q, k, v, o, g, gk, gv, gi, u, h0, n0, m0, ht, nt, mt, den, m_row, cu_seqlens,
@@ -195,7 +208,9 @@ def recurrent_fwd_kernel(
     HAS_GV: tl.constexpr, HAS_GI: tl.constexpr, HAS_U: tl.constexpr, HAS_H0: tl.constexpr,
     STABILIZE: tl.constexpr, TRACK_N: tl.constexpr, NORM: tl.constexpr,
     STORE_DEN: tl.constexpr, STORE_M: tl.constexpr, IS_VARLEN: tl.constexpr,
-    skip=None, HAS_SKIP: tl.constexpr = False, s_g=0,
+    skip=None, HAS_SKIP: tl.constexpr = False, s_g=0, dt=None, dt_bias=None, A=None,
+    G_LOGSIG: tl.constexpr = False, HAS_DT: tl.constexpr = False,
+    HAS_DT_BIAS: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (V tiles, N·H), BK ≥ K. Writes o, the final state ht (and nt with ``TRACK_N``, mt
     with ``STABILIZE``; nt/mt only from the first V tile), and for the backward each step's
@@ -204,18 +219,26 @@ def recurrent_fwd_kernel(
     ``HAS_SKIP``: plus the skip term skip[h]·v_t (skip [H] fp32, after the normalizer: Mamba2's
     D·x), as the chunk engine's output kernel adds it. ``s_g``: the token-row stride of the
     scalar decay g, H for a [B, T, H] tensor, 0 for one decay per head broadcast over B and T
-    (retention: read in place, not copied per token)."""
+    (retention: read in place, not copied per token).
+
+    Gates formed here from their pre-activations (a decode step's one launch): ``G_LOGSIG``,
+    g holds a forget gate's pre-activation f in any float dtype and the log decay is log σ(f)
+    (mLSTM); ``HAS_DT``, Mamba2's step sizes dt [B, T, H] with dt_bias (``HAS_DT_BIAS``) and
+    A [H]: Δ = softplus(dt + dt_bias), the decay exp(Δ·A) and the input weight Δ (no g, gi)."""
     i_v, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
     o_k, o_v, m_k, m_v = _tile(i_v, K, V, BK, BV, False)
     b_h, b_n = _start_state(h0, n0, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_H0, TRACK_N, BK, BV)
     b_m = _m_start(m0, i_nh, STABILIZE, HAS_H0)
     b_u = _load_bonus(u, i_h, o_k, m_k, K, HAS_U)
+    if HAS_DT:
+        b_A = tl.load(A + i_h).to(tl.float32)
+        b_bias = tl.load(dt_bias + i_h).to(tl.float32) if HAS_DT_BIAS else 0.0
     for t in range(n_steps):
         row, rid, p_in, p_hk, p_v = _step_index(bos, t, T, H, G, i_h, K, V)
         b_q, b_k, b_v = _load_step(q, k, v, p_in, p_v, o_k, m_k, o_v, m_v)
         w_in = 1.0
         if STABILIZE:  # m_t = max(g_t + m_{t-1}, gi_t); all exponents ≤ 0
-            b_g = tl.load(g + row * s_g + i_h)
+            b_g = _scalar_decay(g, row * s_g + i_h, G_LOGSIG)
             b_i = tl.load(gi + row * H + i_h)
             m_new = tl.maximum(b_g + b_m, b_i)
             b_f = tl.exp(b_g + b_m - m_new)
@@ -231,7 +254,12 @@ def recurrent_fwd_kernel(
             if HAS_GI:
                 w_in = tl.exp(tl.load(gi + row * H + i_h))
             if HAS_G:
-                b_a = tl.exp(tl.load(g + row * s_g + i_h))
+                b_a = tl.exp(_scalar_decay(g, row * s_g + i_h, G_LOGSIG))
+                b_h *= b_a
+                b_n *= b_a
+            if HAS_DT:
+                w_in = _softplus_parts(tl.load(dt + row * H + i_h).to(tl.float32) + b_bias)[0]
+                b_a = tl.exp(w_in * b_A)
                 b_h *= b_a
                 b_n *= b_a
             if HAS_GK:

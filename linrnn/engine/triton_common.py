@@ -1,8 +1,8 @@
 """The @triton.jit helpers every kernel file of the engine shares (scalar, vector, fused and
 recurrent kernels): block loads with int64 row offsets, a walking program's chunk range, a chunk's
 bounds and row tile, the starting state of a walk, the normalizer's denominator, the causal
-product of a diagonal tile and the intra-chunk weights of scalar gates. Kernel files import them
-from here, never from each other.
+product of a diagonal tile, the intra-chunk weights of scalar gates and the gate activations
+(log σ, softplus). Kernel files import them from here, never from each other.
 """
 
 from __future__ import annotations
@@ -23,6 +23,34 @@ NORM_MAXM = tl.constexpr(config.NORM_MAXM)
 RECHECK_MAX = tl.constexpr(8192)
 # Flags a fix-pass program reads at once (engine/fix_pass.py): most programs find none set.
 FLAG_BLOCK = tl.constexpr(128)
+# Mamba2's log Δ takes the form z − e^z/2 below this (linrnn.ops.mamba2._LOG_SOFTPLUS_CUT), and
+# softplus(z) rounds to z above the other (linrnn.ops.mamba2._SOFTPLUS_LINEAR_ABOVE).
+LOG_SOFTPLUS_CUT = tl.constexpr(-15.0)
+SOFTPLUS_LINEAR_ABOVE = tl.constexpr(40.0)
+
+
+@triton.jit
+def _log1p(x):
+    """log(1 + x) for 0 ≤ x ≤ 1, accurate where 1 + x rounds (Goldberg: log(u)·x/(u − 1))."""
+    u = 1.0 + x
+    d = u - 1.0
+    return tl.where(d == 0.0, x, tl.log(u) * (x / tl.where(d == 0.0, 1.0, d)))
+
+
+@triton.jit
+def _softplus_parts(z):
+    """(Δ = softplus(z), σ(z), e^{−|z|}) in fp32, exponents ≤ 0."""
+    e = tl.exp(-tl.abs(z))
+    delta = tl.maximum(z, 0.0) + _log1p(e)
+    delta = tl.where(z > SOFTPLUS_LINEAR_ABOVE, z, delta)
+    sig = tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    return delta, sig, e
+
+
+@triton.jit
+def _log_sigmoid(x):
+    """log σ(x) = min(x, 0) − log(1 + e^{−|x|}) in fp32, the exponent ≤ 0."""
+    return tl.minimum(x, 0.0) - _log1p(tl.exp(-tl.abs(x)))
 
 
 @triton.jit

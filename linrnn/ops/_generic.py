@@ -145,23 +145,28 @@ def run(
     backend=None,
     chunk_size=None,
     skip: Tensor | None = None,
+    step_gates: dict | None = None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor | None, Tensor | None]]:
     """Run the generic recurrence; returns ``(o, (S_T, n_T, m_T))`` with o in q's dtype and the
     states in fp32 (fp64 for fp64 inputs). ``n_T`` is None unless ``track_n``, ``m_T`` unless
     ``stabilize``. Inputs are assumed validated. ``skip`` ([H]): o_t += skip[h]·v_t (Mamba2's
     D·x), which only the eager Triton recurrent kernel without gradients adds; callers add it
-    themselves elsewhere."""
+    themselves elsewhere. ``step_gates``: gates that kernel forms from their pre-activations
+    (:func:`linrnn.engine.recurrent.forward`'s ``f``, or ``dt``, ``dt_bias`` and ``A``), for
+    calls :func:`kernel_gates` admits."""
     grad = _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0)
     r = route(family, q, v, g=g, gv=gv, u=u, grad=grad, cu_seqlens=cu_seqlens, mode=mode,
               backend=backend, chunk_size=chunk_size)  # fmt: skip
     switches = dict(scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize, track_n=track_n,
                     normalizer=normalizer, eps=eps, S0=S0, n0=n0, m0=m0)  # fmt: skip
-    if skip is not None and (r != ("recurrent", "triton", None) or grad or _runtime.tracing()):
-        raise NotImplementedError(f"skip: only the eager Triton recurrent kernel adds it, {r}")
+    if (skip is not None or step_gates) and not kernel_gates(r, grad):
+        raise NotImplementedError(
+            f"skip and step_gates: only the eager Triton recurrent kernel takes them, {r}"
+        )
     if r.backend == "triton":
         if r.mode == "recurrent":
             return _run_triton_recurrent(family, q, k, v, grad=grad, cu_seqlens=cu_seqlens,
-                                         skip=skip, **switches)  # fmt: skip
+                                         skip=skip, **(step_gates or {}), **switches)  # fmt: skip
         return _run_triton_chunk(family, q, k, v, cu_seqlens=cu_seqlens, chunk_size=r.chunk_size,
                                  fused=r.mode == "fused_chunk", **switches)  # fmt: skip
     if r.mode == "chunk":
@@ -202,6 +207,13 @@ def run(
                 out = num / (den.abs().clamp_min(1) + eps)
     n_T = S[..., V].contiguous() if track_n else None
     return _out(out, q.dtype), (S[..., :V].contiguous() if track_n else S, n_T, m_T)
+
+
+def kernel_gates(r: Route, grad: bool) -> bool:
+    """Whether a call routed to ``r`` runs the eager Triton recurrent kernel without gradients
+    (a decode step), which forms gates from their pre-activations itself and adds a skip term
+    (:func:`run`'s ``step_gates`` and ``skip``): the step is then one launch."""
+    return r == ("recurrent", "triton", None) and not grad and not _runtime.tracing()
 
 
 def _out(o: Tensor, dtype: torch.dtype) -> Tensor:
@@ -254,7 +266,8 @@ def _triton_dtype(family: str, q: Tensor) -> None:
         )
 
 
-def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, skip=None, **kw):
+def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, skip=None, f=None, dt=None,
+                          dt_bias=None, A=None, **kw):  # fmt: skip
     """The Triton recurrent kernel: every family, packed sequences native; with gradients the
     autograd Function of :mod:`linrnn.engine.recurrent` (no in-place final state then)."""
     _triton_dtype(family, q)
@@ -275,7 +288,7 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, skip=None, **kw)
         out = (_fits(parts[0], shape), _fits(parts[1], shape[:3]) if kw["track_n"] else None,
                _fits(parts[2], shape[:2]) if kw["stabilize"] else None)  # fmt: skip
     (o, S, n, m), _ = triton_rec.forward(q, k, v, offsets=cu_seqlens, out_state=out, skip=skip,
-                                         **kw)  # fmt: skip
+                                         f=f, dt=dt, dt_bias=dt_bias, A=A, **kw)  # fmt: skip
     return o, (S, n, m)
 
 
@@ -393,6 +406,14 @@ class Call:
         "m" [N, H]."""
         shape = (self.N, self.H, self.K, self.V)[: 4 if kind == "S" else 3 if kind == "n" else 2]
         return check.state(name, x, shape, self.q, _STATE_LAYOUTS[kind])
+
+    def kernel_gates(self, family: str, v, grad: bool) -> bool:
+        """:func:`kernel_gates` of this call's route (values ``v``, ``grad`` its gradient need)."""
+        if grad or _runtime.tracing():
+            return False
+        r = route(family, self.q, v, grad=grad, cu_seqlens=self.offsets, mode=self.mode,
+                  backend=self.backend, chunk_size=self.chunk_size)  # fmt: skip
+        return kernel_gates(r, grad)
 
     def run(self, family: str, q, k, v, **generic):
         """:func:`run` with this call's scale, offsets and dispatch options."""

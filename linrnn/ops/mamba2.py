@@ -16,7 +16,9 @@ may be zero, where log Δ has no finite value: the values are scaled instead, v 
 tensor of x's size). On the Triton chunk path (eager, dt_softplus) g and gi come from one
 kernel (:mod:`linrnn.engine.mamba2_gates`, its gradients from another), and the engine's
 output kernel adds ``D·x`` and its dv kernel forms that term's gradients (the skip term of
-:func:`linrnn.engine.scalar.chunk`); elsewhere both are formed here. Every op mode serves it (the
+:func:`linrnn.engine.scalar.chunk`); an eager recurrent call without gradients (a decode step)
+is one launch of the recurrent kernel, which forms Δ, the decay and D·x from dt, dt_bias, A and
+D itself; elsewhere both are formed here. Every op mode serves it (the
 engine's scalar-gate path), and autograd carries the gradients of Δ, A and dt_bias through
 the small [B, T, H] tensors formed here.
 """
@@ -120,26 +122,30 @@ def mamba2(
     if r.backend != "triton":
         B, C = per_head(B, H), per_head(C, H)
     # Eager Triton calls with dt_softplus form the gates in one kernel each way
-    # (engine.mamba2_gates); the chunk engine's output kernel adds D·x, and so does the
-    # recurrent kernel without gradients (a decode step: two launches in all). Traced calls
-    # take the generic path (PyTorch gate ops). (A per-channel D is added after the kernels:
-    # their skip term is one scalar per head.)
+    # (engine.mamba2_gates); the chunk engine's output kernel adds D·x. The recurrent kernel
+    # without gradients forms the gates from dt itself and adds D·x (a decode step: one
+    # launch). Traced calls take the generic path (PyTorch gate ops). (A per-channel D is added
+    # after the kernels: their skip term is one scalar per head.)
     fused = r.backend == "triton" and dt_softplus and not _runtime.tracing()
     skip = D if fused and D is not None and D.dim() == 1 else None
+    step_gates = None
     if fused and r.mode == "chunk":
         o, S = _triton_chunk(x, dt, A, B, C, skip, dt_bias, S0, offsets, r.chunk_size)
     else:
-        if fused:
+        if fused and _generic.kernel_gates(r, grad):
+            g = gi = None
+            v, step_gates = x, dict(dt=dt, dt_bias=dt_bias, A=A)
+        elif fused:
             from linrnn.engine import mamba2_gates
 
             (g, gi), v = mamba2_gates.gates(dt, A, dt_bias), x
         else:
             v, g, gi = gates(x, dt, A, dt_bias, dt_softplus)
-        if r.mode != "recurrent" or grad:
+        if step_gates is None:
             skip = None
         o, (S, _, _) = _generic.run(
             "mamba2", C, B, v, scale=1.0, g=g, gi=gi, S0=S0, cu_seqlens=offsets, mode=r.mode,
-            backend=r.backend, chunk_size=chunk_size, skip=skip,
+            backend=r.backend, chunk_size=chunk_size, skip=skip, step_gates=step_gates,
         )  # fmt: skip
     if D is not None and skip is None:
         o = _add_skip(o, D, x)

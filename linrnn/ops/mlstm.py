@@ -87,8 +87,12 @@ def mlstm(
                 f"{m0.numel()} values are not (first at index {idx}: {m0[tuple(idx)].item()})"
             )
     cdt = compute_dtype(q)
-    log_f = F.logsigmoid(f.to(cdt))
-    gi = i.to(cdt) if exp_gate else F.logsigmoid(i.to(cdt))
+    step_gates = None
+    if exp_gate and c.kernel_gates("mlstm", v, _generic._needs_grad(q, k, v, i, f, C0, n0, m0)):
+        log_f, gi, step_gates = None, i, dict(f=f)  # a decode step: the kernel forms log σ(f)
+    else:
+        log_f = F.logsigmoid(f.to(cdt))
+        gi = i.to(cdt) if exp_gate else F.logsigmoid(i.to(cdt))
     if m0 is not None and not exp_gate:  # the sigmoid form carries the true (unscaled) state
         starts = [0] if c.offsets is None else c.offsets[:-1]
         ends = [c.T] if c.offsets is None else c.offsets[1:]
@@ -114,6 +118,7 @@ def mlstm(
     o, (C, n, m) = c.run(
         "mlstm", q, k, v, g=log_f, gi=gi, stabilize=exp_gate, track_n=True,
         normalizer="mlstm" if normalize else None, eps=eps, S0=C0, n0=n0, m0=m0,
+        step_gates=step_gates,
     )  # fmt: skip
     if not output_final_state:
         return o, None
