@@ -59,7 +59,10 @@ def step(op, *inputs, state, inplace: bool = False, **kwargs):
     if sig is None:
         return _step(op, inputs, state, inplace, kwargs)
     key, tensors = sig
-    entry = _PLANS.get(key, _NEW)
+    try:
+        entry = _PLANS.get(key, _NEW)
+    except TypeError:  # an unhashable argument
+        return _step(op, inputs, state, inplace, kwargs)
     if entry is _NEW:  # the first call fills the lazy caches (compilation, probes) unrecorded
         if len(_PLANS) < MAX_PLANS:
             _PLANS[key] = _SEEN
@@ -162,12 +165,7 @@ def _signature(op, inputs, state, kwargs, inplace):
             return None  # CPU tensors: data checks on by default
         add(os.environ.get("TRITON_INTERPRET"))
     key += kwargs  # the names (their values are in order above)
-    key = tuple(key)
-    try:
-        hash(key)
-    except TypeError:  # an unhashable argument
-        return None
-    return key, tensors
+    return tuple(key), tensors  # (hashed once, by the lookup: it may be unhashable)
 
 
 def _plan(replay, slot_of, result, state, inplace):
