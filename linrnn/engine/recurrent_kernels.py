@@ -195,9 +195,10 @@ def _bwd_step(q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_
 @triton.jit
 def _scalar_decay(g, off, G_LOGSIG: tl.constexpr):
     """A step's scalar log decay at g + off in fp32: the value, or log σ of a pre-activation."""
+    x = tl.load(g + off).to(tl.float32)
     if G_LOGSIG:
-        return _log_sigmoid(tl.load(g + off).to(tl.float32))
-    return tl.load(g + off)
+        x = _log_sigmoid(x)
+    return x
 
 
 @triton.jit(do_not_specialize=["T"])
