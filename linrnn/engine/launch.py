@@ -149,6 +149,24 @@ def run_compiled(compiled, grid: tuple, args, device=None) -> None:
     )  # fmt: skip
 
 
+def launcher(compiled, grid: tuple):
+    """``run_compiled(compiled, grid, args)`` as a function of ``args`` alone, with the
+    launcher, the kernel's handles and the grid bound once (a replayed step calls it every
+    step): the current device's current stream is looked up at each call, as there."""
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    gx, gy, gz = (*grid, 1, 1)[:3]
+    current_device, current_stream = (
+        driver.active.get_current_device,
+        driver.active.get_current_stream,
+    )
+
+    def go(args) -> None:
+        run(gx, gy, gz, current_stream(current_device()), function, metadata, None, None, None,
+            *args)  # fmt: skip
+
+    return go
+
+
 def plan(kernel) -> _Plan | None:
     """The parameters and compiled kernels kept for ``kernel`` (None: not a JITFunction)."""
     entry = _PLANS.get(id(kernel))

@@ -101,14 +101,16 @@ class _Op:
 
 class _Launch:
     """One logged kernel launch: its parameters' values in launch order with the tensors
-    substituted; ``compiled`` the kernel Triton compiled for them (its launcher is called
-    directly), or None to call ``kernel[grid](**kwargs)`` again (the interpreter, stand-ins)."""
+    substituted; ``compiled`` the kernel Triton compiled for them (``call``, its launcher with
+    the grid bound, is called directly), or None to call ``kernel[grid](**kwargs)`` again (the
+    interpreter, stand-ins)."""
 
-    __slots__ = ("args", "compiled", "grid", "kernel", "names", "subs")
+    __slots__ = ("args", "call", "compiled", "grid", "kernel", "names", "subs")
 
     def __init__(self, kernel, compiled, grid, names, args, subs):
         self.kernel, self.compiled, self.grid = kernel, compiled, grid
         self.names, self.args, self.subs = names, args, subs
+        self.call = None if compiled is None else _launch.launcher(compiled, grid)
 
     def slots_read(self):
         for _, s in self.subs:
@@ -135,8 +137,8 @@ class Replay:
             for p, s in ev.subs:
                 args[p] = env[s] if s.__class__ is int else s[0](env[i] for i in s[1])
             if ev.__class__ is _Launch:
-                if ev.compiled is not None:
-                    _launch.run_compiled(ev.compiled, ev.grid, args)
+                if ev.call is not None:
+                    ev.call(args)
                 else:
                     ev.kernel[ev.grid](**dict(zip(ev.names, args)))
                 continue
