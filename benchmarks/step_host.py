@@ -1,6 +1,7 @@
 """Host time of one eager decode step (``linrnn.step`` on the Triton recurrent path, T = 1, an
 fp32 state updated in place), per family, and where it goes. Each family is called as its
-layer calls it (the delta rule with unit keys, Mamba2 with softplus step sizes, a bias and D).
+layer calls it (the delta rules normalizing q and k in the op, Mamba2 with softplus step sizes,
+a bias and D).
 
     python3 benchmarks/step_host.py                       # every family, B64-H8-K64-V64
     python3 benchmarks/step_host.py --ops gla --profile   # and the top functions (cProfile)
@@ -73,12 +74,12 @@ def step_case(op: str, B: int, H: int, K: int, V: int, device: str):
     if op == "mlstm":
         n, m = torch.zeros(B, H, K, device=device), torch.zeros(B, H, device=device)
         return linrnn.mlstm, (q, k, v, x(B, 1, H), x(B, 1, H)), (S, n, m)
-    if op in ("delta_rule", "gated_delta_rule"):  # unit keys, as the layers give them
-        k = torch.nn.functional.normalize(k, dim=-1)
+    if op in ("delta_rule", "gated_delta_rule"):  # q, k normalized in the op, as the layers do
         beta = torch.rand(B, 1, H, device=device)
         if op == "delta_rule":
-            return linrnn.delta_rule, (q, k, v, beta), S
-        return linrnn.gated_delta_rule, (q, k, v, -torch.rand(B, 1, H, device=device), beta), S
+            return functools.partial(linrnn.delta_rule, use_qk_l2norm=True), (q, k, v, beta), S
+        fn = functools.partial(linrnn.gated_delta_rule, use_qk_l2norm=True)
+        return fn, (q, k, v, -torch.rand(B, 1, H, device=device), beta), S
     if op == "mamba2":  # x [B, 1, H, P], dt, A, B and C of one group (K = N, V = P), as
         # the Mamba2 layer calls it: softplus step sizes with a bias, and D
         dt, A = x(B, 1, H), -torch.rand(H, device=device) - 0.5

@@ -425,9 +425,12 @@ class _Host:
                                chunk_size=chunk_size))  # fmt: skip
         return self._answer(q, k, v, beta, g, scale, S0)
 
-    def recurrent(self, q, k, v, beta, g, *, scale, S0, offsets, out_state=None):
+    def recurrent(self, q, k, v, beta, g, *, scale, S0, offsets, out_state=None,
+                  l2norm_eps=None):  # fmt: skip
         self.calls.append(dict(mode="recurrent", q=q, beta=beta, g=g, S0=S0, offsets=offsets,
-                               out_state=out_state))  # fmt: skip
+                               out_state=out_state, l2norm_eps=l2norm_eps))  # fmt: skip
+        if l2norm_eps is not None:  # the kernel's normalization
+            q, k = FRONT.l2norm(q), FRONT.l2norm(k)
         o, S = self._answer(q, k, v, beta, g, scale, S0)
         if out_state is not None:
             out_state.copy_(S)
@@ -440,7 +443,8 @@ def test_triton_dispatch_contract(monkeypatch):
     """backend="triton": q, k, v keep their dtype; β, g and the initial state go in as fp32;
     offsets as a list; chunk_size None (the engine's default) unless given; mode=None without
     gradients and T ≤ 64 takes the recurrent kernel; an in-place step hands the caller's state
-    to the recurrent kernel as out_state."""
+    to the recurrent kernel as out_state; a step with use_qk_l2norm hands it q and k as given
+    and the normalization's eps (the kernel normalizes them)."""
     host = _Host()
     monkeypatch.setattr(FRONT, "triton_chunk", host)
     monkeypatch.setattr(FRONT, "triton_recurrent", host)
@@ -469,6 +473,13 @@ def test_triton_dispatch_contract(monkeypatch):
     copy_call, inplace_call = host.calls
     assert copy_call["out_state"] is None and inplace_call["out_state"] is same
     assert new2 is same and torch.equal(new2, new) and torch.equal(o2, o)
+
+    host.calls.clear()
+    linrnn.gated_delta_rule_step(*tok, state=state.clone(), backend="triton", use_qk_l2norm=True)
+    linrnn.gated_delta_rule(*args, mode="chunk", backend="triton", use_qk_l2norm=True)
+    step_call, chunk_call = host.calls
+    assert step_call["l2norm_eps"] == FRONT.L2NORM_EPS and step_call["q"] is tok[0]
+    assert "l2norm_eps" not in chunk_call and not torch.equal(chunk_call["q"], args[0])
 
 
 @NEEDS_TRITON

@@ -84,6 +84,10 @@ def _make(name):
         return _engine_case("mlstm_exp", B, H, K, V, torch.float32)
     if name in ("delta_rule", "gated_delta_rule"):
         return _delta_case(name == "gated_delta_rule", B, H, K, V, torch.float32)
+    if name == "gated_delta_rule_l2norm":  # q and k normalized inside the op
+        fn, args, kw, st = _delta_case(True, B, H, K, V, torch.float32)
+        args[1] = _rand(B, 1, H, K)
+        return fn, args, {**kw, "use_qk_l2norm": True}, st
     if name == "mamba2":
         return _mamba2_case(B, H, K, V, torch.float32)
     if name == "linear_attn_strided_q":  # q a transposed view: copied to contiguous inside
@@ -96,8 +100,9 @@ def _make(name):
     raise KeyError(name)
 
 
-CASES = [*FAMILIES, "gla_bf16", "mlstm_exp_torch", "delta_rule", "gated_delta_rule", "mamba2",
-         "linear_attn_strided_q", "retention_state_view"]  # fmt: skip
+CASES = [*FAMILIES, "gla_bf16", "mlstm_exp_torch", "delta_rule", "gated_delta_rule",
+         "gated_delta_rule_l2norm", "mamba2", "linear_attn_strided_q",
+         "retention_state_view"]  # fmt: skip
 
 
 def _clone(state):
@@ -246,11 +251,12 @@ def test_record_replays_plain_tensor_work_on_new_inputs():
     assert torch.equal(env[slot_of(id(result))], (2 * a2).view(-1)[:3])
 
 
-@pytest.mark.parametrize("case", ["mlstm_exp", "mamba2"])
+@pytest.mark.parametrize("case", ["mlstm_exp", "mamba2", "gated_delta_rule_l2norm"])
 def test_gate_activations_are_formed_in_the_step_kernel(case):
-    """An eager Triton step of mLSTM (log σ of the forget gate) and of Mamba2 (Δ, its decay and
-    D·x) in place is one launch of the recurrent kernel and the allocation of o (filled with NaN
-    by the test set-up): no gate operations on the host."""
+    """An eager Triton step of mLSTM (log σ of the forget gate), of Mamba2 (Δ, its decay and
+    D·x) and of the gated delta rule with ``use_qk_l2norm`` (q and k normalized) in place is one
+    launch of the recurrent kernel and the allocation of o (filled with NaN by the test set-up):
+    no gate or normalization operations on the host."""
     fn, args, kwargs, state = _case(case)()
     f, a, kw = _unfold(fn, args, kwargs)
     tensors = [x for x in (*a, *flat_state(state), *kw.values()) if isinstance(x, torch.Tensor)]
@@ -260,4 +266,5 @@ def test_gate_activations_are_formed_in_the_step_kernel(case):
     assert rep is not None, why
     names = [getattr(ev.func, "__name__", str(ev.func)) if isinstance(ev, replay._Op)
              else ev.kernel.__name__ for ev in rep.events]  # fmt: skip
-    assert names == ["empty_like", "fill_.Scalar", "recurrent_fwd_kernel"], names
+    kernel = "delta_recurrent_fwd_kernel" if "delta" in case else "recurrent_fwd_kernel"
+    assert names == ["empty_like", "fill_.Scalar", kernel], names

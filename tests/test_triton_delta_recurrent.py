@@ -291,3 +291,39 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="without gradients"):
         dr.recurrent(**dict(_args(x), q=q), scale=1.0, S0=x["S0"], offsets=None,
                      out_state=x["S0"])  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gated", [False, True], ids=["deltanet", "gated"])
+def test_decode_steps_normalize_q_and_k_in_the_kernel(gated, dtype):
+    """``use_qk_l2norm=True`` decode steps without gradients normalize q and k inside the
+    recurrent kernel (one launch a step), as the op's own normalization does: against the
+    float64 loop on q, k normalized in the inputs' dtype, keys of norms 1e-3…30 (and one zero
+    row), grouped value heads, token by token from a random state."""
+    import linrnn
+    from linrnn.ops.delta_rule import l2norm
+
+    B, T, H, G, K, V = 2, 6, 2, 2, 16, 8
+    x = _inputs(B, T, H, G, K, V, gated=gated, beta_max=2.0)
+    norms = 10.0 ** torch.empty(B, T, H, 1, device=DEVICE).uniform_(-3, 1.5)
+    x["k"] = x["k"] * norms
+    x["k"][0, 1, 0] = 0.0
+    for n in ("q", "k", "v"):
+        x[n] = x[n].to(dtype)
+    fn = linrnn.gated_delta_rule if gated else linrnn.delta_rule
+    gates = (x["g"], x["beta"]) if gated else (x["beta"],)
+    state, outs = x["S0"].clone(), []
+    with torch.no_grad():
+        for t in range(T):
+            tok = [a[:, t : t + 1] for a in (x["q"], x["k"], x["v"], *gates)]
+            o, state = fn(*tok, initial_state=state, output_final_state=True, mode="recurrent",
+                          backend="triton", use_qk_l2norm=True)  # fmt: skip
+            outs.append(o)
+    d = {n: None if t is None else t.double() for n, t in x.items()}
+    qn, kn = (l2norm(x[n]).double() for n in ("q", "k"))  # normalized and rounded as the op
+    o_ref, S_ref = delta_recurrent(qn, kn, d["v"], d["beta"], scale=K**-0.5, g=d["g"],
+                                   S0=d["S0"])  # fmt: skip
+    o = torch.cat(outs, 1)
+    assert o.dtype == dtype
+    assert_close("o", o, o_ref, dtype)
+    assert_close("S_T", state, S_ref, dtype)

@@ -111,15 +111,20 @@ def check_inputs(q, k, v, beta, g, S0, offsets, out_state=None) -> int:
     return N
 
 
-def forward(q, k, v, beta, g, *, scale, S0=None, offsets=None, out_state=None, save=False):
+def forward(q, k, v, beta, g, *, scale, S0=None, offsets=None, out_state=None, save=False,
+            l2norm_eps=None):  # fmt: skip
     """The recurrence forward. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]`` (fp16/bf16/fp32);
     beta, g ``[B, T, HV]`` (g None: DeltaNet); S0 ``[N, HV, K, V]`` or None (N = B, or the
     packed sequences of ``offsets``, the N + 1 token offsets, B = 1). ``out_state``: a
     contiguous fp32 ``[N, HV, K, V]`` tensor to write the final state into (it may be S0
-    itself: an in-place step). ``save``: also keep what :func:`backward` needs.
+    itself: an in-place step). ``save``: also keep what :func:`backward` needs. ``l2norm_eps``
+    (not with ``save``): q and k are normalized in the kernel, x·rsqrt(Σx² + l2norm_eps) along
+    K rounded to their dtype, as the op's ``use_qk_l2norm`` (a decode step in one launch).
 
     Returns ``((o, S_T), saved)``: o ``[B, T, HV, V]`` in q's dtype, S_T fp32, ``saved`` a dict
     over :data:`SAVED` (None without ``save``)."""
+    if save and l2norm_eps is not None:
+        raise NotImplementedError("the recurrent backward takes q and k normalized")
     N = check_inputs(q, k, v, beta, g, S0, offsets, out_state)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -136,7 +141,8 @@ def forward(q, k, v, beta, g, *, scale, S0=None, offsets=None, out_state=None, s
         q=q, k=k, v=v, beta=beta, g=g, o=o, h0=S0, ht=S_T, e=e,
         cu_seqlens=_cu_seqlens(offsets, q.device), scale=float(scale), T=T, H=H, HV=HV, K=K,
         V=V, BK=BK, BV=BV, HAS_G=g is not None, HAS_H0=S0 is not None, STORE_E=e is not None,
-        IS_VARLEN=offsets is not None, num_warps=num_warps,
+        IS_VARLEN=offsets is not None, QK_L2NORM=l2norm_eps is not None,
+        l2norm_eps=0.0 if l2norm_eps is None else float(l2norm_eps), num_warps=num_warps,
     )  # fmt: skip
     if not save:
         return (o, S_T), None
@@ -266,23 +272,25 @@ class DeltaRecurrentFunction(torch.autograd.Function):
         return (*(grads[n] for n in GRADS), None)
 
 
-def recurrent(q, k, v, beta, g, *, scale, S0, offsets, out_state=None):
+def recurrent(q, k, v, beta, g, *, scale, S0, offsets, out_state=None, l2norm_eps=None):
     """The delta rule's recurrent mode, differentiable w.r.t. q, k, v, beta, g and S0 when any
     of them requires grad (and grad mode is on). Shapes and dtypes as in :func:`forward`;
     beta, g and S0 are taken as fp32. Returns ``(o, S_T)``.
 
     ``out_state`` (decoding: the final state written into this contiguous fp32 tensor, which
     may alias S0) is for calls without gradients; with gradients it raises ValueError, since
-    the backward reads S0 and an in-place final state would overwrite it."""
+    the backward reads S0 and an in-place final state would overwrite it. ``l2norm_eps``: q
+    and k normalized in the kernel (:func:`forward`), also for calls without gradients only."""
     offsets = None if offsets is None else [int(x) for x in offsets]
     tensors = (q, k, v, beta, g, S0)
     grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
     opts = dict(scale=float(scale), offsets=offsets)
     if not grad:  # (forward() checks the inputs; a decode step checks them once)
-        return forward(q, k, v, beta, g, S0=S0, out_state=out_state, **opts)[0]
+        return forward(q, k, v, beta, g, S0=S0, out_state=out_state, l2norm_eps=l2norm_eps,
+                       **opts)[0]  # fmt: skip
     check_inputs(q, k, v, beta, g, S0, offsets, out_state)
-    if out_state is not None:
-        raise ValueError("out_state (an in-place final state) is for calls without gradients; "
-                         "an input requires grad")  # fmt: skip
+    if out_state is not None or l2norm_eps is not None:
+        raise ValueError("out_state (an in-place final state) and l2norm_eps are for calls "
+                         "without gradients; an input requires grad")  # fmt: skip
     beta, g, S0 = beta.float(), None if g is None else g.float(), None if S0 is None else S0.float()
     return DeltaRecurrentFunction.apply(q, k, v, beta, g, S0, opts)

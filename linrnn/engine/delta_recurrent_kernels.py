@@ -87,6 +87,12 @@ def _load_step(q, k, v, beta, row, i_h, i_hv, o_k, m_k, o_v, m_v, H, HV, K, V):
 
 
 @triton.jit
+def _unit(x, eps):
+    """x·rsqrt(Σx² + eps) of an fp32 row (masked lanes 0)."""
+    return x * (1.0 / tl.sqrt(tl.sum(x * x) + eps))
+
+
+@triton.jit
 def _store_tile(p, b_h, i_nh, o_k, o_v, m_k, m_v, K, V):
     """Write this program's [BK, BV] tile of state i_nh into p [N·HV, K, V]."""
     tl.store(p + i_nh * K * V + o_k[:, None] * V + o_v[None, :], b_h,
@@ -97,16 +103,23 @@ def _store_tile(p, b_h, i_nh, o_k, o_v, m_k, m_v, K, V):
 def delta_recurrent_fwd_kernel(
     q, k, v, beta, g, o, h0, ht, e, cu_seqlens, scale, T, H, HV, K, V,
     BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
-    STORE_E: tl.constexpr, IS_VARLEN: tl.constexpr,
+    STORE_E: tl.constexpr, IS_VARLEN: tl.constexpr, l2norm_eps=0.0,
+    QK_L2NORM: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (V tiles, N·HV), BK ≥ K. Writes o, the final state ht and (``STORE_E``) e_t fp32.
-    ht may be h0 itself: each program reads its tile before the loop and writes it after."""
+    ht may be h0 itself: each program reads its tile before the loop and writes it after.
+    ``QK_L2NORM``: q_t and k_t are normalized here (the op's ``use_qk_l2norm``, a decode step's
+    one launch), as its own normalization does: x·rsqrt(Σx² + l2norm_eps), rounded to the
+    inputs' dtype."""
     i_v, i_nh, i_hv, i_h, bos, n_steps = _head(cu_seqlens, T, H, HV, IS_VARLEN)
     o_k, o_v, m_k, m_v = _columns(i_v, K, V, BK, BV)
     b_h, _b_n = _start_state(h0, None, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_H0, False, BK, BV)
     for t in range(n_steps):
         p_v, p_s, b_q, b_k, b_v, b_b = _load_step(q, k, v, beta, bos + t, i_h, i_hv, o_k, m_k,
                                                   o_v, m_v, H, HV, K, V)  # fmt: skip
+        if QK_L2NORM:
+            b_q = _unit(b_q, l2norm_eps).to(q.dtype.element_ty).to(tl.float32)
+            b_k = _unit(b_k, l2norm_eps).to(k.dtype.element_ty).to(tl.float32)
         if HAS_G:
             b_h *= tl.exp(tl.load(g + p_s))
         b_e = b_v - tl.sum(b_k[:, None] * b_h, 0)  # [BV]

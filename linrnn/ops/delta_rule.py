@@ -181,13 +181,19 @@ def _delta(family, q, k, v, g, beta, scale, initial_state, output_final_state, c
         backend = "torch"  # no delta-rule kernels in this build: PyTorch serves every mode
     r = _generic.route(family, q, v, grad=grad, cu_seqlens=offsets, mode=mode, backend=backend,
                        chunk_size=chunk_size)  # fmt: skip
-    if use_qk_l2norm:
+    # A decode step (the eager Triton recurrent kernel without gradients) normalizes q and k
+    # in its kernel: one launch.
+    l2norm_eps = None
+    if use_qk_l2norm and _generic.kernel_gates(r, grad) and triton_recurrent is not None:
+        l2norm_eps = L2NORM_EPS
+    elif use_qk_l2norm:
         norm = l2norm
         if r.backend == "triton" and triton_l2norm is not None and not _runtime.tracing():
             norm = functools.partial(triton_l2norm.l2norm, eps=L2NORM_EPS)  # one pass each way
         q, k = norm(q), norm(k)
     if r.backend == "triton":
-        o, S = _triton(family, r, q, k, v, beta, g, scale, S0, offsets, chunk_size, grad)
+        o, S = _triton(family, r, q, k, v, beta, g, scale, S0, offsets, chunk_size, grad,
+                       l2norm_eps)  # fmt: skip
     else:
         o, S = _torch(r, q, k, v, beta, g, scale, S0, offsets)
     return o, (S if output_final_state else None)
@@ -232,8 +238,9 @@ def _packed(impl, q, k, v, beta, g, scale, S0, offsets):
     return torch.cat(outs, dim=1), torch.cat(states, dim=0)
 
 
-def _triton(family, r, q, k, v, beta, g, scale, S0, offsets, chunk_size, grad):
-    """The Triton hosts: inputs in their own dtype, β, g and the initial state in fp32."""
+def _triton(family, r, q, k, v, beta, g, scale, S0, offsets, chunk_size, grad, l2norm_eps):
+    """The Triton hosts: inputs in their own dtype, β, g and the initial state in fp32;
+    ``l2norm_eps``: the recurrent kernel normalizes q and k (a decode step)."""
     _generic._triton_dtype(family, q)
     f32 = lambda x: None if x is None else x.float()  # noqa: E731
     beta, g, S0 = f32(beta), f32(g), f32(S0)
@@ -247,7 +254,7 @@ def _triton(family, r, q, k, v, beta, g, scale, S0, offsets, chunk_size, grad):
         host = _host(family, triton_recurrent, "linrnn.engine.delta_recurrent", "recurrent")
         out = None if grad or _runtime.tracing() else _out_state(q, v, offsets)
         return host.recurrent(q, k, v, beta, g, scale=scale, S0=S0, offsets=offsets,
-                              out_state=out)  # fmt: skip
+                              out_state=out, l2norm_eps=l2norm_eps)  # fmt: skip
     host = _host(family, triton_chunk, "linrnn.engine.delta", "chunk")
     # None keeps the engine's own default chunk length; "auto" and ints as route resolved them.
     L = None if chunk_size is None else r.chunk_size
