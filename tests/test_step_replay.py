@@ -251,9 +251,10 @@ def test_record_replays_plain_tensor_work_on_new_inputs():
     assert torch.equal(env[slot_of(id(result))], (2 * a2).view(-1)[:3])
 
 
-@pytest.mark.parametrize("case", ["mlstm_exp", "mamba2", "gated_delta_rule_l2norm"])
+@pytest.mark.parametrize("case", ["mlstm_exp", "mlstm_sig", "mamba2", "gated_delta_rule_l2norm"])
 def test_gate_activations_are_formed_in_the_step_kernel(case):
-    """An eager Triton step of mLSTM (log σ of the forget gate), of Mamba2 (Δ, its decay and
+    """An eager Triton step of mLSTM (log σ of the forget gate; with the sigmoid gate also of
+    the input gate, and m_0 joined to the first decay), of Mamba2 (Δ, its decay and
     D·x) and of the gated delta rule with ``use_qk_l2norm`` (q and k normalized) in place is one
     launch of the recurrent kernel and the allocation of o (filled with NaN by the test set-up):
     no gate or normalization operations on the host."""

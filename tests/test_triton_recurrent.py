@@ -236,3 +236,29 @@ def test_mlstm_steps_form_the_forget_gate_in_the_kernel(gate_dtype):
     assert_close("o", torch.cat(outs, 1), o_ref, torch.float32)
     for j, (a, b) in enumerate(zip(state, st_ref)):
         assert_close(f"state[{j}]", a, b, torch.float32)
+
+
+@pytest.mark.parametrize("lens", [None, [3, 5], [3, 0, 5]], ids=["batch", "packed", "empty"])
+def test_mlstm_sigmoid_steps_fold_the_max_state_in_the_kernel(lens):
+    """mLSTM-sigmoid recurrent calls without gradients from a state with a max part m_0 (the
+    true state C·exp(m_0); m_0 ∈ {−∞, −3, 0, 2}): the kernel forms log σ(f), log σ(i) and joins
+    m_0 to each sequence's first decay; the outputs and the true final state match the float64
+    reference, and m_T is 0. With an empty packed sequence the op keeps its host form."""
+    fam = FAMILIES["mlstm_sig"]
+    H, K, V = 2, 16, 8
+    B, T = (2, 6) if lens is None else (1, sum(lens))
+    N = B if lens is None else len(lens)
+    inputs = _inputs(fam, B, T, H, K, V)
+    C0, n0, _ = _state(fam, N, H, K, V)
+    m0 = torch.tensor([-float("inf"), -3.0, 0.0, 2.0])[torch.randint(0, 4, (N, H))].to(DEVICE)
+    h0 = (C0, n0, m0)
+    cu = None if lens is None else torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    with torch.no_grad():
+        o, (C, n, m) = fam.call(inputs, mode="recurrent", backend="triton", initial_state=h0,
+                                output_final_state=True, cu_seqlens=cu)  # fmt: skip
+    o_ref, (C_ref, n_ref, m_ref) = _ref(fam, inputs, h0, cu_seqlens=cu)
+    assert torch.equal(m, torch.zeros_like(m))
+    true = lambda x, mm: x * torch.exp(mm.double())[..., None, None]  # noqa: E731
+    assert_close("o", o, o_ref, torch.float32)
+    assert_close("C", C.double(), true(C_ref, m_ref), torch.float32)
+    assert_close("n", n.double(), true(n_ref[..., None], m_ref)[..., 0], torch.float32)

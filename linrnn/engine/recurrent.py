@@ -87,8 +87,8 @@ def _split_decay(g):
 
 def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False,
             track_n=False, normalizer=None, eps=0.0, S0=None, n0=None, m0=None, offsets=None,
-            out_state=None, save=False, skip=None, f=None, dt=None, dt_bias=None,
-            A=None):  # fmt: skip
+            out_state=None, save=False, skip=None, f=None, i=None, fold_m0=None, dt=None,
+            dt_bias=None, A=None):  # fmt: skip
     """The recurrence forward. q, k ``[B, T, H / G, K]``, v ``[B, T, H, V]`` (fp16/bf16/fp32;
     G > 1 groups the q/k heads: value head h reads q/k head h // G, as Mamba2's B, C); g
     ``[B, T, H]`` or ``[B, T, H, K]``, gv ``[B, T, H, V]``, gi ``[B, T, H]``, u ``[H, K]`` (all
@@ -100,12 +100,15 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     in the kernel, after the normalizer (Mamba2's D·x in a decode step). Gates the kernel forms
     from their pre-activations (not with ``save``; one launch for a decode step): ``f``
     ``[B, T, H]`` (any float dtype) instead of g, the log decay log σ(f) (mLSTM's forget gate);
-    ``dt`` ``[B, T, H]`` with ``dt_bias`` (or None) and ``A`` ``[H]`` instead of g and gi,
-    Mamba2's Δ = softplus(dt + dt_bias), decay exp(Δ·A) and input weight Δ.
+    ``i`` likewise instead of gi, the log input gate log σ(i) (mLSTM's sigmoid gate); ``dt``
+    ``[B, T, H]`` with ``dt_bias`` (or None) and ``A`` ``[H]`` instead of g and gi, Mamba2's
+    Δ = softplus(dt + dt_bias), decay exp(Δ·A) and input weight Δ. ``fold_m0`` ``[N, H]`` (not
+    with ``stabilize``; mLSTM's sigmoid form): the initial state is S0·exp(fold_m0), folded
+    into each sequence's first decay, and m_T is returned (0; fold_m0 for an empty sequence).
 
     Returns ``((o, S_T, n_T, m_T), saved)``: n_T None without ``track_n``, m_T None without
     ``stabilize``; ``saved`` a dict over :data:`SAVED` (None without ``save``)."""
-    if save and (skip is not None or f is not None or dt is not None):
+    if save and any(x is not None for x in (skip, f, i, fold_m0, dt)):
         raise NotImplementedError("the recurrent backward has no skip term or gate activations")
     B, T, _, K = q.shape
     H, V = v.shape[2], v.shape[3]
@@ -122,6 +125,8 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     gs, gk = _split_decay(g)
     if f is not None:
         gs = f.contiguous()
+    if i is not None:
+        gi = i.contiguous()
     if dt is not None:
         dt, A = dt.contiguous(), A.contiguous()
     S_T, n_T, m_T = out_state if out_state is not None else (None, None, None)
@@ -135,10 +140,12 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     nt = mt = None
     if track_n:
         nt = n_T if direct and n_T is not None else torch.empty(N, H, K, device=dev)
-    if stabilize:
+    if stabilize or fold_m0 is not None:
         mt = m_T if direct and m_T is not None else torch.empty(N, H, device=dev)
     # (an fp32 contiguous S0 stays the same tensor, so S_T may alias it)
     h0, n0, m0 = prepare_state(S0, n0, m0, track_n, stabilize)
+    if fold_m0 is not None:
+        m0 = fp32_contiguous(fold_m0)
     den = m_row = None
     norm = norm_code(normalizer, stabilize)
     if save:
@@ -159,11 +166,12 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
         STORE_M=m_row is not None, IS_VARLEN=cu_seqlens is not None,
         skip=None if skip is None else skip.float().contiguous(), HAS_SKIP=skip is not None,
         s_g=s_g, dt=dt, dt_bias=dt_bias, A=A, G_LOGSIG=f is not None, HAS_DT=dt is not None,
-        HAS_DT_BIAS=dt_bias is not None, num_warps=num_warps,
+        HAS_DT_BIAS=dt_bias is not None, GI_LOGSIG=i is not None,
+        M0_FOLD=fold_m0 is not None, num_warps=num_warps,
     )  # fmt: skip
     if track_n and n_T is not None and n_T is not nt:
         nt = n_T.copy_(nt)
-    if stabilize and m_T is not None and m_T is not mt:
+    if mt is not None and m_T is not None and m_T is not mt:
         mt = m_T.copy_(mt)
     outputs = (o, S_T, nt, mt)
     if not save:

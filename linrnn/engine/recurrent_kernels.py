@@ -193,10 +193,10 @@ def _bwd_step(q, k, v, do, g, gk, gv, gi, m_row, r_a, r_d, bos, t, i_h, b_m0, o_
 
 
 @triton.jit
-def _scalar_decay(g, off, G_LOGSIG: tl.constexpr):
-    """A step's scalar log decay at g + off in fp32: the value, or log σ of a pre-activation."""
+def _scalar_gate(g, off, LOGSIG: tl.constexpr):
+    """A step's scalar log gate at g + off in fp32: the value, or log σ of a pre-activation."""
     x = tl.load(g + off).to(tl.float32)
-    if G_LOGSIG:
+    if LOGSIG:
         x = _log_sigmoid(x)
     return x
 
@@ -211,7 +211,8 @@ def recurrent_fwd_kernel(
     STORE_DEN: tl.constexpr, STORE_M: tl.constexpr, IS_VARLEN: tl.constexpr,
     skip=None, HAS_SKIP: tl.constexpr = False, s_g=0, dt=None, dt_bias=None, A=None,
     G_LOGSIG: tl.constexpr = False, HAS_DT: tl.constexpr = False,
-    HAS_DT_BIAS: tl.constexpr = False,
+    HAS_DT_BIAS: tl.constexpr = False, GI_LOGSIG: tl.constexpr = False,
+    M0_FOLD: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (V tiles, N·H), BK ≥ K. Writes o, the final state ht (and nt with ``TRACK_N``, mt
     with ``STABILIZE``; nt/mt only from the first V tile), and for the backward each step's
@@ -224,8 +225,12 @@ def recurrent_fwd_kernel(
 
     Gates formed here from their pre-activations (a decode step's one launch): ``G_LOGSIG``,
     g holds a forget gate's pre-activation f in any float dtype and the log decay is log σ(f)
-    (mLSTM); ``HAS_DT``, Mamba2's step sizes dt [B, T, H] with dt_bias (``HAS_DT_BIAS``) and
-    A [H]: Δ = softplus(dt + dt_bias), the decay exp(Δ·A) and the input weight Δ (no g, gi)."""
+    (mLSTM); ``GI_LOGSIG``, gi likewise an input gate's, log σ(i) (mLSTM's sigmoid gate);
+    ``HAS_DT``, Mamba2's step sizes dt [B, T, H] with dt_bias (``HAS_DT_BIAS``) and A [H]:
+    Δ = softplus(dt + dt_bias), the decay exp(Δ·A) and the input weight Δ (no g, gi).
+    ``M0_FOLD`` (without ``STABILIZE``; mLSTM's sigmoid form from a state with a max part): the
+    initial state is h0·exp(m0), and m0 joins each sequence's first log decay; mt gets 0 (m0 for
+    a sequence without steps, whose state passes through unscaled)."""
     i_v, i_nh, i_h, bos, n_steps = _program(cu_seqlens, T, H, IS_VARLEN)
     o_k, o_v, m_k, m_v = _tile(i_v, K, V, BK, BV, False)
     b_h, b_n = _start_state(h0, n0, i_nh, o_k, o_v, K, V, m_k, m_v, HAS_H0, TRACK_N, BK, BV)
@@ -234,12 +239,14 @@ def recurrent_fwd_kernel(
     if HAS_DT:
         b_A = tl.load(A + i_h).to(tl.float32)
         b_bias = tl.load(dt_bias + i_h).to(tl.float32) if HAS_DT_BIAS else 0.0
+    if M0_FOLD:
+        b_m0 = tl.load(m0 + i_nh).to(tl.float32)
     for t in range(n_steps):
         row, rid, p_in, p_hk, p_v = _step_index(bos, t, T, H, G, i_h, K, V)
         b_q, b_k, b_v = _load_step(q, k, v, p_in, p_v, o_k, m_k, o_v, m_v)
         w_in = 1.0
         if STABILIZE:  # m_t = max(g_t + m_{t-1}, gi_t); all exponents ≤ 0
-            b_g = _scalar_decay(g, row * s_g + i_h, G_LOGSIG)
+            b_g = _scalar_gate(g, row * s_g + i_h, G_LOGSIG)
             b_i = tl.load(gi + row * H + i_h)
             m_new = tl.maximum(b_g + b_m, b_i)
             b_f = tl.exp(b_g + b_m - m_new)
@@ -253,9 +260,12 @@ def recurrent_fwd_kernel(
             if HAS_U:  # RWKV6 reads the state before this step's update, plus the bonus
                 b_o = tl.sum(b_q[:, None] * b_h, 0) + tl.sum(b_q * b_u * b_k) * b_v
             if HAS_GI:
-                w_in = tl.exp(tl.load(gi + row * H + i_h))
+                w_in = tl.exp(_scalar_gate(gi, row * H + i_h, GI_LOGSIG))
             if HAS_G:
-                b_a = tl.exp(_scalar_decay(g, row * s_g + i_h, G_LOGSIG))
+                b_lg = _scalar_gate(g, row * s_g + i_h, G_LOGSIG)
+                if M0_FOLD:
+                    b_lg += tl.where(t == 0, b_m0, 0.0)
+                b_a = tl.exp(b_lg)
                 b_h *= b_a
                 b_n *= b_a
             if HAS_DT:
@@ -290,6 +300,8 @@ def recurrent_fwd_kernel(
         tl.store(nt + i_nh * K + o_k, b_n, mask=m_k & ((o_k * 0 + i_v) == 0))
     if STABILIZE:
         tl.store(mt + i_nh, b_m, mask=i_v == 0)
+    if M0_FOLD:
+        tl.store(mt + i_nh, tl.where(n_steps == 0, b_m0, 0.0), mask=i_v == 0)
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -152,7 +152,8 @@ def run(
     ``stabilize``. Inputs are assumed validated. ``skip`` ([H]): o_t += skip[h]·v_t (Mamba2's
     D·x), which only the eager Triton recurrent kernel without gradients adds; callers add it
     themselves elsewhere. ``step_gates``: gates that kernel forms from their pre-activations
-    (:func:`linrnn.engine.recurrent.forward`'s ``f``, or ``dt``, ``dt_bias`` and ``A``), for
+    (:func:`linrnn.engine.recurrent.forward`'s ``f``, ``i`` and ``fold_m0``, or ``dt``,
+    ``dt_bias`` and ``A``), for
     calls :func:`kernel_gates` admits."""
     grad = _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0)
     r = route(family, q, v, g=g, gv=gv, u=u, grad=grad, cu_seqlens=cu_seqlens, mode=mode,
@@ -266,8 +267,8 @@ def _triton_dtype(family: str, q: Tensor) -> None:
         )
 
 
-def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, skip=None, f=None, dt=None,
-                          dt_bias=None, A=None, **kw):  # fmt: skip
+def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, skip=None, f=None, i=None,
+                          fold_m0=None, dt=None, dt_bias=None, A=None, **kw):  # fmt: skip
     """The Triton recurrent kernel: every family, packed sequences native; with gradients the
     autograd Function of :mod:`linrnn.engine.recurrent` (no in-place final state then)."""
     _triton_dtype(family, q)
@@ -286,9 +287,11 @@ def _run_triton_recurrent(family, q, k, v, *, grad, cu_seqlens, skip=None, f=Non
         shape = (N, v.shape[2], q.shape[3], v.shape[3])
         parts = (*out, None, None)
         out = (_fits(parts[0], shape), _fits(parts[1], shape[:3]) if kw["track_n"] else None,
-               _fits(parts[2], shape[:2]) if kw["stabilize"] else None)  # fmt: skip
+               _fits(parts[2], shape[:2]) if kw["stabilize"] or fold_m0 is not None
+               else None)  # fmt: skip
     (o, S, n, m), _ = triton_rec.forward(q, k, v, offsets=cu_seqlens, out_state=out, skip=skip,
-                                         f=f, dt=dt, dt_bias=dt_bias, A=A, **kw)  # fmt: skip
+                                         f=f, i=i, fold_m0=fold_m0, dt=dt, dt_bias=dt_bias, A=A,
+                                         **kw)  # fmt: skip
     return o, (S, n, m)
 
 

@@ -88,15 +88,23 @@ def mlstm(
             )
     cdt = compute_dtype(q)
     step_gates = None
-    if exp_gate and c.kernel_gates("mlstm", v, _generic._needs_grad(q, k, v, i, f, C0, n0, m0)):
-        log_f, gi, step_gates = None, i, dict(f=f)  # a decode step: the kernel forms log σ(f)
+    starts = [0] if c.offsets is None else c.offsets[:-1]
+    ends = [c.T] if c.offsets is None else c.offsets[1:]
+    every_seq_steps = all(a < b for a, b in zip(starts, ends))
+    if c.kernel_gates("mlstm", v, _generic._needs_grad(q, k, v, i, f, C0, n0, m0)) and (
+        exp_gate or every_seq_steps
+    ):
+        # A decode step: the kernel forms log σ(f) (and log σ(i), and joins the sigmoid form's
+        # m_0 to each sequence's first decay, as below; m_T = 0 since every sequence steps).
+        if exp_gate:
+            log_f, gi, step_gates = None, i, dict(f=f)
+        else:
+            log_f, gi, step_gates, m0 = None, None, dict(f=f, i=i, fold_m0=m0), None
     else:
         log_f = F.logsigmoid(f.to(cdt))
         gi = i.to(cdt) if exp_gate else F.logsigmoid(i.to(cdt))
     if m0 is not None and not exp_gate:  # the sigmoid form carries the true (unscaled) state
-        starts = [0] if c.offsets is None else c.offsets[:-1]
-        ends = [c.T] if c.offsets is None else c.offsets[1:]
-        if mode == "recurrent" and all(a < b for a, b in zip(starts, ends)):
+        if mode == "recurrent" and every_seq_steps:
             # Stepwise: exp(m_0) joins the first step's forget gate, f_1·e^{m_0}, instead of a
             # rescaled copy of the whole state (which doubled a decode step's memory traffic).
             # Exact for a recurrence that applies each step's decay on its own; every sequence
