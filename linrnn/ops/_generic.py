@@ -153,8 +153,7 @@ def run(
     D·x), which only the eager Triton recurrent kernel without gradients adds; callers add it
     themselves elsewhere. ``step_gates``: gates that kernel forms from their pre-activations
     (:func:`linrnn.engine.recurrent.forward`'s ``f``, ``i`` and ``fold_m0``, or ``dt``,
-    ``dt_bias`` and ``A``), for
-    calls :func:`kernel_gates` admits."""
+    ``dt_bias`` and ``A``), for calls :func:`kernel_gates` admits."""
     grad = _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0)
     r = route(family, q, v, g=g, gv=gv, u=u, grad=grad, cu_seqlens=cu_seqlens, mode=mode,
               backend=backend, chunk_size=chunk_size)  # fmt: skip
