@@ -127,7 +127,8 @@ def test_several_value_tiles(monkeypatch):
     """Value tiles of 16 columns (V = 40: three per head, the last one partial): the partials
     of dq, dk, dbeta and the decay term summed over the tiles."""
     monkeypatch.setattr(dr, "TILE", dict(dr.TILE, BV_MAX=16))
-    assert dr.value_tile(12, 40, dr.TILE)[1] == 16
+    monkeypatch.setattr(dr, "BWD_TILE", dict(dr.BWD_TILE, BV_MAX=16))
+    assert dr.value_tile(12, 40, dr.TILE)[1] == dr.value_tile(12, 40, dr.BWD_TILE)[1] == 16
     _check(_inputs(2, 6, 2, 2, 12, 40))
 
 

@@ -262,3 +262,18 @@ def test_mlstm_sigmoid_steps_fold_the_max_state_in_the_kernel(lens):
     assert_close("o", o, o_ref, torch.float32)
     assert_close("C", C.double(), true(C_ref, m_ref), torch.float32)
     assert_close("n", n.double(), true(n_ref[..., None], m_ref)[..., 0], torch.float32)
+
+
+def test_step_tile_warps():
+    """The step tile's warps: a plain walk (the state and at most a scalar decay) gets the
+    table's PLAIN_WARPS, any other walk NUM_WARPS, a tile of STATE_ELEMS entries FULL_WARPS
+    whatever the walk."""
+    from linrnn.engine import recurrent
+
+    t = {"BV_MAX": 64, "STATE_ELEMS": 8192, "NUM_WARPS": 1, "PLAIN_WARPS": 4, "FULL_WARPS": 2}
+    assert recurrent.value_tile(64, 64, t, plain=True) == (64, 64, 4)
+    assert recurrent.value_tile(64, 64, t) == (64, 64, 1)
+    assert recurrent.value_tile(256, 256, t, plain=True) == (256, 32, 2)
+    assert recurrent.value_tile(40, 24, dict(t, PLAIN_WARPS=8), plain=True) == (64, 32, 8)
+    no_plain = {k: v for k, v in t.items() if k != "PLAIN_WARPS"}
+    assert recurrent.value_tile(64, 64, no_plain, plain=True) == (64, 64, 1)

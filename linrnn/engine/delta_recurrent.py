@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from linrnn._runtime import to_device
 from linrnn.engine import delta_recurrent_kernels as kern
-from linrnn.engine.config import STEP_TILE, fp32_contiguous
+from linrnn.engine.config import DELTA_RECURRENT_BWD_TILE, DELTA_STEP_TILE, fp32_contiguous
 from linrnn.engine.gate_grads import Seqs, rev_cumsum, rows, tokens
 from linrnn.engine.host_math import cdiv
 from linrnn.engine.launch import launch
@@ -57,9 +57,9 @@ SAVED = ("q", "k", "v", "beta", "g", "S0", "e", "S_T")
 GRADS = ("q", "k", "v", "beta", "g", "S0")
 
 MAX_K = 256  # the kernels hold the whole key dimension of the state in registers
-# The kernels' tile table (:func:`linrnn.engine.recurrent.value_tile`): the state tile is the
-# whole K by up to BV_MAX value columns, BK·BV ≤ STATE_ELEMS.
-TILE = STEP_TILE
+# The kernels' tile tables (:func:`linrnn.engine.recurrent.value_tile`): the state tile is the
+# whole K by up to BV_MAX value columns, BK·BV ≤ STATE_ELEMS; the forward's and the backward's.
+TILE, BWD_TILE = DELTA_STEP_TILE, DELTA_RECURRENT_BWD_TILE
 # The decay gradient's reverse sum restarts from an exact value every this many steps.
 ANCHOR_EVERY = 64
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -161,7 +161,7 @@ def backward(saved, do, dS_T=None, *, scale, offsets=None):
     f32 = dict(device=q.device, dtype=torch.float32)
     do = torch.zeros_like(v, dtype=q.dtype) if do is None else do.contiguous()
     dht = None if dS_T is None else dS_T.float().contiguous()
-    BK, BV, num_warps = value_tile(K, V, TILE)
+    BK, BV, num_warps = value_tile(K, V, BWD_TILE)
     NV = cdiv(V, BV)
     common = dict(
         q=q, k=k, v=v, beta=beta, g=g, do=do, cu_seqlens=_cu_seqlens(offsets, q.device),

@@ -59,23 +59,28 @@ def norm_code(normalizer: str | None, stabilize: bool) -> int:
     return 3 if code == 2 and stabilize else code
 
 
-def value_tile(K: int, V: int, tile: dict | None = None) -> tuple[int, int, int]:
+def value_tile(
+    K: int, V: int, tile: dict | None = None, plain: bool = False
+) -> tuple[int, int, int]:
     """(BK, BV, num_warps) of the forward kernel for head dims K, V under ``tile``
-    (:data:`STEP_TILE`; that default table's answers are cached: a decode step asks once)."""
+    (:data:`STEP_TILE`; that default table's answers are cached: a decode step asks once).
+    ``plain``: the walk holds the state and at most a scalar decay (the table's PLAIN_WARPS)."""
     if tile is None:
-        return _step_tile(K, V)
-    return _value_tile(K, V, tile)
+        return _step_tile(K, V, plain)
+    return _value_tile(K, V, tile, plain)
 
 
 @functools.lru_cache(maxsize=256)
-def _step_tile(K: int, V: int) -> tuple[int, int, int]:
-    return _value_tile(K, V, STEP_TILE)
+def _step_tile(K: int, V: int, plain: bool) -> tuple[int, int, int]:
+    return _value_tile(K, V, STEP_TILE, plain)
 
 
-def _value_tile(K: int, V: int, t: dict) -> tuple[int, int, int]:
+def _value_tile(K: int, V: int, t: dict, plain: bool = False) -> tuple[int, int, int]:
     BK = max(16, next_pow2(K))
     BV = max(16, min(t["BV_MAX"], t["STATE_ELEMS"] // BK, next_pow2(V)))
-    return BK, BV, t["FULL_WARPS"] if BK * BV >= t["STATE_ELEMS"] else t["NUM_WARPS"]
+    if BK * BV >= t["STATE_ELEMS"]:
+        return BK, BV, t["FULL_WARPS"]
+    return BK, BV, t["PLAIN_WARPS"] if plain and "PLAIN_WARPS" in t else t["NUM_WARPS"]
 
 
 def _split_decay(g):
@@ -132,7 +137,10 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     S_T, n_T, m_T = out_state if out_state is not None else (None, None, None)
     if S_T is None:
         S_T = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
-    BK, BV, num_warps = value_tile(K, V)
+    # a plain walk (the state and at most a scalar decay) fits more warps per program
+    extra = (gk, gv, gi, u, f, i, dt, skip, fold_m0)
+    plain = not (stabilize or track_n) and all(x is None for x in extra)
+    BK, BV, num_warps = value_tile(K, V, plain=plain)
     # n and m are read by every V tile of a head: with several tiles one tile's final n/m must
     # not land on the initial n/m another tile has yet to read, so they go to fresh buffers and
     # are copied after; with one tile the kernel writes them in place.
