@@ -265,7 +265,7 @@ def test_mlstm_sigmoid_steps_fold_the_max_state_in_the_kernel(lens):
 
 
 def test_step_tile_warps():
-    """The step tile's warps: a plain walk (the state and at most a scalar decay) gets the
+    """The step tile's warps: a plain walk (the state and scalar per-step terms) gets the
     table's PLAIN_WARPS, any other walk NUM_WARPS, a tile of STATE_ELEMS entries FULL_WARPS
     whatever the walk."""
     from linrnn.engine import recurrent

@@ -432,10 +432,11 @@ def _delta_chunk_size(value, K, V, family, dtype, device) -> int:
 
 # The decode step's tile: the whole key dimension (BK = next power of two ≥ K) by a value tile
 # BV = min(BV_MAX, STATE_ELEMS // BK, next power of two ≥ V) (at least 16), on NUM_WARPS warps
-# (PLAIN_WARPS for a plain walk: the state and at most a scalar decay), or FULL_WARPS once the
-# tile holds STATE_ELEMS fp32 entries. A step reads and writes the state once, so this tile
-# sets how close it comes to the memory floor: a program's state tile is what it has in flight,
-# and registers bound how many programs an SM holds (docs/tuning.md, "Decoding").
+# (PLAIN_WARPS for a plain walk: the state and scalar per-step terms, no per-channel gates,
+# input gate, bonus, n or m), or FULL_WARPS once the tile holds STATE_ELEMS fp32 entries. A
+# step reads and writes the state once, so this tile sets how close it comes to the memory
+# floor: a program's state tile is what it has in flight, and registers bound how many
+# programs an SM holds (docs/tuning.md, "Decoding").
 STEP_TILE = {"BV_MAX": 64, "STATE_ELEMS": 8192, "NUM_WARPS": 1, "PLAIN_WARPS": 4, "FULL_WARPS": 2}
 # The delta rule's recurrent forward (its walk is never plain) and backward.
 DELTA_STEP_TILE = {"BV_MAX": 64, "STATE_ELEMS": 8192, "NUM_WARPS": 2, "FULL_WARPS": 2}

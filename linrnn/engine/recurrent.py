@@ -64,7 +64,9 @@ def value_tile(
 ) -> tuple[int, int, int]:
     """(BK, BV, num_warps) of the forward kernel for head dims K, V under ``tile``
     (:data:`STEP_TILE`; that default table's answers are cached: a decode step asks once).
-    ``plain``: the walk holds the state and at most a scalar decay (the table's PLAIN_WARPS)."""
+    ``plain``: the walk holds the state and scalar per-step terms only (the decay, Mamba2's
+    step size and skip), not per-channel gates, an input gate, the bonus, n or m (the table's
+    PLAIN_WARPS)."""
     if tile is None:
         return _step_tile(K, V, plain)
     return _value_tile(K, V, tile, plain)
@@ -137,8 +139,9 @@ def forward(q, k, v, *, scale, g=None, gv=None, gi=None, u=None, stabilize=False
     S_T, n_T, m_T = out_state if out_state is not None else (None, None, None)
     if S_T is None:
         S_T = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
-    # a plain walk (the state and at most a scalar decay) fits more warps per program
-    extra = (gk, gv, gi, u, f, i, dt, skip, fold_m0)
+    # a plain walk (the state, a scalar decay, Mamba2's step size and skip) fits more warps
+    # per program; per-channel gates, an input gate, the bonus, n or m do not
+    extra = (gk, gv, gi, u, i, fold_m0)
     plain = not (stabilize or track_n) and all(x is None for x in extra)
     BK, BV, num_warps = value_tile(K, V, plain=plain)
     # n and m are read by every V tile of a head: with several tiles one tile's final n/m must
