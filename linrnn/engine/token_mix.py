@@ -20,9 +20,9 @@ import triton.language as tl
 
 from linrnn.engine.host_math import cdiv, next_pow2
 
-BT = 16  # tokens per tile
+BT = 32  # tokens per tile
 BD_MAX = 64  # channels per tile
-NB = 16  # tiles per backward program (one partial ∂mu per NB·BT tokens)
+NB = 8  # tiles per backward program (one partial ∂mu per NB·BT tokens)
 
 
 @triton.jit
