@@ -291,7 +291,12 @@ TILES = {
     "dqk_bwd": (64, 64, 64, 4, 1),
     "dk_bwd": (64, 64, 256, 8, 3),
     "dv_bwd": (64, 32, 256, 8, 3),
-    "fused": (0, 0, 0, 4, 1),
+    # fused_chunk's four walks (fused_kernels): only their warps and stages; the tiles follow
+    # from the chunk and the head dims (ChunkConfig).
+    "fused_fwd": (0, 0, 0, 4, 1),
+    "fused_dq": (0, 0, 0, 4, 1),
+    "fused_dk": (0, 0, 0, 4, 1),
+    "fused_dv": (0, 0, 0, 4, 1),
 }
 
 # Smaller heads: entries that replace TILES' when both head dims K, V are at most 64
@@ -303,6 +308,10 @@ HD64_TILES = {
     "states_bwd_sums": (64, 64, 64, 2, 2),
     "dk_bwd": (64, 64, 64, 4, 1),
     "dv_bwd": (64, 64, 64, 4, 2),
+    "fused_fwd": (0, 0, 0, 4, 2),
+    "fused_dq": (0, 0, 0, 4, 3),
+    "fused_dk": (0, 0, 0, 4, 3),
+    "fused_dv": (0, 0, 0, 4, 3),
 }
 HD128_TILES = {
     "out_fwd": (64, 64, 128, 4, 3),
@@ -310,6 +319,10 @@ HD128_TILES = {
     "states_bwd_sums": (64, 64, 128, 4, 2),
     "dk_bwd": (64, 64, 128, 4, 2),
     "dv_bwd": (64, 64, 128, 4, 2),
+    "fused_fwd": (0, 0, 0, 4, 2),
+    "fused_dq": (0, 0, 0, 4, 2),
+    "fused_dk": (0, 0, 0, 4, 2),
+    "fused_dv": (0, 0, 0, 4, 2),
 }
 
 # The scalar chunk gate-gradient kernel (scalar_gate_grad_kernels): (steps per tile, chunks × L
@@ -486,8 +499,6 @@ class ChunkConfig:
         self.rows = B * H  # rows of the gates and chunk states (B = 1 when packed)
         self.walkers = self.N * H  # programs of the walking kernels: one per state
         if fused:  # one chunk = one tile; one dimension whole, the other tiled to fit
-            nw, ns = TILES["fused"][3:]
-            self.launch = dict(num_warps=nw, num_stages=ns)
             self.BT = max(16, next_pow2(self.L))
             self.KP = max(16, next_pow2(K))
             self.VP = max(16, next_pow2(V))
@@ -533,6 +544,12 @@ class ChunkConfig:
         t, d, o, nw, ns = head_tiles(self.head_dim).get(name, TILES[name])
         fit = lambda x, n: max(16, min(x, next_pow2(n)))  # noqa: E731
         return fit(t, self.L), fit(d, D), fit(o, O), dict(num_warps=nw, num_stages=ns)
+
+    def fused_launch(self, name: str) -> dict:
+        """The launch options (warps, stages) of fused_chunk's walk ``name`` (fused_fwd,
+        fused_dq, fused_dk, fused_dv)."""
+        nw, ns = head_tiles(self.head_dim).get(name, TILES[name])[3:]
+        return dict(num_warps=nw, num_stages=ns)
 
     def m_final(self, mc):
         """The final max state [N, H] from the chunk-boundary table MC [rows, NT + NSEQ]."""

@@ -284,7 +284,7 @@ def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
         L=c.L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BT=c.BT, BK=c.KP, BV=c.BVf, HAS_H0=S0 is not None,
         DOT_PREC=c.prec, VARLEN=c.varlen, g=b, gi=a, cmax=cmax, n0=n0, m0=m0, nt=n_T, mc=mc,
         m_row=m_row, den=den, eps=c.eps, HAS_DECAY=b is not None, HAS_IGATE=a is not None,
-        HAS_MAX=mc is not None, HAS_N=n_T is not None, NORM=c.norm, **c.launch,
+        HAS_MAX=mc is not None, HAS_N=n_T is not None, NORM=c.norm, **c.fused_launch("fused_fwd"),
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
     return o, S_T, n_T, m_T, dict(mc=mc, den=den, m_row=m_row)
@@ -307,7 +307,7 @@ def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
     q_part = torch.empty(nK, BH, T, **f32) if c.has_decay and want else None
     k_part = torch.empty(nK, BH, T, **f32) if (c.has_decay or c.has_igate) and want else None
     sizes = dict(co=c.CO, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ,
-                 scale=c.scale, BT=c.BT, DOT_PREC=c.prec, VARLEN=c.varlen, **c.launch)  # fmt: skip
+                 scale=c.scale, BT=c.BT, DOT_PREC=c.prec, VARLEN=c.varlen)  # fmt: skip
     gates = dict(g=b, gi=a, mc=mc, m_row=m_row, ra=R_A, HAS_DECAY=b is not None,
                  HAS_IGATE=a is not None, HAS_MAX=mc is not None,
                  HAS_NORM=R_A is not None)  # fmt: skip
@@ -318,7 +318,7 @@ def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
     fused.fused_dq_kernel[(nK, c.walkers)](
         q=q, k=k, v=v, do=do, dq=dq, h0=S0, qdq=q_part, BK=c.BKf, BV=c.VP, HAS_H0=S0 is not None,
         SPLIT=split, n0=n0, rd=R_D, HAS_N=c.track_n, STORE_QDQ=q_part is not None, **sizes,
-        **gates,
+        **gates, **c.fused_launch("fused_dq"),
     )  # fmt: skip
     dk = torch.empty(per_head, **f32) if G > 1 else torch.empty_like(k)
     dS0 = torch.empty(N, H, K, V, **f32)
@@ -327,12 +327,12 @@ def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
         q=q, k=k, v=v, do=do, dk=dk, dh0=dS0, dht=dS_T if has_dst else None, kdk=k_part,
         BK=c.BKf, BV=c.VP, HAS_DHT=has_dst, SPLIT=split, dn0=dn0,
         dnt=dn_T if has_dst else None, rd=R_D, HAS_N=dn0 is not None,
-        STORE_KDK=k_part is not None, **sizes, **gates,
+        STORE_KDK=k_part is not None, **sizes, **gates, **c.fused_launch("fused_dk"),
     )  # fmt: skip
     dv = torch.empty_like(v)
     fused.fused_dv_kernel[(cdiv(V, c.BVf), c.walkers)](
         q=q, k=k, do=do, dv=dv, dht=dS_T if has_dst else None, BK=c.KP, BV=c.BVf,
-        HAS_DHT=has_dst, **sizes, **gates,
+        HAS_DHT=has_dst, **sizes, **gates, **c.fused_launch("fused_dv"),
     )  # fmt: skip
     if G > 1:
         dq = dq.view(*q.shape[:3], G, K).sum(3).to(q.dtype)

@@ -52,8 +52,13 @@ TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
 # squares. Their error is taken relative to that yardstick, per head (the terms themselves are
 # checked as the other leaf's gradient, relative to their own size).
 SUMMED_GRADS = {"mamba2": {"ddt_bias": "ddt"}}
-SHAPES = ("B2-T300-H3-K96-V80", "B1-T4096-H2-K256-V256")
-GROUPED_SHAPES = ("B2-T300-H3-HV6-K96-V80", "B1-T4096-H2-K256-V256")  # grouped value heads
+# One shape per tile table (config.head_tiles: head dims ≤ 64, ≤ 128, larger).
+SHAPES = ("B2-T300-H3-K64-V48", "B2-T300-H3-K96-V80", "B1-T4096-H2-K256-V256")
+GROUPED_SHAPES = (
+    "B2-T300-H3-HV6-K64-V48",
+    "B2-T300-H3-HV6-K96-V80",
+    "B1-T4096-H2-K256-V256",
+)  # grouped value heads
 # Mamba2 also as it is used: one B/C group of 8 heads, N = 128, P = 64, enough chunks that the
 # kernels for large groups serve several heads per program.
 EXTRA_SHAPES = {"mamba2": ("B4-T4096-H1-HV8-K128-V64",)}
