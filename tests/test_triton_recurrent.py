@@ -212,6 +212,49 @@ def test_mode_none_rule(monkeypatch):
     assert picked == ["recurrent", "chunk", "recurrent", "chunk", "chunk"]
 
 
+def test_mode_none_fused_rule():
+    """mode=None takes fused_chunk where config.default_fused names it (enough sequence × head
+    walks, the head dims of its table, the default chunk size), chunk elsewhere; and the call
+    then gives fused_chunk's result bit for bit."""
+    from linrnn.engine import config
+    from linrnn.ops import _generic
+
+    walks = config.FUSED_MIN_WALKERS
+    grad_dim, fwd_dim = config.FUSED_DEFAULT["linear_attn"]
+
+    def mode(family="linear_attn", N=1, H=walks, K=fwd_dim, V=None, grad=False, **kw):
+        q = torch.empty(N, 80, H, K, device=DEVICE)
+        v = torch.empty(N, 80, H, K if V is None else V, device=DEVICE)
+        return _generic.route(family, q, v, grad=grad, backend="triton", **kw).mode
+
+    assert mode() == "fused_chunk"
+    assert mode(N=2, H=walks // 2) == "fused_chunk"
+    assert mode(H=walks - 1) == "chunk"  # too few walks to fill the GPU
+    assert mode(V=fwd_dim * 2) == "chunk"  # the forward alone: a wider head is chunk's
+    assert mode(K=grad_dim, grad=True) == "fused_chunk"
+    assert mode(K=grad_dim * 2, grad=True) == "chunk"
+    assert mode(chunk_size=64) == "chunk"  # a chosen chunk size keeps chunk mode
+    assert mode(family="mlstm") == ("fused_chunk" if "mlstm[sigmoid]" in config.FUSED_DEFAULT
+                                    else "chunk")  # fmt: skip
+    assert mode(family="mlstm", stabilize=True) == "chunk"
+    assert mode(family="simple_gla") == "chunk"
+    g = torch.empty(1, 80, walks, fwd_dim, device=DEVICE)
+    assert _generic.route("gla", g, g, g=g, backend="triton").mode == "chunk"
+    # packed sequences: the walks count sequences (each longer than the recurrent kernel's)
+    q = torch.empty(1, 160, walks // 2, fwd_dim, device=DEVICE)
+    packed = lambda offsets: _generic.route("linear_attn", q, q, backend="triton",  # noqa: E731
+                                            cu_seqlens=offsets).mode  # fmt: skip
+    assert packed([0, 160]) == "chunk"
+    assert packed([0, 80, 160]) == "fused_chunk"
+
+    q, k, v = (torch.randn(1, 80, walks, 16, device=DEVICE) for _ in range(3))
+    with torch.no_grad():
+        o, S = linrnn.linear_attn(q, k, v, backend="triton", output_final_state=True)
+        o_f, S_f = linrnn.linear_attn(q, k, v, backend="triton", mode="fused_chunk",
+                                      output_final_state=True)  # fmt: skip
+    assert torch.equal(o, o_f) and torch.equal(S, S_f)
+
+
 @pytest.mark.parametrize("gate_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_mlstm_steps_form_the_forget_gate_in_the_kernel(gate_dtype):
     """mLSTM-exp decode steps without gradients pass the forget gate's pre-activation f to the

@@ -84,6 +84,28 @@ def fused_cap(K: int, V: int) -> int:
     return 64 if max(K, V) > 128 else FUSED_MAX_CHUNK
 
 
+# mode=None on the Triton path runs ``fused_chunk`` instead of ``chunk`` (at the default chunk
+# size) where that measured faster: ``benchmarks/mode_default.py`` times both per op, head dims
+# and walkers N·H (one program per sequence, head and value tile walks the whole sequence in
+# fused_chunk, so with few of them the GPU idles), H200, bf16, T = 8192 (docs/tuning.md).
+# {op: (largest max(K, V) with a gradient, largest for the forward alone)}; 0: never.
+FUSED_DEFAULT = {
+    "linear_attn": (128, 64),
+    "retention": (0, 64),
+    "mlstm[sigmoid]": (0, 64),
+}
+FUSED_MIN_WALKERS = 128
+
+
+def default_fused(op: str, K: int, V: int, walkers: int, grad: bool) -> bool:
+    """Whether mode=None runs ``op`` (a key of :data:`FUSED_DEFAULT`) in ``fused_chunk`` for
+    head dims K, V, ``walkers`` = N·H state walks, with (``grad``) or without a gradient."""
+    limits = FUSED_DEFAULT.get(op)
+    if limits is None or walkers < FUSED_MIN_WALKERS:
+        return False
+    return max(K, V) <= limits[0 if grad else 1]
+
+
 def resolve_chunk_size(value, K: int, V: int, *, triton: bool, fused: bool = False,
                        vector: bool = False, family: str | None = None, dtype=None,
                        device=None, T: int | None = None) -> int:  # fmt: skip

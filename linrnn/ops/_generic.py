@@ -63,16 +63,20 @@ def _gpu(device: torch.device) -> bool:
 
 
 def route(family: str, q: Tensor, v: Tensor, *, g=None, gv=None, u=None, grad: bool = False,
-          cu_seqlens=None, mode=None, backend=None, chunk_size=None) -> Route:  # fmt: skip
+          cu_seqlens=None, mode=None, backend=None, chunk_size=None,
+          stabilize: bool = False) -> Route:  # fmt: skip
     """Decide mode, backend and chunk size of one call, once: mode=None by
-    :func:`_default_mode`; backend=None the Triton kernel on a GPU where one serves the inputs
-    (fp16/bf16/fp32), else PyTorch; the chunk size by :func:`linrnn.engine.config.
-    resolve_chunk_size`. Raises for a combination nothing can run."""
+    :func:`_default_mode` (``stabilize``: mLSTM's exponential input gate); backend=None the
+    Triton kernel on a GPU where one serves the inputs (fp16/bf16/fp32), else PyTorch; the
+    chunk size by :func:`linrnn.engine.config.resolve_chunk_size`. Raises for a combination
+    nothing can run."""
     check.choice("mode", mode, (None, *MODES))
     check.choice("backend", backend, BACKENDS)
     device = q.device
     if mode is None:
-        mode = _default_mode(q, backend, cu_seqlens, grad)
+        mode = _default_mode(family, q, v, backend=backend, cu_seqlens=cu_seqlens, grad=grad,
+                             vector=_vector(g, gv, u), stabilize=stabilize,
+                             chunk_size=chunk_size)  # fmt: skip
     if backend is None:
         serves = mode in TRITON_MODES and q.dtype in TRITON_DTYPES
         if mode != "recurrent" and u is not None and gv is not None:
@@ -156,7 +160,7 @@ def run(
     ``dt_bias`` and ``A``), for calls :func:`kernel_gates` admits."""
     grad = _needs_grad(q, k, v, g, gv, gi, u, S0, n0, m0)
     r = route(family, q, v, g=g, gv=gv, u=u, grad=grad, cu_seqlens=cu_seqlens, mode=mode,
-              backend=backend, chunk_size=chunk_size)  # fmt: skip
+              backend=backend, chunk_size=chunk_size, stabilize=stabilize)  # fmt: skip
     switches = dict(scale=scale, g=g, gv=gv, gi=gi, u=u, stabilize=stabilize, track_n=track_n,
                     normalizer=normalizer, eps=eps, S0=S0, n0=n0, m0=m0)  # fmt: skip
     if (skip is not None or step_gates) and not kernel_gates(r, grad):
@@ -236,22 +240,31 @@ def _dense(x: Tensor) -> Tensor:
 OUT_STATE: contextvars.ContextVar = contextvars.ContextVar("linrnn_out_state", default=None)
 
 
-def _default_mode(q: Tensor, backend, cu_seqlens, grad: bool) -> str:
-    """``mode=None``: ``"recurrent"`` when the Triton recurrent kernel can serve the call (CUDA
-    or backend="triton", no gradient needed) and every sequence has at most
-    :data:`RECURRENT_MAX_T` steps — one launch, no chunk states, the fastest for decoding and
-    short prompts; ``"chunk"`` otherwise (on the PyTorch path a Python loop over steps never
-    beats the chunked matmuls)."""
+def _default_mode(family: str, q: Tensor, v: Tensor, *, backend, cu_seqlens, grad: bool,
+                  vector: bool, stabilize: bool, chunk_size) -> str:  # fmt: skip
+    """``mode=None`` on the Triton path (CUDA with fp16/bf16/fp32 inputs, or backend="triton"):
+    ``"recurrent"`` when no gradient is needed and every sequence has at most
+    :data:`RECURRENT_MAX_T` steps (one launch, no chunk states: decoding, short prompts);
+    ``"fused_chunk"`` at the default chunk size where :func:`linrnn.engine.config.default_fused`
+    says it measured faster than ``"chunk"``; ``"chunk"`` otherwise, and always on the PyTorch
+    path (a Python loop over steps never beats the chunked matmuls there)."""
     triton_ok = "recurrent" in TRITON_MODES and (
-        backend == "triton" or (backend is None and _gpu(q.device))
+        backend == "triton" or (backend is None and _gpu(q.device) and q.dtype in TRITON_DTYPES)
     )
-    if not triton_ok or grad:
+    if not triton_ok:
         return "chunk"
     if cu_seqlens is None:
-        longest = q.shape[1]
+        N, longest = q.shape[0], q.shape[1]
     else:
-        longest = max(cu_seqlens[i + 1] - cu_seqlens[i] for i in range(len(cu_seqlens) - 1))
-    return "recurrent" if longest <= RECURRENT_MAX_T else "chunk"
+        N = len(cu_seqlens) - 1
+        longest = max(cu_seqlens[i + 1] - cu_seqlens[i] for i in range(N))
+    if not grad and longest <= RECURRENT_MAX_T:
+        return "recurrent"
+    op = f"mlstm[{'exp' if stabilize else 'sigmoid'}]" if family == "mlstm" else family
+    K, V, walkers = q.shape[3], v.shape[3], N * v.shape[2]
+    if chunk_size is None and not vector and config.default_fused(op, K, V, walkers, grad):
+        return "fused_chunk"
+    return "chunk"
 
 
 def _needs_grad(*tensors) -> bool:
@@ -457,7 +470,10 @@ scale: multiplier of the query, default ``K ** -0.5``.
             time), ``"parallel"`` (quadratic log-space reference), ``"reference"`` (the
             step-by-step reference loop), ``"fused_chunk"`` (Triton only; no chunk states
             stored, the lowest memory). None (default): ``"recurrent"`` on the Triton path
-            when no gradient is needed and every sequence has ≤ 64 steps, else ``"chunk"``.
+            when no gradient is needed and every sequence has ≤ 64 steps, ``"fused_chunk"``
+            where it measured faster (linear attention to head dim 128, and without a gradient
+            retention and mLSTM's sigmoid form to head dim 64, given 128 or more sequence ×
+            head walks and the default chunk size), else ``"chunk"``.
         chunk_size: chunk length L (any L ≥ 1; T need not be a multiple; an L past both 128
             and the next power of two ≥ T is cut to that: one chunk either way), or ``"auto"`` (the
             fastest L measured by ``linrnn bench --suite chunksize --save-cache`` for this
