@@ -213,41 +213,45 @@ def test_mode_none_rule(monkeypatch):
 
 
 def test_mode_none_fused_rule():
-    """mode=None takes fused_chunk where config.default_fused names it (enough sequence × head
-    walks, the head dims of its table, the default chunk size), chunk elsewhere; and the call
-    then gives fused_chunk's result bit for bit."""
+    """mode=None takes fused_chunk where config.FUSED_DEFAULT names it (enough sequence × head
+    walkers, head dims of its table, the default chunk size), chunk elsewhere; and the call then
+    gives fused_chunk's result bit for bit."""
     from linrnn.engine import config
     from linrnn.ops import _generic
 
-    walks = config.FUSED_MIN_WALKERS
-    grad_dim, fwd_dim = config.FUSED_DEFAULT["linear_attn"]
+    fewest, dims = config.FUSED_DEFAULT["linear_attn"][False]
+    fewest_g, dims_g = config.FUSED_DEFAULT["linear_attn"][True]
+    K, V = dims[0]
 
-    def mode(family="linear_attn", N=1, H=walks, K=fwd_dim, V=None, grad=False, **kw):
-        q = torch.empty(N, 80, H, K, device=DEVICE)
-        v = torch.empty(N, 80, H, K if V is None else V, device=DEVICE)
+    def mode(family="linear_attn", N=1, H=fewest, K=K, V=V, grad=False, T=80, **kw):
+        q = torch.empty(N, T, H, K, device=DEVICE)
+        v = torch.empty(N, T, H, V, device=DEVICE)
         return _generic.route(family, q, v, grad=grad, backend="triton", **kw).mode
 
     assert mode() == "fused_chunk"
-    assert mode(N=2, H=walks // 2) == "fused_chunk"
-    assert mode(H=walks - 1) == "chunk"  # too few walks to fill the GPU
-    assert mode(V=fwd_dim * 2) == "chunk"  # the forward alone: a wider head is chunk's
-    assert mode(K=grad_dim, grad=True) == "fused_chunk"
-    assert mode(K=grad_dim * 2, grad=True) == "chunk"
+    assert mode(N=2, H=fewest // 2) == "fused_chunk"
+    assert mode(H=fewest - 1) == "chunk"  # too few walkers to fill the GPU
+    assert mode(K=K + 16, V=V + 16) == "chunk"  # head dims the table does not name
+    assert mode(T=64) == "recurrent"  # a short sequence without a gradient
+    assert mode(H=fewest_g, K=dims_g[-1][0], V=dims_g[-1][1], grad=True) == "fused_chunk"
+    assert mode(H=fewest_g - 1, K=dims_g[-1][0], V=dims_g[-1][1], grad=True) == "chunk"
     assert mode(chunk_size=64) == "chunk"  # a chosen chunk size keeps chunk mode
-    assert mode(family="mlstm") == ("fused_chunk" if "mlstm[sigmoid]" in config.FUSED_DEFAULT
-                                    else "chunk")  # fmt: skip
+    sig = "mlstm[sigmoid]" in config.FUSED_DEFAULT and config.default_fused(
+        "mlstm[sigmoid]", K, V, fewest, False
+    )
+    assert mode(family="mlstm") == ("fused_chunk" if sig else "chunk")
     assert mode(family="mlstm", stabilize=True) == "chunk"
     assert mode(family="simple_gla") == "chunk"
-    g = torch.empty(1, 80, walks, fwd_dim, device=DEVICE)
+    g = torch.empty(1, 80, fewest, K, device=DEVICE)
     assert _generic.route("gla", g, g, g=g, backend="triton").mode == "chunk"
-    # packed sequences: the walks count sequences (each longer than the recurrent kernel's)
-    q = torch.empty(1, 160, walks // 2, fwd_dim, device=DEVICE)
+    # packed sequences: the walkers count sequences (each longer than the recurrent kernel's)
+    q = torch.empty(1, 160, fewest // 2, K, device=DEVICE)
     packed = lambda offsets: _generic.route("linear_attn", q, q, backend="triton",  # noqa: E731
                                             cu_seqlens=offsets).mode  # fmt: skip
     assert packed([0, 160]) == "chunk"
     assert packed([0, 80, 160]) == "fused_chunk"
 
-    q, k, v = (torch.randn(1, 80, walks, 16, device=DEVICE) for _ in range(3))
+    q, k, v = (torch.randn(1, 80, fewest, 16, device=DEVICE) for _ in range(3))
     with torch.no_grad():
         o, S = linrnn.linear_attn(q, k, v, backend="triton", output_final_state=True)
         o_f, S_f = linrnn.linear_attn(q, k, v, backend="triton", mode="fused_chunk",

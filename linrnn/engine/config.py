@@ -84,26 +84,27 @@ def fused_cap(K: int, V: int) -> int:
     return 64 if max(K, V) > 128 else FUSED_MAX_CHUNK
 
 
-# mode=None on the Triton path runs ``fused_chunk`` instead of ``chunk`` (at the default chunk
-# size) where that measured faster: ``benchmarks/mode_default.py`` times both per op, head dims
-# and walkers N·H (one program per sequence, head and value tile walks the whole sequence in
-# fused_chunk, so with few of them the GPU idles), H200, bf16, T = 8192 (docs/tuning.md).
-# {op: (largest max(K, V) with a gradient, largest for the forward alone)}; 0: never.
+# mode=None on the Triton path runs ``fused_chunk`` instead of ``chunk`` (each at its default
+# chunk size) where that measured faster: ``benchmarks/mode_default.py`` times both per op, head
+# dims and walkers N·H (in fused_chunk one program per sequence, head and value tile walks the
+# whole sequence, so with few walkers the GPU idles), H200, bf16 (docs/tuning.md).
+# {op: {with a gradient: (fewest walkers, head dims (K, V))}}; an op, or head dims, not named
+# here keep chunk mode.
 FUSED_DEFAULT = {
-    "linear_attn": (128, 64),
-    "retention": (0, 64),
-    "mlstm[sigmoid]": (0, 64),
+    "linear_attn": {
+        True: (128, ((32, 32), (64, 64), (64, 128), (128, 128))),
+        False: (256, ((64, 64),)),
+    },
+    "retention": {True: (256, ((64, 64), (64, 128))), False: (256, ((64, 64),))},
+    "mlstm[sigmoid]": {True: (256, ((64, 128),)), False: (256, ((64, 64),))},
 }
-FUSED_MIN_WALKERS = 128
 
 
 def default_fused(op: str, K: int, V: int, walkers: int, grad: bool) -> bool:
     """Whether mode=None runs ``op`` (a key of :data:`FUSED_DEFAULT`) in ``fused_chunk`` for
-    head dims K, V, ``walkers`` = N·H state walks, with (``grad``) or without a gradient."""
-    limits = FUSED_DEFAULT.get(op)
-    if limits is None or walkers < FUSED_MIN_WALKERS:
-        return False
-    return max(K, V) <= limits[0 if grad else 1]
+    head dims K, V and ``walkers`` = N·H state walks, with (``grad``) or without a gradient."""
+    fewest, dims = FUSED_DEFAULT.get(op, {}).get(grad, (0, ()))
+    return (K, V) in dims and walkers >= fewest
 
 
 def resolve_chunk_size(value, K: int, V: int, *, triton: bool, fused: bool = False,

@@ -471,9 +471,9 @@ scale: multiplier of the query, default ``K ** -0.5``.
             step-by-step reference loop), ``"fused_chunk"`` (Triton only; no chunk states
             stored, the lowest memory). None (default): ``"recurrent"`` on the Triton path
             when no gradient is needed and every sequence has ≤ 64 steps, ``"fused_chunk"``
-            where it measured faster (linear attention to head dim 128, and without a gradient
-            retention and mLSTM's sigmoid form to head dim 64, given 128 or more sequence ×
-            head walks and the default chunk size), else ``"chunk"``.
+            at the default chunk size where it measured faster (linear attention, retention,
+            mLSTM's sigmoid form at head dims ≤ 128, given enough sequences × heads: the table
+            ``linrnn.engine.config.FUSED_DEFAULT``), else ``"chunk"``.
         chunk_size: chunk length L (any L ≥ 1; T need not be a multiple; an L past both 128
             and the next power of two ≥ T is cut to that: one chunk either way), or ``"auto"`` (the
             fastest L measured by ``linrnn bench --suite chunksize --save-cache`` for this
