@@ -23,9 +23,11 @@ their defaults (None, False). Optional tensors are None with a ``HAS_*`` flag th
 from them, as in scalar_kernels: ``HAS_DECAY`` (g), ``HAS_IGATE`` (gi), ``HAS_MAX`` (mc, m_row,
 cmax), ``HAS_N`` (the normalizer state), ``HAS_NORM`` (the row factors ra, rd),
 ``HAS_H0`` / ``HAS_DHT`` (initial state, final state's gradient); ``NORM`` is the normalizer's
-kind. Scalar gates may group the q/k heads (Mamba2's B, C): G value heads per q/k head, q and k
-``[B, T, H/G, K]``, value head h reads q/k head h // G; dq and dk are written per value head
-(the host sums each group). Per-channel gates keep G = 1.
+kind; ``PER_HEAD``: g is the per-head log decay [H] (retention's), from which the kernels form
+b instead of loading its rows (scalar_kernels' form). Scalar gates may group the q/k heads
+(Mamba2's B, C): G value heads per q/k head, q and k ``[B, T, H/G, K]``, value head h reads
+q/k head h // G; dq and dk are written per value head (the host sums each group).
+Per-channel gates keep G = 1.
 
 With ``VEC`` each walk steps through its chunk in sub-chunks of BC rows with the secondary
 chunking of vector_common (the state stays whole in registers). The diagonal sub-chunk is walked
@@ -42,6 +44,8 @@ import triton.language as tl
 
 from linrnn.engine.triton_common import (
     _bounds,
+    _cum,
+    _cum_last,
     _dot_n,
     _inv_denominator,
     _log_weights,
@@ -112,13 +116,17 @@ def _store_total(tot, b_tot, i_b, i_c, i_h, NT, H, D, o_d, m_d):
 
 
 @triton.jit
-def _gates(g, gi, row, o_t, m_t, c1, BT: tl.constexpr, HAS_DECAY: tl.constexpr,
-           HAS_IGATE: tl.constexpr):  # fmt: skip
+def _gates(g, gi, row, o_t, m_t, c0, c1, BT: tl.constexpr, HAS_DECAY: tl.constexpr,
+           HAS_IGATE: tl.constexpr, PER_HEAD: tl.constexpr):  # fmt: skip
     """The chunk's b (per row), a (per row) and b_L (its total log decay), from row ``row`` of
-    g and gi."""
+    g and gi; ``PER_HEAD``: g is the head's constant log decay (a value), b is formed."""
     if HAS_DECAY:
-        b_b = _vec(g + row, o_t, m_t)
-        b_last = tl.load(g + row + c1 - 1)
+        if PER_HEAD:
+            g_row = g
+        else:
+            g_row = g + row
+        b_b = _cum(g_row, o_t, m_t, c0, PER_HEAD)
+        b_last = _cum_last(g_row, c0, c1, PER_HEAD)
     else:
         b_b = tl.zeros([BT], dtype=tl.float32)
         b_last = 0.0
@@ -139,13 +147,14 @@ def _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY: tl.constexpr, HAS_MAX
 
 @triton.jit
 def _chunk_gates_bwd(g, gi, mc, m_row, i_bh, i_mc, T, c0, c1, o_t, m_t, BT: tl.constexpr,
-                     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr,
-                     HAS_MAX: tl.constexpr):  # fmt: skip
+                     HAS_DECAY: tl.constexpr, HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+                     PER_HEAD: tl.constexpr):  # fmt: skip
     """A backward walk's gates of the chunk [c0, c1) (rows o_t): b, a, the row max m_r, the
     log of the inter-chunk row factor b_r + m_c − m_r, the chunk's state decay
     exp(b_L + m_c − m_c+1) and the key weights w (:func:`_key_weights`). The max states m_c,
     m_c+1 sit at slots i_mc, i_mc + 1 of mc; the chunk's row maxima at m_row[i_bh, c0:]."""
-    b_b, b_a, b_last = _gates(g, gi, i_bh * T, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
+    b_b, b_a, b_last = _gates(g, gi, i_bh * T, o_t, m_t, c0, c1, BT, HAS_DECAY, HAS_IGATE,
+                              PER_HEAD)  # fmt: skip
     if HAS_MAX:
         m_c = tl.load(mc + i_mc)
         m_next = tl.load(mc + i_mc + 1)
@@ -182,6 +191,7 @@ def fused_fwd_kernel(
     g=None, gi=None, cmax=None, n0=None, m0=None, nt=None, mc=None, m_row=None, den=None,
     eps=0.0,
     HAS_DECAY: tl.constexpr = False, HAS_IGATE: tl.constexpr = False,
+    PER_HEAD: tl.constexpr = False,
     HAS_MAX: tl.constexpr = False, HAS_N: tl.constexpr = False, NORM: tl.constexpr = 0,
     # per-channel gates
     gk=None, gkx=None, gv=None, u=None, o_in=None, o_x=None,
@@ -200,6 +210,8 @@ def fused_fwd_kernel(
     exp(G^V_r), into o_in and o_x (for gv's gradient, :func:`fused_dv_kernel`)."""
     i_v = tl.program_id(0)
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
+    if PER_HEAD:  # the head's constant log decay, loaded once (b is formed)
+        g = tl.load(g + i_h).to(tl.float32)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     qk, HK = _qk_rows(i_b, i_h, T, H, G)
@@ -259,7 +271,8 @@ def fused_fwd_kernel(
             b_v = _tile(p_v, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             fin = tl.abs(b_v.to(tl.float32)) < float("inf")  # false for NaN and ±inf
             b_v = tl.where(fin, b_v, 0.0).to(b_v.dtype)
-            b_b, b_a, b_last = _gates(g, gi, i_bh * T, o_t, m_t, c1, BT, HAS_DECAY, HAS_IGATE)
+            b_b, b_a, b_last = _gates(g, gi, i_bh * T, o_t, m_t, c0, c1, BT, HAS_DECAY,
+                                      HAS_IGATE, PER_HEAD)  # fmt: skip
             causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
             b_mr = tl.zeros([BT], dtype=tl.float32)
             if HAS_MAX:
@@ -320,6 +333,7 @@ def fused_dq_kernel(
     G=1,
     g=None, gi=None, n0=None, mc=None, m_row=None, ra=None, rd=None,
     HAS_DECAY: tl.constexpr = False, HAS_IGATE: tl.constexpr = False,
+    PER_HEAD: tl.constexpr = False,
     HAS_MAX: tl.constexpr = False, HAS_N: tl.constexpr = False, HAS_NORM: tl.constexpr = False,
     STORE_QDQ: tl.constexpr = False,
     # per-channel gates
@@ -337,6 +351,8 @@ def fused_dq_kernel(
     (``VEC``, with each chunk's inter-chunk total in tot [B, NT, H, K])."""
     i_k = tl.program_id(0)
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
+    if PER_HEAD:  # the head's constant log decay, loaded once (b is formed)
+        g = tl.load(g + i_h).to(tl.float32)
     o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     qk, HK = _qk_rows(i_b, i_h, T, H, G)
@@ -391,7 +407,7 @@ def fused_dq_kernel(
             b_do = _tile(p_do, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             b_b, b_a, b_mr, lf, decay, w = _chunk_gates_bwd(
                 g, gi, mc, m_row, i_bh, i_bh * (NT + NSEQ) + i_n + i_c, T, c0, c1, o_t, m_t, BT,
-                HAS_DECAY, HAS_IGATE, HAS_MAX,
+                HAS_DECAY, HAS_IGATE, HAS_MAX, PER_HEAD,
             )  # fmt: skip
             causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
             e_r = tl.exp(tl.where(m_t, lf, float("-inf")))
@@ -437,6 +453,7 @@ def fused_dk_kernel(
     G=1,
     g=None, gi=None, dn0=None, dnt=None, mc=None, m_row=None, ra=None, rd=None,
     HAS_DECAY: tl.constexpr = False, HAS_IGATE: tl.constexpr = False,
+    PER_HEAD: tl.constexpr = False,
     HAS_MAX: tl.constexpr = False, HAS_N: tl.constexpr = False, HAS_NORM: tl.constexpr = False,
     STORE_KDK: tl.constexpr = False,
     # per-channel gates
@@ -454,6 +471,8 @@ def fused_dk_kernel(
     k ⊙ dk [B, T, H, K] fp32 (``VEC``, with the chunk totals in tot)."""
     i_k = tl.program_id(0)
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
+    if PER_HEAD:  # the head's constant log decay, loaded once (b is formed)
+        g = tl.load(g + i_h).to(tl.float32)
     o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     qk, HK = _qk_rows(i_b, i_h, T, H, G)
@@ -510,7 +529,7 @@ def fused_dk_kernel(
             b_do = _tile(p_do, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             b_b, b_a, b_mr, lf, decay, w = _chunk_gates_bwd(
                 g, gi, mc, m_row, i_bh, i_bh * (NT + NSEQ) + i_n + i_c, T, c0, c1, o_t, m_t, BT,
-                HAS_DECAY, HAS_IGATE, HAS_MAX,
+                HAS_DECAY, HAS_IGATE, HAS_MAX, PER_HEAD,
             )  # fmt: skip
             b_y = _dot_state(b_v, tl.trans(b_dC), SPLIT, DOT_PREC)  # v_s dCᵀ [BT, BK]
             if HAS_N:
@@ -560,6 +579,7 @@ def fused_dv_kernel(
     G=1,
     g=None, gi=None, mc=None, m_row=None, ra=None,
     HAS_DECAY: tl.constexpr = False, HAS_IGATE: tl.constexpr = False,
+    PER_HEAD: tl.constexpr = False,
     HAS_MAX: tl.constexpr = False, HAS_NORM: tl.constexpr = False,
     # per-channel gates
     gk=None, gkx=None, gv=None, u=None, v=None, vdv=None, o_in=None, o_x=None, tot=None,
@@ -575,6 +595,8 @@ def fused_dv_kernel(
     reverse sum, from v and the forward's o_in, o_x), with the chunk totals in tot."""
     i_v = tl.program_id(0)
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
+    if PER_HEAD:  # the head's constant log decay, loaded once (b is formed)
+        g = tl.load(g + i_h).to(tl.float32)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     qk, HK = _qk_rows(i_b, i_h, T, H, G)
@@ -645,7 +667,7 @@ def fused_dv_kernel(
             b_do = _tile(p_do, o_t, o_v, H * V, m_t, m_v)  # [BT, BV]
             b_b, b_a, b_mr, lf, decay, w = _chunk_gates_bwd(
                 g, gi, mc, m_row, i_bh, i_bh * (NT + NSEQ) + i_n + i_c, T, c0, c1, o_t, m_t, BT,
-                HAS_DECAY, HAS_IGATE, HAS_MAX,
+                HAS_DECAY, HAS_IGATE, HAS_MAX, PER_HEAD,
             )  # fmt: skip
             b_dv = tl.dot(b_k, b_dC.to(b_k.dtype), input_precision=DOT_PREC) * w[:, None]
             b_pt = tl.dot(b_k, b_qt, input_precision=DOT_PREC)  # [BT(s), BT(r)]

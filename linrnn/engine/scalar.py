@@ -82,9 +82,9 @@ def head_decay(g, cfg: ChunkConfig):
     """The per-head log decay [H] (fp32) of a call whose decay is one value per head for every
     token (retention's, broadcast; :func:`linrnn.engine.config.per_head`), for the kernels'
     ``PER_HEAD`` form, which forms the chunk-local cumulative decays (s − c0 + 1)·g from it
-    instead of loading their rows; None otherwise (and for fused_chunk, the max state and
-    input gates, which keep the rows)."""
-    if g is None or cfg.fused or cfg.stab or cfg.has_igate or not per_head(g):
+    instead of loading their rows; None otherwise (and for the max state and input gates,
+    which keep the rows)."""
+    if g is None or cfg.stab or cfg.has_igate or not per_head(g):
         return None
     return g[0, 0].float().contiguous()
 
@@ -99,7 +99,7 @@ def forward(q, k, v, g, gi, S0, n0, m0, cfg: ChunkConfig, skip=None):
     if cfg.fused:
         if skip is not None:
             raise NotImplementedError("the skip term has no fused_chunk kernel")
-        o, S_T, n_T, m_T, tables = _forward_fused(q, k, v, b, a, S0, n0, m0, cfg)
+        o, S_T, n_T, m_T, tables = _forward_fused(q, k, v, b, a, S0, n0, m0, cfg, lg)
     else:
         o, S_T, n_T, m_T, tables = _forward(q, k, v, b, a, S0, n0, m0, cfg, skip, rmax, lg)
     saved = dict(q=q, k=k, v=v, g=g, gi=gi, S0=S0, n0=n0, m0=m0, o=o, S_T=S_T, n_T=n_T, b=b, a=a)
@@ -264,9 +264,10 @@ def _forward(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, skip=None, rmax=None, lg
     return o, S_T, n_T, m_T, tables
 
 
-def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
+def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig, lg=None):
     """fused_chunk's forward (fused_fwd_kernel): the outputs and final state in one walk, with
-    the O(T) tables the backward reads (mc, den, m_row)."""
+    the O(T) tables the backward reads (mc, den, m_row). ``lg``: the per-head log decay
+    (:func:`head_decay`), in place of b's rows."""
     T, K = q.shape[1], q.shape[3]
     H, V = v.shape[2], v.shape[3]
     G = H // q.shape[2]
@@ -282,9 +283,10 @@ def _forward_fused(q, k, v, b, a, S0, n0, m0, c: ChunkConfig):
     fused.fused_fwd_kernel[(cdiv(V, c.BVf), c.walkers)](
         q=q, k=k, v=v, o=o, h0=S0, ht=S_T, co=c.CO, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V,
         L=c.L, NT=NT, NSEQ=c.NSEQ, scale=c.scale, BT=c.BT, BK=c.KP, BV=c.BVf, HAS_H0=S0 is not None,
-        DOT_PREC=c.prec, VARLEN=c.varlen, g=b, gi=a, cmax=cmax, n0=n0, m0=m0, nt=n_T, mc=mc,
-        m_row=m_row, den=den, eps=c.eps, HAS_DECAY=b is not None, HAS_IGATE=a is not None,
-        HAS_MAX=mc is not None, HAS_N=n_T is not None, NORM=c.norm, **c.fused_launch("fused_fwd"),
+        DOT_PREC=c.prec, VARLEN=c.varlen, g=b if lg is None else lg, gi=a, cmax=cmax, n0=n0,
+        m0=m0, nt=n_T, mc=mc, m_row=m_row, den=den, eps=c.eps, HAS_DECAY=b is not None,
+        HAS_IGATE=a is not None, HAS_MAX=mc is not None, HAS_N=n_T is not None, NORM=c.norm,
+        PER_HEAD=lg is not None, **c.fused_launch("fused_fwd"),
     )  # fmt: skip
     m_T = c.m_final(mc) if c.stab else None
     return o, S_T, n_T, m_T, dict(mc=mc, den=den, m_row=m_row)
@@ -308,9 +310,10 @@ def _backward_fused(s: dict, do, dS_T, dn_T, c: ChunkConfig, want: bool):
     k_part = torch.empty(nK, BH, T, **f32) if (c.has_decay or c.has_igate) and want else None
     sizes = dict(co=c.CO, chunks=c.CHUNKS, T=T, H=H, G=G, K=K, V=V, L=L, NT=NT, NSEQ=c.NSEQ,
                  scale=c.scale, BT=c.BT, DOT_PREC=c.prec, VARLEN=c.varlen)  # fmt: skip
-    gates = dict(g=b, gi=a, mc=mc, m_row=m_row, ra=R_A, HAS_DECAY=b is not None,
-                 HAS_IGATE=a is not None, HAS_MAX=mc is not None,
-                 HAS_NORM=R_A is not None)  # fmt: skip
+    lg = head_decay(s["g"], c)
+    gates = dict(g=b if lg is None else lg, gi=a, mc=mc, m_row=m_row, ra=R_A,
+                 HAS_DECAY=b is not None, HAS_IGATE=a is not None, HAS_MAX=mc is not None,
+                 HAS_NORM=R_A is not None, PER_HEAD=lg is not None)  # fmt: skip
     # The log-decay gradient is a whole-sequence sum here: keep the states' products exact.
     split = q_part is not None and q.dtype != torch.float32
     per_head = (*v.shape[:3], K)  # dq, dk per value head (fp32, for the group sums)
