@@ -135,6 +135,28 @@ def _gates(g, gi, row, o_t, m_t, c0, c1, BT: tl.constexpr, HAS_DECAY: tl.constex
 
 
 @triton.jit
+def _head_weights(g, BT: tl.constexpr):
+    """``PER_HEAD``: the intra-chunk weights exp((r − s)·g) for r ≥ s (0 above) of the head's
+    constant log decay g. They depend on r − s alone, so a walk forms them once for all its
+    chunks (each step then only masks them) instead of a [BT, BT] exp per chunk."""
+    o = tl.arange(0, BT)
+    lw = (o[:, None] - o[None, :]).to(tl.float32) * g
+    return tl.exp(tl.where(o[:, None] >= o[None, :], lw, float("-inf")))
+
+
+@triton.jit
+def _intra_weights(w_head, b_b, b_a, b_mr, causal, HAS_DECAY: tl.constexpr,
+                   HAS_IGATE: tl.constexpr, HAS_MAX: tl.constexpr,
+                   PER_HEAD: tl.constexpr):  # fmt: skip
+    """The chunk's intra-chunk weights D_rs on the causal mask: ``w_head`` (:func:`_head_weights`)
+    masked with ``PER_HEAD``, else formed from the gates (triton_common._log_weights)."""
+    if PER_HEAD:
+        return tl.where(causal, w_head, 0.0)
+    else:
+        return _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+
+
+@triton.jit
 def _key_weights(b_b, b_a, b_last, m_next, m_t, HAS_DECAY: tl.constexpr, HAS_MAX: tl.constexpr):
     """w_s = exp(b_L − b_s + a_s − m_next): each step's weight in the state leaving the chunk."""
     lw = b_a - b_b
@@ -210,8 +232,10 @@ def fused_fwd_kernel(
     exp(G^V_r), into o_in and o_x (for gv's gradient, :func:`fused_dv_kernel`)."""
     i_v = tl.program_id(0)
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
-    if PER_HEAD:  # the head's constant log decay, loaded once (b is formed)
+    w_head = 0.0
+    if PER_HEAD:  # the head's constant log decay, loaded once (b and the weights are formed)
         g = tl.load(g + i_h).to(tl.float32)
+        w_head = _head_weights(g, BT)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     qk, HK = _qk_rows(i_b, i_h, T, H, G)
@@ -284,7 +308,8 @@ def fused_fwd_kernel(
                 e_r = tl.exp(b_b)
             b_o = tl.dot(b_q, b_C.to(b_q.dtype), input_precision=DOT_PREC) * e_r[:, None]
             b_p = tl.dot(b_q, b_kt, input_precision=DOT_PREC)
-            w_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+            w_d = _intra_weights(w_head, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX,
+                                 PER_HEAD)  # fmt: skip
             b_p = tl.where(causal, b_p * w_d, 0.0)  # not b_p·w_d: a later key's NaN score times 0
             b_o += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
             b_o = _nan_rows(b_o, fin, causal)
@@ -351,8 +376,10 @@ def fused_dq_kernel(
     (``VEC``, with each chunk's inter-chunk total in tot [B, NT, H, K])."""
     i_k = tl.program_id(0)
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
-    if PER_HEAD:  # the head's constant log decay, loaded once (b is formed)
+    w_head = 0.0
+    if PER_HEAD:  # the head's constant log decay, loaded once (b and the weights are formed)
         g = tl.load(g + i_h).to(tl.float32)
+        w_head = _head_weights(g, BT)
     o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     qk, HK = _qk_rows(i_b, i_h, T, H, G)
@@ -419,7 +446,8 @@ def fused_dq_kernel(
                 b_dd = _vec(rd + i_bh * T, o_t, m_t)
                 f = f * b_A
                 b_dp = b_dp * b_A[:, None] + b_dd[:, None]
-            b_dp *= _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+            b_dp *= _intra_weights(w_head, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX,
+                                   PER_HEAD)  # fmt: skip
             b_dq = scale * tl.dot(b_dp.to(b_k.dtype), b_k, input_precision=DOT_PREC)
             if HAS_NORM:
                 b_dq += (scale * e_r * b_dd)[:, None] * b_n[None, :]
@@ -471,8 +499,10 @@ def fused_dk_kernel(
     k ⊙ dk [B, T, H, K] fp32 (``VEC``, with the chunk totals in tot)."""
     i_k = tl.program_id(0)
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
-    if PER_HEAD:  # the head's constant log decay, loaded once (b is formed)
+    w_head = 0.0
+    if PER_HEAD:  # the head's constant log decay, loaded once (b and the weights are formed)
         g = tl.load(g + i_h).to(tl.float32)
+        w_head = _head_weights(g, BT)
     o_k, o_v = i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     qk, HK = _qk_rows(i_b, i_h, T, H, G)
@@ -546,7 +576,8 @@ def fused_dk_kernel(
                 fd = f * b_dd
                 f = f * b_A
             causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
-            b_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+            b_d = _intra_weights(w_head, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX,
+                                 PER_HEAD)  # fmt: skip
             b_dpt *= tl.trans(b_d)
             b_dk += scale * tl.dot(b_dpt.to(b_qt.dtype), tl.trans(b_qt), input_precision=DOT_PREC)
             if STORE_KDK:
@@ -595,8 +626,10 @@ def fused_dv_kernel(
     reverse sum, from v and the forward's o_in, o_x), with the chunk totals in tot."""
     i_v = tl.program_id(0)
     i_bh, i_b, i_h, base, i_st, c_lo, c_hi, i_n = _program(co, T, H, NT, VARLEN)
-    if PER_HEAD:  # the head's constant log decay, loaded once (b is formed)
+    w_head = 0.0
+    if PER_HEAD:  # the head's constant log decay, loaded once (b and the weights are formed)
         g = tl.load(g + i_h).to(tl.float32)
+        w_head = _head_weights(g, BT)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     qk, HK = _qk_rows(i_b, i_h, T, H, G)
@@ -677,7 +710,8 @@ def fused_dv_kernel(
                 b_pt *= b_A[None, :]
                 f = f * b_A
             causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
-            b_d = _log_weights(b_b, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX)
+            b_d = _intra_weights(w_head, b_b, b_a, b_mr, causal, HAS_DECAY, HAS_IGATE, HAS_MAX,
+                                 PER_HEAD)  # fmt: skip
             b_pt *= tl.trans(b_d)
             b_dv += scale * tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=DOT_PREC)
             p = dv + base * V + o_t.to(tl.int64)[:, None] * H * V + o_v[None, :]
