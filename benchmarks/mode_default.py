@@ -6,6 +6,7 @@ as a ``!`` in the last columns.
 
     python3 benchmarks/mode_default.py --warm            # compile in parallel workers first
     python3 benchmarks/mode_default.py --out mode.json   # then time, one call at a time
+    python3 benchmarks/mode_default.py --reverse --out mode-2.json   # a second pass
 
 ``--shapes`` and ``--ops`` narrow the sweep (default: the ops of ``FUSED_DEFAULT`` over
 sequence × head walks N·H from 16 to 1024 at head dims 32 to 128). CUDA only.
@@ -32,7 +33,7 @@ SHAPES = tuple(
 MODES = ("chunk", "fused_chunk")
 
 
-def build(op: str, shape_id: str, mode: str | None):
+def build(op: str, shape_id: str, mode: str | None, device: str = "cuda"):
     """``(leaves, fwd)`` of ``op`` at ``shape_id`` as ``linrnn bench`` builds it, ``mode`` None
     with mode=None and the default chunk size (the route under test)."""
     sys.path.insert(0, os.path.dirname(__file__))
@@ -41,30 +42,30 @@ def build(op: str, shape_id: str, mode: str | None):
     from linrnn.bench import registry
 
     shape = registry.parse_shape(shape_id)
-    case = kernel_times.bench_case(op, shape, "bf16", "cuda", mode or "chunk")
+    case = kernel_times.bench_case(op, shape, "bf16", device, mode or "chunk")
     if mode is None:
         case.update(mode=None, chunk=None, backend=None)
     return registry.build_linrnn(case, shape)
 
 
-def picked(op: str, shape_id: str, grad: bool) -> str:
+def picked(op: str, shape_id: str, grad: bool, device: str = "cuda") -> str:
     """The mode :func:`route` gives this op's call at ``shape_id`` (with or without a gradient)."""
     from linrnn.bench import registry
     from linrnn.ops import _generic
 
     s = registry.parse_shape(shape_id)
-    q = torch.empty(s["B"], s["T"], s["H"], s["K"], device="cuda", dtype=torch.bfloat16)
-    v = torch.empty(s["B"], s["T"], s["H"], s["V"], device="cuda", dtype=torch.bfloat16)
+    q = torch.empty(s["B"], s["T"], s["H"], s["K"], device=device, dtype=torch.bfloat16)
+    v = torch.empty(s["B"], s["T"], s["H"], s["V"], device=device, dtype=torch.bfloat16)
     family = op.split("[")[0]
     return _generic.route(family, q, v, grad=grad, stabilize="exp" in op).mode
 
 
-def same_as_picked(op: str, shape_id: str, pick: list) -> bool:
+def same_as_picked(op: str, shape_id: str, pick: list, device: str = "cuda") -> bool:
     """Whether mode=None's outputs, without and with a gradient, equal bit for bit those of the
     modes it picked, called explicitly (the route is the only difference)."""
     outs = {}
     for mode in (None, *set(pick)):
-        _, fwd = build(op, shape_id, mode)
+        _, fwd = build(op, shape_id, mode, device)
         with torch.no_grad():
             outs[mode, False] = fwd()
         outs[mode, True] = fwd().detach()
@@ -113,11 +114,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", nargs="+", default=list(OPS))
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    ap.add_argument("--reverse", action="store_true", help="the shapes in reverse order")
     ap.add_argument("--warm", action="store_true", help="compile in parallel, time nothing")
     ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="write the rows as JSON")
     ap.add_argument("--commit", default=None, help="git commit to record with the rows")
     a = ap.parse_args(argv)
+    if a.reverse:
+        a.shapes = a.shapes[::-1]
     if not torch.cuda.is_available():
         print("mode_default.py times the Triton kernels: it needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -62,6 +62,11 @@
 #                kernels' time by kind (mixer op, layer glue, GEMMs, optimizer, other PyTorch)
 #                and the host's share, into $OUT/train-profile-T<T>.json; with TRAIN_GRAPH=1
 #                also the step replayed from a CUDA graph (graph_ms)
+#   mode-default [OP...]
+#                benchmarks/mode_default.py: chunk against fused_chunk per op (all of the sweep,
+#                or OP...), head dims and sequence × head walkers, with the mode mode=None picks
+#                (the FUSED_DEFAULT table), two passes (the second in reverse shape order) into
+#                $OUT/mode-default-1.json and $OUT/mode-default-2.json
 #   tune ARGS    benchmarks/tune.py ARGS (tile candidates against the shipped tables)
 #   glue         benchmarks/layer_glue.py: the layers' fused norm and gate and short convolution
 #                against their PyTorch forms, per kind, into $OUT/glue.json
@@ -286,6 +291,15 @@ train-profile)
     [ "${TRAIN_GRAPH:-0}" = 1 ] && GRAPH=(--cuda-graph)
     timeout 570 python3 benchmarks/train_profile.py --seq-len "$T" ${3:+--mixers "${@:3}"} \
         "${GRAPH[@]}" --out "$OUT/train-profile-T$T.json" 2>&1 | tee "$OUT/train-profile-T$T.log"
+    ;;
+mode-default)
+    shift
+    OPS=(${1:+--ops "$@"})
+    timeout 120 python3 benchmarks/mode_default.py --warm "${OPS[@]}"
+    timeout 220 python3 benchmarks/mode_default.py "${OPS[@]}" --commit "$C" \
+        --out "$OUT/mode-default-1.json" 2>&1 | tee "$OUT/mode-default-1.log"
+    timeout 220 python3 benchmarks/mode_default.py "${OPS[@]}" --reverse --commit "$C" \
+        --out "$OUT/mode-default-2.json" 2>&1 | tee "$OUT/mode-default-2.log"
     ;;
 tune)
     shift

@@ -120,3 +120,19 @@ def test_train_profile_takes_a_length_and_mixers(tmp_path):
     calls, res = stage(tmp_path, "train-profile")
     call = [c for c in calls if c and c[0].endswith("train_profile.py")][-1]
     assert "--mixers" not in call and call[call.index("--seq-len") + 1] == "8192"
+
+
+def test_mode_default_runs_two_passes(tmp_path):
+    """The mode-default stage compiles, then times the sweep twice, the second pass in reverse
+    shape order, each into its own JSON; OP... narrows every call to those ops."""
+    calls, res = stage(tmp_path, "mode-default", "retention", "linear_attn")
+    assert res.returncode == 0, res.stderr
+    runs = [c for c in calls if c and c[0] == "benchmarks/mode_default.py"]
+    assert len(runs) == 3 and "--warm" in runs[0]
+    for call in runs:
+        i = call.index("--ops")
+        assert call[i + 1 : i + 3] == ["retention", "linear_attn"]
+    outs = [c[c.index("--out") + 1] for c in runs[1:]]
+    assert outs[0].endswith("mode-default-1.json") and outs[1].endswith("mode-default-2.json")
+    assert "--reverse" not in runs[1] and "--reverse" in runs[2]
+    assert runs[1][runs[1].index("--commit") + 1] == "abc"
