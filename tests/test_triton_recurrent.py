@@ -251,11 +251,25 @@ def test_mode_none_fused_rule():
     assert packed([0, 160]) == "chunk"
     assert packed([0, 80, 160]) == "fused_chunk"
 
-    q, k, v = (torch.randn(1, 80, fewest, 16, device=DEVICE) for _ in range(3))
+
+def test_mode_none_runs_the_fused_kernels(monkeypatch):
+    """A call that mode=None routes to fused_chunk runs it: its outputs and final state equal
+    an explicit fused_chunk call's bit for bit."""
+    from linrnn.engine import config
+    from linrnn.ops import _generic
+
+    fewest, dims = config.FUSED_DEFAULT["linear_attn"][False]
+    K, V = dims[0]
+    picked, real = [], _generic.route
+    monkeypatch.setattr(
+        _generic, "route", lambda *a, **kw: picked.append(real(*a, **kw)) or picked[-1]
+    )
+    q, k, v = (torch.randn(2, 80, fewest // 2, d, device=DEVICE) for d in (K, K, V))
     with torch.no_grad():
         o, S = linrnn.linear_attn(q, k, v, backend="triton", output_final_state=True)
         o_f, S_f = linrnn.linear_attn(q, k, v, backend="triton", mode="fused_chunk",
                                       output_final_state=True)  # fmt: skip
+    assert [r.mode for r in picked] == ["fused_chunk", "fused_chunk"]
     assert torch.equal(o, o_f) and torch.equal(S, S_f)
 
 
