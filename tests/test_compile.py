@@ -276,6 +276,35 @@ def test_triton_ops_compile(name, mode):
 
 
 @triton_only
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-route", "chunk-route"])
+def test_triton_mode_none_compiles(fused):
+    """mode=None traced takes the route eager takes (fused_chunk where FUSED_DEFAULT names the
+    call, chunk with too few walkers), one compilation for two lengths, eager's results."""
+    from linrnn.engine import config
+    from linrnn.ops import _generic
+
+    fam = FAMILIES["linear_attn"]
+    fewest, dims = config.FUSED_DEFAULT["linear_attn"][True]
+    heads, (k_dim, v_dim) = (fewest if fused else 2), dims[0]
+    eager = _op(fam, None, backend="triton")
+    cnt = _counter()
+    compiled = torch.compile(eager, backend=cnt, fullgraph=True)
+    for T in (70, 90):
+        inputs = {n: t.float() for n, t in fam.build(1, T, heads, k_dim, v_dim, False).items()}
+        got = _run(compiled, fam, inputs, None, dynamic=True)
+        ref = _run(eager, fam, inputs, None)
+        _compare(got, ref, f"mode=None, {heads} heads", factor=1e-3)
+    assert cnt.frame_count == 1
+    # the traced call's engine op, and its fused flag (chunk_fwd's 12th argument)
+    (call,) = [n for n in cnt.graphs[0].graph.nodes if "chunk_fwd" in str(n.target)]
+    assert call.args[11] is fused
+    q = torch.empty(1, 70, heads, k_dim)  # eager routes the same way
+    assert _generic.route("linear_attn", q, q, grad=True, backend="triton").mode == (
+        "fused_chunk" if fused else "chunk"
+    )
+
+
+@triton_only
 @pytest.mark.parametrize("name", ["gla", "rwkv6"])
 def test_triton_recurrent_vector_gates_compile(name):
     fam = FAMILIES[name]
