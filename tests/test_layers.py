@@ -462,3 +462,30 @@ def test_project_padding_compiles_without_warnings():
     assert not [w for w in seen if "lru_cache" in str(w.message)], [str(w.message) for w in seen]
     for a, b in zip(ys, ref):
         assert torch.equal(a, b)
+
+
+def test_default_mode_is_the_ops_choice(monkeypatch):
+    """Layers default to mode=None (the op's measured choice) and pass their chunk size with
+    it; mode="chunk" still turns a single-token call into a recurrent step, and a mode without
+    chunks gets no chunk size."""
+    from linrnn.ops import linear_attn as real
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append({k: kwargs.get(k) for k in ("mode", "chunk_size")})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("linrnn.layers.linear_attention.linear_attn", spy)
+    layer = LinearAttention(D, H)
+    assert layer.mode is None and MultiScaleRetention(D, H).mode is None
+    x = torch.randn(1, 5, D)
+    for mode, chunk_size, T, want in (
+        (None, 16, 5, {"mode": None, "chunk_size": 16}),
+        ("chunk", 16, 1, {"mode": "recurrent", "chunk_size": None}),
+        ("chunk", 16, 5, {"mode": "chunk", "chunk_size": 16}),
+        ("recurrent", 16, 5, {"mode": "recurrent", "chunk_size": None}),
+    ):
+        layer.mode, layer.chunk_size = mode, chunk_size
+        layer(x[:, :T])
+        assert calls[-1] == want, (mode, T)

@@ -352,11 +352,13 @@ class Mixer(nn.Module):
     :meth:`mix` on an unpadded (or packed) input.
 
     Attributes set by every subclass: ``layer_idx`` (its key in the :class:`Cache`), ``mode``,
-    ``chunk_size``, ``backend`` (passed to the op; with ``mode="chunk"`` a single-token call
-    uses ``"recurrent"``, the cheapest form for decoding)."""
+    ``chunk_size``, ``backend`` (passed to the op; ``mode=None``, the default, is the op's own
+    choice: the recurrent kernel for short calls without gradients, ``fused_chunk`` where it
+    measured faster, else ``chunk``; with ``mode="chunk"`` a single-token call uses
+    ``"recurrent"``, the cheapest form for decoding)."""
 
     layer_idx: int = 0
-    mode: str = "chunk"
+    mode: str | None = None
     chunk_size: int | None = None
     backend: str | None = None
 
@@ -413,7 +415,7 @@ class Mixer(nn.Module):
             mode = "recurrent"
         return {
             "mode": mode,
-            "chunk_size": self.chunk_size if mode == "chunk" else None,
+            "chunk_size": self.chunk_size if mode in (None, "chunk") else None,
             "cu_seqlens": None if packing is None else packing.cu_seqlens,
             "output_final_state": want_state,
         }

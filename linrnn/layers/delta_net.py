@@ -74,7 +74,7 @@ class DeltaNet(Mixer):
         allow_neg_eigval: bool = False,
         norm_eps: float = 1e-5,
         layer_idx: int = 0,
-        mode: str = "chunk",
+        mode: str | None = None,
         chunk_size: int | None = None,
         backend: str | None = None,
         device=None,

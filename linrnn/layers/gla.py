@@ -41,7 +41,7 @@ class GatedLinearAttention(GatedHeadsMixer):
         gate_logit_normalizer: float = 16.0,
         norm_eps: float = 1e-6,
         layer_idx: int = 0,
-        mode: str = "chunk",
+        mode: str | None = None,
         chunk_size: int | None = None,
         backend: str | None = None,
         device=None,

@@ -55,7 +55,7 @@ class LinearAttention(Mixer):
         normalize: bool | None = None,
         eps: float = 1e-6,
         layer_idx: int = 0,
-        mode: str = "chunk",
+        mode: str | None = None,
         chunk_size: int | None = None,
         backend: str | None = None,
         device=None,

@@ -81,7 +81,7 @@ class Mamba2(Mixer):
         norm_eps: float = 1e-5,
         D_has_hdim: bool = False,
         layer_idx: int = 0,
-        mode: str = "chunk",
+        mode: str | None = None,
         chunk_size: int | None = None,
         backend: str | None = None,
         device=None,

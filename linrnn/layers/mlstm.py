@@ -60,7 +60,7 @@ class mLSTMLayer(Mixer):
         eps: float = 1e-6,
         norm_eps: float = 1e-6,
         layer_idx: int = 0,
-        mode: str = "chunk",
+        mode: str | None = None,
         chunk_size: int | None = None,
         backend: str | None = None,
         device=None,

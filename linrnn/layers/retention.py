@@ -44,7 +44,7 @@ class MultiScaleRetention(GatedHeadsMixer):
         rope_theta: float = 10000.0,
         norm_eps: float = 1e-6,
         layer_idx: int = 0,
-        mode: str = "chunk",
+        mode: str | None = None,
         chunk_size: int | None = None,
         backend: str | None = None,
         device=None,

@@ -71,7 +71,7 @@ class RWKV6TimeMix(Mixer):
         layer_idx: int = 0,
         num_layers: int = 1,
         norm_eps: float = 64e-5,
-        mode: str = "chunk",
+        mode: str | None = None,
         chunk_size: int | None = None,
         backend: str | None = None,
         device=None,

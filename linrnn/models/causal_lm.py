@@ -70,8 +70,9 @@ class LMConfig:
         embed_norm: normalize the embeddings before the first block (RWKV's ``ln0``).
         norm_eps: epsilon of those norms.
         init_std: standard deviation of the embedding, MLP and head initialization.
-        mode, chunk_size, backend: passed to every linear mixer's op; backend also to the
-            norms and the SwiGLU activation (their glue kernels).
+        mode, chunk_size, backend: passed to every linear mixer's op (mode None: the op's
+            own choice); backend also to the norms and the SwiGLU activation (their glue
+            kernels).
     """
 
     vocab_size: int = 256
@@ -88,7 +89,7 @@ class LMConfig:
     embed_norm: bool = False
     norm_eps: float = 1e-6
     init_std: float = 0.02
-    mode: str = "chunk"
+    mode: str | None = None
     chunk_size: int | None = None
     backend: str | None = None
 
