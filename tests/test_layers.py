@@ -466,8 +466,8 @@ def test_project_padding_compiles_without_warnings():
 
 def test_default_mode_is_the_ops_choice(monkeypatch):
     """Layers default to mode=None (the op's measured choice) and pass their chunk size with
-    it; mode="chunk" still turns a single-token call into a recurrent step, and a mode without
-    chunks gets no chunk size."""
+    it; None and "chunk" turn a single-token call into a recurrent step (a decode step keeps
+    the op form it had), and a mode without chunks gets no chunk size."""
     from linrnn.ops import linear_attn as real
 
     calls = []
@@ -482,6 +482,7 @@ def test_default_mode_is_the_ops_choice(monkeypatch):
     x = torch.randn(1, 5, D)
     for mode, chunk_size, T, want in (
         (None, 16, 5, {"mode": None, "chunk_size": 16}),
+        (None, 16, 1, {"mode": "recurrent", "chunk_size": None}),
         ("chunk", 16, 1, {"mode": "recurrent", "chunk_size": None}),
         ("chunk", 16, 5, {"mode": "chunk", "chunk_size": 16}),
         ("recurrent", 16, 5, {"mode": "recurrent", "chunk_size": None}),

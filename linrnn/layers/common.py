@@ -354,8 +354,8 @@ class Mixer(nn.Module):
     Attributes set by every subclass: ``layer_idx`` (its key in the :class:`Cache`), ``mode``,
     ``chunk_size``, ``backend`` (passed to the op; ``mode=None``, the default, is the op's own
     choice: the recurrent kernel for short calls without gradients, ``fused_chunk`` where it
-    measured faster, else ``chunk``; with ``mode="chunk"`` a single-token call uses
-    ``"recurrent"``, the cheapest form for decoding)."""
+    measured faster, else ``chunk``; with None or ``"chunk"`` a single-token call uses
+    ``"recurrent"``, the cheapest form for decoding, with or without a gradient)."""
 
     layer_idx: int = 0
     mode: str | None = None
@@ -411,7 +411,7 @@ class Mixer(nn.Module):
 
     def op_kwargs(self, x: Tensor, packing: Packing | None, want_state: bool) -> dict:
         mode = self.mode
-        if mode == "chunk" and x.shape[1] == 1:
+        if mode in (None, "chunk") and x.shape[1] == 1:
             mode = "recurrent"
         return {
             "mode": mode,
