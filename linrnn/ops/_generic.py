@@ -422,13 +422,17 @@ class Call:
         shape = (self.N, self.H, self.K, self.V)[: 4 if kind == "S" else 3 if kind == "n" else 2]
         return check.state(name, x, shape, self.q, _STATE_LAYOUTS[kind])
 
+    def route(self, family: str, v, grad: bool, stabilize: bool = False) -> Route:
+        """:func:`route` of this call (values ``v``, ``grad`` its gradient need)."""
+        return route(family, self.q, v, grad=grad, cu_seqlens=self.offsets, mode=self.mode,
+                     backend=self.backend, chunk_size=self.chunk_size,
+                     stabilize=stabilize)  # fmt: skip
+
     def kernel_gates(self, family: str, v, grad: bool) -> bool:
         """:func:`kernel_gates` of this call's route (values ``v``, ``grad`` its gradient need)."""
         if grad or _runtime.tracing():
             return False
-        r = route(family, self.q, v, grad=grad, cu_seqlens=self.offsets, mode=self.mode,
-                  backend=self.backend, chunk_size=self.chunk_size)  # fmt: skip
-        return kernel_gates(r, grad)
+        return kernel_gates(self.route(family, v, grad), grad)
 
     def run(self, family: str, q, k, v, **generic):
         """:func:`run` with this call's scale, offsets and dispatch options."""

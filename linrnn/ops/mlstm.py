@@ -91,9 +91,8 @@ def mlstm(
     starts = [0] if c.offsets is None else c.offsets[:-1]
     ends = [c.T] if c.offsets is None else c.offsets[1:]
     every_seq_steps = all(a < b for a, b in zip(starts, ends))
-    if c.kernel_gates("mlstm", v, _generic._needs_grad(q, k, v, i, f, C0, n0, m0)) and (
-        exp_gate or every_seq_steps
-    ):
+    grad = _generic._needs_grad(q, k, v, i, f, C0, n0, m0)
+    if c.kernel_gates("mlstm", v, grad) and (exp_gate or every_seq_steps):
         # A decode step: the kernel forms log σ(f) (and log σ(i), and joins the sigmoid form's
         # m_0 to each sequence's first decay, as below; m_T = 0 since every sequence steps).
         if exp_gate:
@@ -104,7 +103,7 @@ def mlstm(
         log_f = F.logsigmoid(f.to(cdt))
         gi = i.to(cdt) if exp_gate else F.logsigmoid(i.to(cdt))
     if m0 is not None and not exp_gate:  # the sigmoid form carries the true (unscaled) state
-        if mode == "recurrent" and every_seq_steps:
+        if every_seq_steps and c.route("mlstm", v, grad).mode == "recurrent":
             # Stepwise: exp(m_0) joins the first step's forget gate, f_1·e^{m_0}, instead of a
             # rescaled copy of the whole state (which doubled a decode step's memory traffic).
             # Exact for a recurrence that applies each step's decay on its own; every sequence
