@@ -23,6 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # kernel_times, beside this file
+import kernel_times
+
 OPS = ("linear_attn", "linear_attn[normalize]", "retention", "mlstm[sigmoid]")
 WALKS = ((1, 8192, 16), (4, 8192, 16), (8, 8192, 16), (8, 8192, 32), (8, 8192, 64), (64, 1024, 16))
 SHAPES = tuple(
@@ -36,9 +39,6 @@ MODES = ("chunk", "fused_chunk")
 def build(op: str, shape_id: str, mode: str | None, device: str = "cuda"):
     """``(leaves, fwd)`` of ``op`` at ``shape_id`` as ``linrnn bench`` builds it, ``mode`` None
     with mode=None and the default chunk size (the route under test)."""
-    sys.path.insert(0, os.path.dirname(__file__))
-    import kernel_times
-
     from linrnn.bench import registry
 
     shape = registry.parse_shape(shape_id)
