@@ -21,7 +21,6 @@ one-token steps gives what one call over the whole sequence gives.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from torch import Tensor, nn
 
 from linrnn import _validation
 from linrnn._runtime import to_device, tracing
+from linrnn.layers.projection import project
 from linrnn.ops._generic import OUT_STATE
 
 try:  # the fused output norm and gate
@@ -424,69 +424,6 @@ class Mixer(nn.Module):
         """Call ``op`` with this layer's backend. With ``backend=None`` a CUDA call goes to
         Triton where a kernel serves the case, and to the PyTorch path otherwise."""
         return op(*args, backend=self.backend, **kwargs)
-
-
-PROJECT_ALIGN = 16  # elements: Triton's divisibility hint for a row stride (32 bytes of bf16)
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_zeros(shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.zeros(shape, dtype=dtype, device=device)
-
-
-def _zeros(shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A read-only block of zeros, made once per shape in eager mode: a padded projection's
-    rows would otherwise cost an allocation and a fill launch per call (the concatenation only
-    reads them, so one made under inference mode serves training too). While torch.compile
-    traces, a fresh one (the compiled graph makes it; dynamo warns about cached calls)."""
-    if tracing():
-        return torch.zeros(shape, dtype=dtype, device=device)
-    return _cached_zeros(shape, dtype, device)
-
-
-def project(x: Tensor, *linears: nn.Module) -> list[Tensor]:
-    """``[m(x) for m in linears]``, under autocast from one matrix product: the weights (and
-    biases, zeros where a projection has none) concatenated, cast once and multiplied once,
-    the output split. Autocast would cast each weight and, for an fp32 input, x once per
-    projection, and the backward would add the projections' input gradients one by one; the
-    bf16 weight it saves for the backward is the one it would save anyway. Without autocast
-    the concatenation would be a saved copy of the weights, so each projection runs alone, as
-    it does for a module that is not a plain ``nn.Linear`` or has hooks (LoRA wrappers,
-    parametrizations, forward hooks see their own call).
-
-    A projection whose width is no multiple of :data:`PROJECT_ALIGN` (a per-head gate) is
-    followed by zero rows up to one, their outputs dropped: the product's row length and every
-    output's offset are multiples of 16 elements. With DeltaNet's 2,052 columns cuBLAS fell
-    back to its sm80 kernels on an H200; and a Triton kernel reading the split rows (the short
-    convolutions) vectorizes its loads only when the row stride is a multiple of 16, the
-    divisibility Triton specializes integer arguments on (docs/tuning.md, "Input
-    projections")."""
-    if (
-        len(linears) < 2
-        or not torch.is_autocast_enabled(x.device.type)
-        or not all(
-            type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
-            for m in linears
-        )
-    ):
-        return [m(x) for m in linears]
-    weights, biases, sizes, kept = [], [], [], []
-    has_bias = any(m.bias is not None for m in linears)
-    for m in linears:
-        pad = -m.out_features % PROJECT_ALIGN
-        dtype, device = m.weight.dtype, m.weight.device
-        kept.append(len(sizes))
-        sizes += [m.out_features] + ([pad] if pad else [])
-        weights += [m.weight] + ([_zeros((pad, m.in_features), dtype, device)] if pad else [])
-        if has_bias:
-            bias = _zeros((m.out_features,), dtype, device) if m.bias is None else m.bias
-            biases += [bias] + ([_zeros((pad,), dtype, device)] if pad else [])
-    y = F.linear(x, torch.cat(weights), torch.cat(biases) if has_bias else None)
-    # One split, not a slice per output: split's backward writes the product's gradient in one
-    # concatenation (zeros for the padding), where each slice's backward would fill a zero
-    # tensor of the product's full size and add it (four full-size passes a layer).
-    parts = y.split(sizes, dim=-1)
-    return [parts[i] for i in kept]
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
