@@ -111,3 +111,63 @@ def test_bad_arguments():
         common.norm_gate(x, torch.ones(4), None, x, act="relu")
     with pytest.raises(ValueError, match="both gate and act"):
         common.norm_gate(x, torch.ones(4), None, x)
+
+
+@pytest.mark.parametrize("branch_dtype", [torch.bfloat16, torch.float32, None])
+@pytest.mark.parametrize("layer", [False, True])
+@pytest.mark.parametrize("stream_grad", [True, False])
+def test_add_norm(branch_dtype, layer, stream_grad):
+    """A block's residual add and norm (common.add_norm, backend="triton") under bf16
+    autocast: the stream r = x + a is torch's sum bit for bit; the norm comes out in bf16 (the
+    products' dtype); the gradients of x, a, the weight and the bias (with and without a
+    gradient of r itself, as at the model's last norm) match float64 autograd, and a's is x's
+    in a's dtype."""
+    shape, D = (2, 37, 96), 96
+    x = 2 * torch.randn(shape) + (1.0 if layer else 0.0)
+    a = torch.randn(shape).to(branch_dtype) if branch_dtype else None
+    w, b = 1 + 0.3 * torch.randn(D), (0.2 * torch.randn(D) if layer else None)
+    dh, dr = torch.randn(shape), torch.randn(shape)
+    leaves = [t for t in (x, a, w, b) if t is not None]
+    got = [t.to(DEVICE).requires_grad_() for t in leaves]
+    gx, ga = got[0], (got[1] if a is not None else None)
+    gw, gb = got[1 + (a is not None)], (got[-1] if layer else None)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        r, h = common.add_norm(gx, ga, gw, gb, layer=layer, eps=1e-5, backend="triton")
+    assert r.dtype == torch.float32 and h.dtype == torch.bfloat16
+    assert torch.equal(r, gx + ga) if a is not None else r is gx
+    outs, cots = [h], [dh.to(DEVICE, torch.bfloat16)]
+    if stream_grad:
+        outs, cots = [h, r], [*cots, dr.to(DEVICE)]
+    grads = torch.autograd.grad(outs, got, cots, allow_unused=True)
+    ref = [t.double().requires_grad_() for t in leaves]
+    rx, ra = ref[0], (ref[1] if a is not None else None)
+    rw, rb = ref[1 + (a is not None)], (ref[-1] if layer else None)
+    r64 = rx if ra is None else rx + ra
+    h64 = F.layer_norm(r64, (D,), eps=1e-5) if layer else F.rms_norm(r64, (D,), eps=1e-5)
+    h64 = h64 * rw + (0 if rb is None else rb)
+    outs64, cots64 = [h64], [cots[0].double().cpu()]
+    if stream_grad:
+        outs64, cots64 = [h64, r64], [*cots64, dr.double()]
+    ref_grads = torch.autograd.grad(outs64, ref, cots64)
+    assert rel_err(h.cpu(), h64) < 2e-2  # bf16 output
+    for i, (g, r_) in enumerate(zip(grads, ref_grads)):
+        assert g is not None and g.dtype == leaves[i].dtype, i
+        # fp32 gradients to 1e-5; a bf16 branch's is rounded once (2^-9 relative)
+        assert rel_err(g.cpu(), r_) < (8e-3 if leaves[i].dtype == torch.bfloat16 else 1e-5), i
+    if a is not None:  # the branch's gradient: the stream's, rounded once to a's dtype
+        ulp = 2.0**-7 if branch_dtype == torch.bfloat16 else 0.0  # (one bf16 ulp)
+        assert ((grads[1].float() - grads[0]).abs() <= ulp * grads[0].abs()).all()
+
+
+def test_add_norm_matches_the_pytorch_form():
+    """Triton and the PyTorch form of :func:`add_norm` agree (fp32, no autocast): a model
+    gives the same result on both backends."""
+    x, a = torch.randn(3, 11, 64), torch.randn(3, 11, 64)
+    w, b = torch.randn(64), torch.randn(64)
+    for layer in (False, True):
+        bias = b if layer else None
+        r, h = common.add_norm(x.to(DEVICE), a.to(DEVICE), w.to(DEVICE),
+                               None if bias is None else bias.to(DEVICE), layer=layer,
+                               backend="triton")  # fmt: skip
+        r0, h0 = common.add_norm(x, a, w, bias, layer=layer, backend="torch")
+        assert torch.equal(r.cpu(), r0) and rel_err(h.cpu(), h0) < 1e-6

@@ -247,6 +247,29 @@ def norm_gate(x: Tensor, weight: Tensor, bias: Tensor | None = None, gate: Tenso
     return y.to(x.dtype)
 
 
+def add_norm(x: Tensor, branch: Tensor | None, weight: Tensor, bias: Tensor | None = None, *,
+             layer: bool = False, eps: float = 1e-6,
+             backend: str | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """A pre-norm block's residual add and norm: ``(r, h)`` with the stream ``r = x + branch``
+    in x's dtype (``branch`` None: r is x) and ``h`` its :func:`norm_gate` over the last
+    dimension (no gate) in the dtype the products reading it compute in
+    (:func:`compute_dtype_for`: autocast's, else x's), so no cast follows. The same values as
+    the add, the norm and autocast's cast one after the other; on Triton (:func:`norm_gate`'s
+    rule) one pass each way, whose backward also adds r's own gradient and writes the
+    branch's in its dtype."""
+    dtype = compute_dtype_for(x)
+    if branch is None or branch.shape == x.shape:
+        if _fused(x, branch, backend):
+            r, h = triton_norm_gate.add_norm(
+                x.unsqueeze(-2), None if branch is None else branch.unsqueeze(-2), weight, bias,
+                layer=layer, eps=eps, dtype=dtype,
+            )  # fmt: skip
+            return (x if branch is None else r.squeeze(-2)), h.squeeze(-2)
+    r = x if branch is None else x + branch
+    h = norm_gate(r.unsqueeze(-2), weight, bias, layer=layer, eps=eps, backend=backend)
+    return r, h.squeeze(-2).to(dtype)
+
+
 def _fused(x: Tensor, gate: Tensor | None, backend: str | None) -> bool:
     """Whether :func:`norm_gate` runs the Triton kernels (see there)."""
     if triton_norm_gate is None or x.shape[-1] > triton_norm_gate.MAX_D or x.numel() == 0:
@@ -301,6 +324,10 @@ class RMSNorm(nn.Module):
                          None if gate is None else gate.unsqueeze(-2), act=act, eps=self.eps,
                          backend=backend or self.backend).squeeze(-2)  # fmt: skip
 
+    def add(self, x: Tensor, branch: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(x + branch, its norm)``, a block's residual add and pre-norm (:func:`add_norm`)."""
+        return add_norm(x, branch, self.weight, eps=self.eps, backend=self.backend)
+
 
 class LayerNorm(nn.Module):
     """``(x − mean(x)) / std(x) · weight + bias`` over the last dimension, computed in fp32
@@ -316,6 +343,11 @@ class LayerNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return norm_gate(x.unsqueeze(-2), self.weight, self.bias, layer=True, eps=self.eps,
                          backend=self.backend).squeeze(-2)  # fmt: skip
+
+    def add(self, x: Tensor, branch: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(x + branch, its norm)``, a block's residual add and pre-norm (:func:`add_norm`)."""
+        return add_norm(x, branch, self.weight, self.bias, layer=True, eps=self.eps,
+                        backend=self.backend)  # fmt: skip
 
 
 class HeadNorm(nn.Module):

@@ -140,17 +140,23 @@ class Block(nn.Module):
         else:
             self.mlp = RWKVChannelMix(c.d_model, c.mlp_hidden, **kw)
 
-    def forward(self, x: Tensor, attention_mask=None, cache: Cache | None = None) -> Tensor:
-        """``attention_mask``: None or the model's :class:`~linrnn.layers.Packing` (padding
-        or packed documents)."""
+    def forward(self, x: Tensor, pending: Tensor | None = None, attention_mask=None,
+                cache: Cache | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """The block on the residual stream ``x + pending`` (``pending``: the previous block's
+        last branch, not yet added, or None) → ``(stream, y)``: the stream before this
+        block's feed-forward branch ``y`` is added; the next norm adds y in its own pass
+        (``norm.add``: the residual add, the norm and the products' cast in one pass each
+        way on Triton), so the block output is ``stream + y``. ``attention_mask``: None or
+        the model's :class:`~linrnn.layers.Packing` (padding or packed documents)."""
         packing = attention_mask
-        x = x + self.mixer(self.mixer_norm(x), attention_mask=packing, cache=cache)
+        x, h = self.mixer_norm.add(x, pending)
+        x, h = self.mlp_norm.add(x, self.mixer(h, attention_mask=packing, cache=cache))
         key = ("mlp", self.layer_idx)  # the channel mix's token shift, next to the mixer's entry
         previous = cache[key].get("shift") if cache is not None else None
-        y, last = self.mlp(self.mlp_norm(x), packing, previous)
+        y, last = self.mlp(h, packing, previous)
         if cache is not None and last is not None:
             cache.update(key, {"shift": last})
-        return x + y
+        return x, y
 
 
 def make_norm(config: LMConfig, device=None, dtype=None) -> nn.Module:
@@ -241,11 +247,13 @@ class CausalLM(nn.Module):
         None or a :class:`~linrnn.layers.Packing`); advances ``cache``."""
         if self.embed_norm is not None:
             x = self.embed_norm(x)
+        pending = None  # each block's last branch, added by the next norm
         for block in self.blocks:
-            x = block(x, attention_mask=packing, cache=cache)
+            x, pending = block(x, pending, attention_mask=packing, cache=cache)
         if cache is not None:
             cache.seen_tokens += x.shape[1]
-        return softcap(upcast(self.lm_head(self.norm(x))), self.config.logit_softcap)
+        _, h = self.norm.add(x, pending)
+        return softcap(upcast(self.lm_head(h)), self.config.logit_softcap)
 
     @torch.no_grad()
     def generate(
