@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from linrnn._runtime import tracing
 
-PROJECT_ALIGN = 16  # elements: Triton's divisibility hint for a row stride (32 bytes of bf16)
+PROJECT_ALIGN = 16  # rows: each projection's padded width in the backward's products (cuBLAS)
 
 
 @functools.lru_cache(maxsize=64)
